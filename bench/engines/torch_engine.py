@@ -1,0 +1,126 @@
+"""The built-in rollout engine: batched sampling with a KV cache on any transformers causal LM.
+
+Rows are grouped by prompt length (less left padding), decoded together, and finished rows
+are dropped from the batch as soon as they emit EOS. Each row draws its uniforms from its
+own generator seeded by (seed, prompt, sample index), so a sample does not depend on how
+problems are batched, sharded or resumed. μ is the log-probability of the sampled token
+under the distribution actually sampled (temperature and top-p applied), from fp32 logits.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+
+from ..precision import torch_dtype
+from . import Sample, Sampling, row_seed
+
+
+def sampling_logprobs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """log of the sampling distribution: log_softmax(logits/T) restricted to the top-p nucleus
+    and renormalised (−inf outside it). Logits are cast to fp32 first."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    if top_p >= 1.0:
+        return logp
+    sorted_lp, idx = logp.sort(dim=-1, descending=True)
+    cum = sorted_lp.exp().cumsum(-1)
+    drop_sorted = (cum - sorted_lp.exp()) >= top_p          # keep the smallest set reaching top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, idx, drop_sorted)
+    logp = logp.masked_fill(drop, float("-inf"))
+    return torch.log_softmax(logp, dim=-1)
+
+
+def inverse_cdf_sample(logp: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Token index per row with P(token) = exp(logp); `u` uniform in [0, 1), one per row."""
+    cdf = logp.exp().cumsum(-1)
+    idx = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1)).squeeze(-1)
+    return idx.clamp_(max=logp.shape[-1] - 1)
+
+
+class TorchEngine:
+    name = "torch"
+
+    def __init__(self, model_path: str, dtype: str = "fp32", max_batch: int = 512,
+                 threads: int | None = None, model=None, tokenizer=None):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.dtype = torch_dtype(dtype)
+        self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_path)
+        self.model = model if model is not None else AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.model = self.model.to(self.dtype).eval()
+        self.max_batch = max_batch
+        self.eos = self.tokenizer.eos_token_id
+        self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
+
+    # -------------------------------------------------------------- interface
+    def generate(self, prompts: Sequence[str], n: int, sampling: Sampling) -> list[list[Sample]]:
+        encoded = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+        rows = [(i, j) for i in range(len(prompts)) for j in range(n)]
+        rows.sort(key=lambda r: len(encoded[r[0]]))
+        out: list[list[Sample | None]] = [[None] * n for _ in prompts]
+        for start in range(0, len(rows), self.max_batch):
+            chunk = rows[start:start + self.max_batch]
+            uniforms = torch.stack([
+                torch.rand(sampling.max_tokens, generator=torch.Generator().manual_seed(
+                    row_seed(sampling.seed, prompts[i], j)), dtype=torch.float64).float()
+                for i, j in chunk])
+            for (i, j), sample in zip(chunk, self._decode([encoded[i] for i, _ in chunk], uniforms, sampling)):
+                out[i][j] = sample
+        return out  # type: ignore[return-value]
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, t in named_tensors:
+                params[name].copy_(t.to(self.dtype))
+
+    def close(self) -> None:
+        self.model = None
+
+    # -------------------------------------------------------------- decoding
+    @torch.no_grad()
+    def _decode(self, prompt_ids: list[list[int]], uniforms: torch.Tensor, sp: Sampling) -> list[Sample]:
+        from transformers import DynamicCache
+
+        b = len(prompt_ids)
+        width = max(map(len, prompt_ids))
+        ids = torch.full((b, width), self.pad, dtype=torch.long)
+        attn = torch.zeros((b, width), dtype=torch.long)
+        for r, p in enumerate(prompt_ids):
+            ids[r, width - len(p):] = torch.tensor(p)
+            attn[r, width - len(p):] = 1
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        live = torch.arange(b)                       # original row of each batch row
+        tokens: list[list[int]] = [[] for _ in range(b)]
+        logps: list[list[float]] = [[] for _ in range(b)]
+        finish = ["length"] * b
+        logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos,
+                            past_key_values=cache, use_cache=True).logits[:, -1]
+        next_pos = pos[:, -1:] + 1
+        for t in range(sp.max_tokens):
+            lp = sampling_logprobs(logits, sp.temperature, sp.top_p)
+            tok = inverse_cdf_sample(lp, uniforms[live, t])
+            tok_lp = lp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+            done = tok == self.eos
+            for k, (row, x, l) in enumerate(zip(live.tolist(), tok.tolist(), tok_lp.tolist())):
+                tokens[row].append(x)
+                logps[row].append(l)
+                if done[k]:
+                    finish[row] = "stop"
+            keep = ~done
+            if t == sp.max_tokens - 1 or not keep.any():
+                break
+            if not keep.all():                        # drop finished rows from the batch
+                live, tok, attn, next_pos = live[keep], tok[keep], attn[keep], next_pos[keep]
+                cache.reorder_cache(keep.nonzero().squeeze(-1))
+            attn = torch.cat([attn, torch.ones((len(live), 1), dtype=attn.dtype)], dim=-1)
+            logits = self.model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=next_pos,
+                                past_key_values=cache, use_cache=True).logits[:, -1]
+            next_pos = next_pos + 1
+        return [Sample(token_ids=tokens[r], logprobs=logps[r], finish_reason=finish[r],
+                       text=self.tokenizer.decode([x for x in tokens[r] if x != self.eos], skip_special_tokens=False))
+                for r in range(b)]

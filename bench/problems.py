@@ -1,0 +1,270 @@
+"""Problem sources: JSONL / parquet / CSV files, `datasets` saved to disk, hub ids, and the
+synthetic MATH-style generator behind the embedded `tiny-math` model.
+
+Every source yields `Problem(id, problem, answer)`. Ids are stable: the source's own id
+column when it has one, else a hash of the problem text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+
+class SourceError(ValueError):
+    """A problem source that cannot be read; the message names the problem."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    id: str
+    problem: str
+    answer: str
+
+
+@dataclass
+class ColumnMap:
+    """Which columns of a source hold the id, the problem text and the answer.
+
+    `solution` is used only when `answer` is absent: the answer is then the content of the
+    solution's last `\\boxed{}` (how MATH ships its golds)."""
+
+    id: str = "id"
+    problem: str = "problem"
+    answer: str = "answer"
+    solution: str = "solution"
+
+
+def problem_id(text: str) -> str:
+    """Stable id for a problem without one: the first 12 hex digits of sha1(text)."""
+    return hashlib.sha1(text.strip().encode("utf-8")).hexdigest()[:12]
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}` (or `\\fbox{...}`) in `text`, braces balanced; None if absent
+    or unbalanced."""
+    starts = [m.end() for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text)]
+    if not starts:
+        return None
+    i = starts[-1]
+    depth = 1
+    j = i
+    while j < len(text):
+        c = text[j]
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i:j].strip()
+        j += 1
+    return None
+
+
+# ---------------------------------------------------------------- synthetic tiny-math
+
+SYNTHETIC_SPLITS = ("train", "test", "synthetic-hard")
+SYNTHETIC_KINDS = ("add", "sub", "mul", "two-step")
+
+
+def _synthetic_item(kind: str, rng: random.Random) -> tuple[str, str, str]:
+    """One problem: (kind, problem text, worked solution ending in \\boxed{answer})."""
+    if kind == "add":
+        a, b = rng.randint(0, 99), rng.randint(0, 99)
+        return kind, f"Compute {a}+{b}.", f"{a}+{b}={a + b}. \\boxed{{{a + b}}}"
+    if kind == "sub":
+        a, b = rng.randint(0, 99), rng.randint(0, 99)
+        return kind, f"Compute {a}-{b}.", f"{a}-{b}={a - b}. \\boxed{{{a - b}}}"
+    if kind == "mul":
+        a, b = rng.randint(2, 29), rng.randint(2, 9)
+        return kind, f"Compute {a}*{b}.", f"{a}*{b}={a * b}. \\boxed{{{a * b}}}"
+    if kind == "two-step":
+        a, b, c = rng.randint(2, 29), rng.randint(2, 9), rng.randint(0, 99)
+        p = a * b
+        return kind, f"Compute {a}*{b}-{c}.", f"{a}*{b}={p}. {p}-{c}={p - c}. \\boxed{{{p - c}}}"
+    if kind == "hard":  # three steps, held out: never produced for train/test
+        a, b, c, d = rng.randint(2, 29), rng.randint(2, 9), rng.randint(0, 99), rng.randint(0, 99)
+        p = a * b
+        q = p + c
+        return (kind, f"Compute {a}*{b}+{c}-{d}.",
+                f"{a}*{b}={p}. {p}+{c}={q}. {q}-{d}={q - d}. \\boxed{{{q - d}}}")
+    raise ValueError(kind)
+
+
+def _is_test(problem: str, test_fraction: float) -> bool:
+    """Train/test assignment by hash of the text, so a problem never lands in both."""
+    return int(hashlib.sha1(problem.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < test_fraction
+
+
+def synthetic_examples(split: str, n: int, seed: int = 0, test_fraction: float = 0.1,
+                       distinct: bool = True) -> list[dict]:
+    """`n` synthetic problems of `split` ("train", "test" or "synthetic-hard"), with kind,
+    worked solution and answer. Deterministic in (split, n, seed); kinds cycle evenly.
+    `distinct=False` draws with repeats (a training pool larger than the small kinds allow)."""
+    if split not in SYNTHETIC_SPLITS:
+        raise SourceError(f"unknown synthetic split {split!r}; choose one of {', '.join(SYNTHETIC_SPLITS)}")
+    rng = random.Random(f"{split}:{seed}")
+    kinds = ["hard"] if split == "synthetic-hard" else list(SYNTHETIC_KINDS)
+    seen: set[str] = set()
+    out: list[dict] = []
+    misses = {k: 0 for k in kinds}
+    turn = 0
+    while len(out) < n:
+        if not kinds:
+            raise SourceError(f"cannot draw {n} distinct synthetic {split} problems")
+        kind, text, sol = _synthetic_item(kinds[turn % len(kinds)], rng)
+        fresh = not (distinct and text in seen)
+        if split != "synthetic-hard" and _is_test(text, test_fraction) != (split == "test"):
+            fresh = False
+        if not fresh:
+            misses[kind] += 1
+            if misses[kind] > 2000:          # this kind has no distinct problems left: drop it
+                kinds.remove(kind)
+            continue
+        misses[kind] = 0
+        turn += 1
+        seen.add(text)
+        out.append({"id": f"syn-{split}-{problem_id(text)}", "kind": kind, "problem": text,
+                    "solution": sol, "answer": last_boxed(sol)})
+    return out
+
+
+# ---------------------------------------------------------------- loading
+
+# Hub ids that need a subset list (MATH is split by subject on EleutherAI's mirror).
+HUB_ALIASES = {
+    "math": ("EleutherAI/hendrycks_math", ["algebra", "counting_and_probability", "geometry",
+                                            "intermediate_algebra", "number_theory",
+                                            "prealgebra", "precalculus"], "test"),
+}
+
+
+@dataclass
+class SourceSpec:
+    """Where problems come from. `source` is a file path (.jsonl/.json/.parquet/.csv), a
+    directory written by `datasets.save_to_disk`, `synthetic[:split]`, `math`, or a hub id
+    (`owner/name`, optionally `owner/name:split`)."""
+
+    source: str
+    columns: ColumnMap = field(default_factory=ColumnMap)
+    limit: int | None = None
+    seed: int = 0
+
+
+FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
+
+
+def _rows_from_file(path: Path) -> list[dict]:
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json"):
+        rows = []
+        with path.open(encoding="utf-8") as f:
+            if suffix == ".json":
+                data = json.load(f)
+                return data if isinstance(data, list) else data.get("data", [])
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise SourceError(f"{path}:{lineno}: malformed JSON ({e.msg})") from None
+                if not isinstance(row, dict):
+                    raise SourceError(f"{path}:{lineno}: each line must be a JSON object")
+                rows.append(row)
+        return rows
+    import pandas as pd
+
+    if suffix == ".parquet":
+        return pd.read_parquet(path).to_dict("records")
+    if suffix == ".csv":
+        return pd.read_csv(path, dtype=str, keep_default_na=False).to_dict("records")
+    raise SourceError(f"{path}: unsupported file type {suffix!r} (use .jsonl, .json, .parquet or .csv)")
+
+
+def _rows_from_hub(name: str) -> list[dict]:
+    import datasets
+
+    repo, _, split = name.partition(":")
+    subsets: list[str | None] = [None]
+    if repo.lower() in HUB_ALIASES:
+        repo, subsets, default_split = HUB_ALIASES[repo.lower()]
+        split = split or default_split
+    rows: list[dict] = []
+    try:
+        for subset in subsets:
+            ds = datasets.load_dataset(repo, subset, split=split or "test")
+            rows.extend(ds.to_list())
+    except Exception as e:  # network, auth, unknown id: one readable message
+        raise SourceError(f"cannot load hub dataset {name!r}: {type(e).__name__}: {e}") from None
+    return rows
+
+
+def _to_problems(rows: list[dict], cols: ColumnMap, where: str) -> list[Problem]:
+    problems: list[Problem] = []
+    bad: list[str] = []
+    for i, row in enumerate(rows):
+        text = row.get(cols.problem)
+        answer = row.get(cols.answer)
+        if (answer is None or str(answer).strip() == "") and row.get(cols.solution):
+            answer = last_boxed(str(row[cols.solution]))
+        if not isinstance(text, str) or not text.strip():
+            bad.append(f"row {i}: no {cols.problem!r} text")
+            continue
+        if answer is None or str(answer).strip() == "":
+            bad.append(f"row {i}: no answer (column {cols.answer!r} or a \\boxed{{}} in {cols.solution!r})")
+            continue
+        pid = row.get(cols.id)
+        pid = str(pid) if pid not in (None, "") else problem_id(text)
+        problems.append(Problem(pid, text, str(answer)))
+    if bad:
+        shown = "; ".join(bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise SourceError(f"{where}: {len(bad)} bad row(s): {shown}")
+    if not problems:
+        raise SourceError(f"{where}: no problems")
+    ids = [p.id for p in problems]
+    if len(set(ids)) != len(ids):
+        dup = next(x for x in ids if ids.count(x) > 1)
+        raise SourceError(f"{where}: duplicate id {dup!r}")
+    return problems
+
+
+def load_problems(spec: SourceSpec) -> list[Problem]:
+    """Read a source into problems. Raises SourceError with one readable message."""
+    src = spec.source
+    if src == "synthetic" or src.startswith("synthetic:") or src == "synthetic-hard":
+        split = "synthetic-hard" if src == "synthetic-hard" else (src.partition(":")[2] or "test")
+        rows = synthetic_examples(split, spec.limit or 300, seed=spec.seed)
+        return _to_problems(rows, ColumnMap(), src)
+    path = Path(src)
+    if path.is_dir():
+        import datasets
+
+        try:
+            ds = datasets.load_from_disk(str(path))
+        except Exception as e:
+            raise SourceError(f"{path}: not a dataset saved with save_to_disk ({e})") from None
+        if isinstance(ds, datasets.DatasetDict):
+            ds = ds["test"] if "test" in ds else ds[next(iter(ds))]
+        rows = ds.to_list()
+    elif path.exists():
+        rows = _rows_from_file(path)
+    elif src.lower() in HUB_ALIASES or (re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+(:\w+)?", src)
+                                        and path.suffix.lower() not in FILE_SUFFIXES):
+        rows = _rows_from_hub(src)
+    else:
+        raise SourceError(f"unknown source {src!r}: not a file, a dataset directory, 'synthetic' or a hub id")
+    problems = _to_problems(rows, spec.columns, src)
+    return problems[: spec.limit] if spec.limit else problems
+
+
+def iter_jsonl(path: Path) -> Iterator[dict]:
+    with Path(path).open(encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)

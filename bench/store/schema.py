@@ -1,0 +1,152 @@
+"""The SQL store's tables (SQLAlchemy 2 declarative). Schema changes go through Alembic
+migrations in bench/store/migrations; `bench db upgrade` applies them."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import (JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text,
+                        UniqueConstraint)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Model(Base):
+    """A base model, identified by name and weights hash (None for hub ids not on disk)."""
+
+    __tablename__ = "models"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(300))
+    path: Mapped[str] = mapped_column(Text)
+    weights_hash: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    __table_args__ = (UniqueConstraint("name", "weights_hash", name="uq_models_name_hash"),)
+
+
+class Build(Base):
+    """One perfectible-split build: settings, status and its manifest."""
+
+    __tablename__ = "builds"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id"))
+    source: Mapped[str] = mapped_column(Text)
+    engine: Mapped[str] = mapped_column(String(20))
+    dtype: Mapped[str] = mapped_column(String(10))
+    k: Mapped[int] = mapped_column(Integer)
+    lo: Mapped[float] = mapped_column(Float)
+    hi: Mapped[float] = mapped_column(Float)
+    seed: Mapped[int] = mapped_column(Integer)
+    shard: Mapped[str | None] = mapped_column(String(20))          # "i/n" for a shard, else None
+    settings_hash: Mapped[str] = mapped_column(String(64))           # shards of one build share it
+    status: Mapped[str] = mapped_column(String(20), default="running")  # running | complete | failed
+    out_dir: Mapped[str | None] = mapped_column(Text)
+    n_problems: Mapped[int | None] = mapped_column(Integer)
+    n_kept: Mapped[int | None] = mapped_column(Integer)
+    manifest: Mapped[dict | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime)
+
+
+class BuildProblem(Base):
+    """Per-problem result of a build; `bucket` is kept | too_easy | too_hard | bad_gold."""
+
+    __tablename__ = "build_problems"
+    build_id: Mapped[str] = mapped_column(ForeignKey("builds.id", ondelete="CASCADE"), primary_key=True)
+    problem_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer)
+    problem: Mapped[str] = mapped_column(Text)
+    answer: Mapped[str] = mapped_column(Text)
+    n_samples: Mapped[int] = mapped_column(Integer)
+    n_correct: Mapped[int] = mapped_column(Integer)
+    accuracy: Mapped[float | None] = mapped_column(Float)
+    bucket: Mapped[str] = mapped_column(String(20))
+    kept: Mapped[bool] = mapped_column(Boolean)
+
+
+class BuildRollout(Base):
+    """One graded rollout of a build; the primary key makes a duplicate impossible."""
+
+    __tablename__ = "build_rollouts"
+    build_id: Mapped[str] = mapped_column(ForeignKey("builds.id", ondelete="CASCADE"), primary_key=True)
+    problem_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    sample: Mapped[int] = mapped_column(Integer, primary_key=True)
+    extracted: Mapped[str | None] = mapped_column(Text)
+    verdict: Mapped[str] = mapped_column(String(20))
+    reason: Mapped[str | None] = mapped_column(Text)
+    length: Mapped[int] = mapped_column(Integer)
+    finish_reason: Mapped[str] = mapped_column(String(10))
+    text: Mapped[str | None] = mapped_column(Text)
+
+
+class Run(Base):
+    """One training run: an algorithm at one precision pair on one build."""
+
+    __tablename__ = "runs"
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id"))
+    build_id: Mapped[str] = mapped_column(ForeignKey("builds.id"))
+    algo: Mapped[str] = mapped_column(String(40))
+    rollout_dtype: Mapped[str] = mapped_column(String(10))
+    train_dtype: Mapped[str] = mapped_column(String(10))
+    trainer: Mapped[str] = mapped_column(String(20))
+    engine: Mapped[str] = mapped_column(String(20))
+    config: Mapped[dict] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(20), default="running")
+    stop_reason: Mapped[str | None] = mapped_column(Text)
+    step: Mapped[int] = mapped_column(Integer, default=0)
+    peak_accuracy: Mapped[float | None] = mapped_column(Float)
+    final_accuracy: Mapped[float | None] = mapped_column(Float)
+    steps_to_target: Mapped[int | None] = mapped_column(Integer)
+    wall_to_target: Mapped[float | None] = mapped_column(Float)
+    kl_warning_step: Mapped[int | None] = mapped_column(Integer)
+    wall_s: Mapped[float] = mapped_column(Float, default=0.0)
+    checkpoint_dir: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
+    __table_args__ = (Index("ix_runs_build_cell", "build_id", "algo", "rollout_dtype", "train_dtype"),)
+
+
+class RunStep(Base):
+    """Per-step metrics of a run (bench's metric names; see runners/metrics docs)."""
+
+    __tablename__ = "run_steps"
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    reward: Mapped[float | None] = mapped_column(Float)
+    kl_k1: Mapped[float | None] = mapped_column(Float)
+    prob_abs_diff_mean: Mapped[float | None] = mapped_column(Float)
+    metrics: Mapped[dict] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class Eval(Base):
+    """avg@n score of a run on one benchmark (or the split itself) at one step."""
+
+    __tablename__ = "evals"
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    benchmark: Mapped[str] = mapped_column(String(100), primary_key=True)
+    n: Mapped[int] = mapped_column(Integer)
+    score: Mapped[float] = mapped_column(Float)
+
+
+class MismatchReport(Base):
+    """Offline mismatch analysis of one model at one precision pair."""
+
+    __tablename__ = "mismatch_reports"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id"))
+    rollout_dtype: Mapped[str] = mapped_column(String(10))
+    train_dtype: Mapped[str] = mapped_column(String(10))
+    source: Mapped[str] = mapped_column(Text)
+    n: Mapped[int] = mapped_column(Integer)
+    metrics: Mapped[dict] = mapped_column(JSON)
+    plots: Mapped[dict | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)

@@ -1,0 +1,1 @@
+"""The builder pipeline: plan, sample, grade, aggregate, filter, save; resume, shard."""

@@ -1,0 +1,287 @@
+"""The builder: k rollouts per problem, graded with math-verify, kept when the problem's
+accuracy lies in [lo, hi] — the paper's perfectible split.
+
+Plan → sample → grade → persist (one transaction per chunk of problems, so a killed build
+loses at most the chunk in flight and `--resume` neither loses nor duplicates a rollout) →
+aggregate → filter → save. `--shard i/n` builds the problems at positions ≡ i (mod n);
+`merge_shards` joins complete shards into one split.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from sqlalchemy import delete, func, select
+
+from bench.engines import Sampling, make_engine, resolve_engine
+from bench.grading import CORRECT, Grader
+from bench.models import load_tokenizer, render_prompt, resolve_model, template_description, weights_hash
+from bench.precision import canon
+from bench.problems import ColumnMap, Problem, SourceSpec, load_problems
+from bench.store import Build, BuildProblem, BuildRollout, bench_home, get_or_create_model, session
+
+from .split import BAD_GOLD, KEPT, ProblemResult, bucket, bucket_counts, write_split
+
+
+class BuildError(ValueError):
+    """Bad build input or state; the message says what and how to fix it."""
+
+
+@dataclass
+class BuildConfig:
+    """Settings of one build. Everything here except `out`, `resume`, `threads` and
+    `keep_text` enters the settings hash that shards and resumes must share."""
+
+    model: str = "tiny-math"
+    source: str | None = None        # default: synthetic test split for tiny-math, MATH for others
+    limit: int | None = None         # first N problems of the source (synthetic: how many to draw)
+    columns: ColumnMap = field(default_factory=ColumnMap)
+    engine: str = "auto"             # auto | torch | vllm
+    dtype: str = "bf16"              # rollout dtype
+    k: int = 40                      # rollouts per problem
+    lo: float = 0.2                  # keep lo <= accuracy <= hi (inclusive)
+    hi: float = 0.8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int | None = None    # default: 64 for tiny-math, 8192 otherwise
+    seed: int = 0
+    shard: str | None = None         # "i/n", 0 <= i < n
+    chunk: int = 32                  # problems per persisted chunk
+    out: Path | None = None          # default: $BENCH_HOME/builds/<build id>
+    keep_text: bool = False          # store full response text with each rollout
+    resume: bool = False
+    threads: int | None = None
+    grade_timeout: float = 5.0
+
+    def validate(self) -> None:
+        if self.k < 1:
+            raise BuildError(f"k must be >= 1 (got {self.k})")
+        if not (0.0 <= self.lo <= 1.0 and 0.0 <= self.hi <= 1.0):
+            raise BuildError(f"band must lie in [0, 1] (got lo={self.lo}, hi={self.hi})")
+        if self.lo > self.hi:
+            raise BuildError(f"band lower bound {self.lo} is above the upper bound {self.hi}")
+        if self.chunk < 1:
+            raise BuildError("chunk must be >= 1")
+        self.dtype = canon(self.dtype)
+        parse_shard(self.shard)
+
+
+def parse_shard(shard: str | None) -> tuple[int, int] | None:
+    if shard is None:
+        return None
+    try:
+        i, n = (int(x) for x in shard.split("/"))
+    except ValueError:
+        raise BuildError(f"bad shard {shard!r}; write i/n with 0 <= i < n, e.g. 3/8") from None
+    if not (n >= 1 and 0 <= i < n):
+        raise BuildError(f"bad shard {shard!r}; need 0 <= i < n")
+    return i, n
+
+
+def shard_positions(n_problems: int, shard: tuple[int, int] | None) -> list[int]:
+    """Positions a shard builds: every n-th problem starting at i (all when unsharded)."""
+    if shard is None:
+        return list(range(n_problems))
+    i, n = shard
+    return list(range(i, n_problems, n))
+
+
+def settings_hash(settings: dict) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _check_writable(path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe = path.parent / f".bench-write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise BuildError(f"output directory {path} is not writable: {e.strerror or e}") from None
+
+
+@dataclass
+class Plan:
+    cfg: BuildConfig
+    model_ref: object
+    tokenizer: object
+    problems: list[Problem]
+    prompts: list[str]
+    sampling: Sampling
+    engine: str
+    settings: dict
+    template: str
+
+
+def plan(cfg: BuildConfig) -> Plan:
+    """Resolve model, source, prompts and settings; raises BuildError before anything is written."""
+    cfg.validate()
+    ref = resolve_model(cfg.model)
+    source = cfg.source or ("synthetic" if ref.embedded else "math")
+    cfg.source = source
+    problems = load_problems(SourceSpec(source, cfg.columns, cfg.limit, cfg.seed))
+    tok = load_tokenizer(ref)
+    prompts = [render_prompt(ref, tok, p.problem) for p in problems]
+    max_tokens = cfg.max_tokens or (64 if ref.embedded else 8192)
+    sampling = Sampling(cfg.temperature, cfg.top_p, max_tokens, cfg.seed)
+    engine = resolve_engine(cfg.engine)
+    template = template_description(ref, tok)
+    settings = {"model": ref.name, "weights": weights_hash(ref), "source": source, "limit": cfg.limit,
+                "columns": asdict(cfg.columns), "engine": engine, "dtype": cfg.dtype, "k": cfg.k,
+                "lo": cfg.lo, "hi": cfg.hi, "sampling": sampling.to_dict(), "template": template,
+                "problems": hashlib.sha256("\0".join(p.id for p in problems).encode()).hexdigest()[:16]}
+    return Plan(cfg, ref, tok, problems, prompts, sampling, engine, settings, template)
+
+
+def _find_resumable(s, shash: str, shard: str | None) -> Build | None:
+    q = select(Build).where(Build.settings_hash == shash, Build.status != "complete")
+    q = q.where(Build.shard.is_(None) if shard is None else Build.shard == shard)
+    return s.scalars(q.order_by(Build.created_at.desc())).first()
+
+
+def _done_problems(s, build_id: str, k: int) -> set[str]:
+    """Problems with all k rollouts stored; partial ones (none in practice) are deleted."""
+    counts = dict(s.execute(select(BuildRollout.problem_id, func.count()).where(BuildRollout.build_id == build_id)
+                            .group_by(BuildRollout.problem_id)).all())
+    partial = [p for p, c in counts.items() if c != k]
+    if partial:
+        s.execute(delete(BuildRollout).where(BuildRollout.build_id == build_id, BuildRollout.problem_id.in_(partial)))
+    return {p for p, c in counts.items() if c == k}
+
+
+ProgressFn = Callable[[int, int], None]
+
+
+def run_build(engine_db, cfg: BuildConfig, progress: Callable[[int, int, int], None] | None = None) -> dict:
+    """Run (or resume) a build; returns its manifest. `progress(done, total, new)` is called
+    after each chunk with rollouts done so far, in total, and sampled in this process."""
+    p = plan(cfg)
+    shard = parse_shard(cfg.shard)
+    shash = settings_hash(p.settings)
+
+    with session(engine_db) as s:
+        model = get_or_create_model(s, p.model_ref.name, p.model_ref.path, p.settings["weights"])
+        build = _find_resumable(s, shash, cfg.shard) if cfg.resume else None
+        if cfg.resume and build is None:
+            raise BuildError("--resume: no unfinished build with these settings; run without --resume to start one")
+        if build is None:
+            build_id = uuid.uuid4().hex[:12]
+            out = Path(cfg.out) if cfg.out else bench_home() / "builds" / build_id
+            _check_writable(out)
+            build = Build(id=build_id, model_id=model.id, source=p.cfg.source, engine=p.engine, dtype=cfg.dtype,
+                          k=cfg.k, lo=cfg.lo, hi=cfg.hi, seed=cfg.seed, shard=cfg.shard, settings_hash=shash,
+                          status="running", out_dir=str(out), n_problems=len(p.problems),
+                          manifest={"settings": p.settings})
+            s.add(build)
+        else:
+            if cfg.out:
+                build.out_dir = str(cfg.out)
+            _check_writable(Path(build.out_dir))
+            build.status = "running"
+        build_id, out_dir = build.id, Path(build.out_dir)
+
+    t0 = time.time()
+    positions = shard_positions(len(p.problems), shard)
+    with Grader(timeout=cfg.grade_timeout) as grader:
+        bad_golds = set(grader.unparseable_golds([p.problems[i].answer for i in positions]))
+        graded = [i for i in positions if p.problems[i].answer.strip() not in bad_golds]
+        with session(engine_db) as s:
+            done = _done_problems(s, build_id, cfg.k)
+        todo = [i for i in graded if p.problems[i].id not in done]
+        total = len(graded) * cfg.k
+        done_rollouts = total - len(todo) * cfg.k
+        new = 0
+        t_gen = 0.0
+        rollout_engine = make_engine(p.engine, p.model_ref.path, cfg.dtype,
+                                     **({"threads": cfg.threads} if p.engine == "torch" else {})) if todo else None
+        try:
+            if progress:
+                progress(done_rollouts, total, 0)
+            for c in range(0, len(todo), cfg.chunk):
+                idx = todo[c:c + cfg.chunk]
+                tg = time.time()
+                samples = rollout_engine.generate([p.prompts[i] for i in idx], cfg.k, p.sampling)
+                t_gen += time.time() - tg
+                flat = [(i, j, smp) for i, row in zip(idx, samples) for j, smp in enumerate(row)]
+                verdicts = grader.grade([smp.text for _, _, smp in flat],
+                                        [p.problems[i].answer for i, _, _ in flat])
+                with session(engine_db) as s:
+                    s.add_all(BuildRollout(build_id=build_id, problem_id=p.problems[i].id, sample=j,
+                                           extracted=v.extracted, verdict=v.status, reason=v.reason[:500],
+                                           length=len(smp.token_ids), finish_reason=smp.finish_reason,
+                                           text=smp.text if cfg.keep_text else None)
+                              for (i, j, smp), v in zip(flat, verdicts))
+                new += len(flat)
+                done_rollouts += len(flat)
+                if progress:
+                    progress(done_rollouts, total, new)
+        except BaseException:
+            with session(engine_db) as s:
+                b = s.get(Build, build_id)
+                b.status = "failed"
+            raise
+        finally:
+            if rollout_engine is not None:
+                rollout_engine.close()
+        cache_hits = grader.hits
+
+    return _finish(engine_db, p, build_id, out_dir, positions, bad_golds, new, t_gen, time.time() - t0, cache_hits)
+
+
+def _finish(engine_db, p: Plan, build_id: str, out_dir: Path, positions: list[int], bad_golds: set[str],
+            new_rollouts: int, t_gen: float, wall: float, cache_hits: int) -> dict:
+    cfg = p.cfg
+    with session(engine_db) as s:
+        rows = s.execute(select(BuildRollout.problem_id, BuildRollout.verdict, BuildRollout.length)
+                         .where(BuildRollout.build_id == build_id)).all()
+    n_correct: dict[str, int] = {}
+    n_samples: dict[str, int] = {}
+    verdicts: dict[str, int] = {}
+    lengths = []
+    for pid, verdict, length in rows:
+        n_samples[pid] = n_samples.get(pid, 0) + 1
+        n_correct[pid] = n_correct.get(pid, 0) + (verdict == CORRECT)
+        verdicts[verdict] = verdicts.get(verdict, 0) + 1
+        lengths.append(length)
+    results = []
+    for pos in positions:
+        prob = p.problems[pos]
+        if prob.answer.strip() in bad_golds:
+            acc = None
+        else:
+            acc = n_correct.get(prob.id, 0) / cfg.k
+        results.append(ProblemResult(prob.id, prob.problem, prob.answer, pos, n_samples.get(prob.id, 0),
+                                     n_correct.get(prob.id, 0), acc, bucket(acc, cfg.lo, cfg.hi)))
+    counts = bucket_counts(results)
+    manifest = {
+        "build_id": build_id, "model": p.model_ref.name, "model_path": p.model_ref.path,
+        "weights_hash": p.settings["weights"], "engine": p.engine, "dtype": cfg.dtype,
+        "source": cfg.source, "sampling": p.sampling.to_dict(), "k": cfg.k, "band": [cfg.lo, cfg.hi],
+        "band_inclusive": True, "shard": cfg.shard, "template": p.template,
+        "problems": len(results), "counts": counts,
+        "kept_fraction": counts[KEPT] / max(1, len(results) - counts[BAD_GOLD]),
+        "bad_golds": sorted(bad_golds), "verdicts": verdicts, "rollouts": len(rows),
+        "rollouts_this_session": new_rollouts,
+        "rollouts_per_s": new_rollouts / t_gen if t_gen > 0 else None,
+        "mean_response_tokens": sum(lengths) / len(lengths) if lengths else None,
+        "grader_cache_hits": cache_hits, "wall_s": wall, "settings": p.settings, "out_dir": str(out_dir),
+    }
+    write_split(out_dir, results, cfg.k, manifest)
+    with session(engine_db) as s:
+        s.execute(delete(BuildProblem).where(BuildProblem.build_id == build_id))
+        s.add_all(BuildProblem(build_id=build_id, problem_id=r.id, position=r.position, problem=r.problem,
+                               answer=r.answer, n_samples=r.n_samples, n_correct=r.n_correct,
+                               accuracy=r.accuracy, bucket=r.bucket, kept=r.bucket == KEPT) for r in results)
+        b = s.get(Build, build_id)
+        b.status, b.n_problems, b.n_kept, b.manifest = "complete", len(results), counts[KEPT], manifest
+        from bench.store.schema import utcnow
+
+        b.finished_at = utcnow()
+    return manifest

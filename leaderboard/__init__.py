@@ -1,0 +1,1 @@
+"""The Streamlit leaderboard over the store."""

@@ -1,0 +1,1 @@
+"""Algorithms, the native trainer, stop rules and evaluation."""

@@ -1,0 +1,75 @@
+"""Shared fixtures: an isolated BENCH_HOME, store URLs for SQLite and PostgreSQL (a fresh
+schema per test), one grader pool per session."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+PG_BASE = os.environ.get("BENCH_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
+
+
+@pytest.fixture(autouse=True)
+def bench_home(tmp_path, monkeypatch):
+    home = tmp_path / "bench_home"
+    monkeypatch.setenv("BENCH_HOME", str(home))
+    monkeypatch.delenv("BENCH_DB_URL", raising=False)
+    return home
+
+
+def _pg_schema_url():
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    schema = f"t_{uuid.uuid4().hex[:10]}"
+    u = make_url(PG_BASE)
+    try:
+        with psycopg.connect(host=u.host, port=u.port, dbname=u.database, user=u.username, autocommit=True,
+                             connect_timeout=5) as c:
+            c.execute(f"CREATE SCHEMA {schema}")
+    except psycopg.OperationalError as e:
+        pytest.fail(f"PostgreSQL at {u.host}:{u.port} is not reachable: {e}")
+    return f"{PG_BASE}?options=-csearch_path%3D{schema}", schema, u
+
+
+def _drop_schema(schema, u):
+    import psycopg
+
+    with psycopg.connect(host=u.host, port=u.port, dbname=u.database, user=u.username, autocommit=True) as c:
+        c.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request, tmp_path):
+    """A store URL: a fresh SQLite file, or a fresh schema in PostgreSQL's `test` database."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'store.db'}"
+        return
+    url, schema, u = _pg_schema_url()
+    yield url
+    _drop_schema(schema, u)
+
+
+@pytest.fixture(scope="session")
+def grader():
+    from bench.grading import Grader
+
+    with Grader(timeout=5.0) as g:
+        yield g
+
+
+@pytest.fixture(scope="session")
+def shared_data():
+    path = os.path.abspath(SHARED)
+    if not os.path.isdir(path):
+        pytest.fail(f"../shared/data not found at {path}")
+    return path
