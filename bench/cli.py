@@ -250,6 +250,233 @@ def grade(file: Path = typer.Argument(..., help="JSONL with `response` and `gold
         out.print(f"{i}\t{v.status}\t{v.extracted!r}\t{v.reason}", highlight=False, markup=False)
 
 
+# ------------------------------------------------------------------ run / sweep / runs / report
+
+runs_app = typer.Typer(help="List and inspect runs.", invoke_without_command=True)
+app.add_typer(runs_app, name="runs")
+
+
+def _run_config(preset: str, **overrides):
+    from runners.presets import get_preset
+
+    cfg = get_preset(preset)
+    for key, value in overrides.items():
+        if value is not None:
+            setattr(cfg, key, value)
+    cfg.algo.max_len = cfg.max_tokens
+    return cfg
+
+
+def _run_progress(prog, task):
+    def cb(step, total, m):
+        acc = m.get("eval/split")
+        prog.update(task, completed=step, total=total,
+                    rate=f"reward {m['reward']:.2f}" + (f" split {acc:.2f}" if acc is not None else "")
+                    + f" kl {m['kl_k1']:.1e}")
+    return cb
+
+
+def _print_run_end(run_id: str, store) -> None:
+    from bench.store import Run, session
+
+    with session(store) as s:
+        r = s.get(Run, run_id)
+        out.print(f"run [bold]{r.id}[/] {r.algo} {r.rollout_dtype}/{r.train_dtype}: {r.status} after {r.step} steps "
+                  f"({r.wall_s:.0f}s); peak split accuracy {r.peak_accuracy:.3f}; {r.stop_reason}", highlight=False)
+
+
+@app.command()
+def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` shows them)."),
+        dtype: str = typer.Option("fp32", help="Precision: fp32 | fp16 | bf16 (both engines) or rollout=X,train=Y."),
+        build_id: Optional[str] = typer.Option(None, "--build", help="Build id (default: the latest complete build)."),
+        model: Optional[str] = typer.Option(None, help="Only builds of this model (and check the build's model)."),
+        engine: str = typer.Option("torch", help="Rollout engine: torch, vllm, auto."),
+        trainer: str = typer.Option("native", help="native (one process) or verl."),
+        preset: str = typer.Option("tiny", help="tiny | paper"),
+        max_steps: Optional[int] = typer.Option(None), lr: Optional[float] = typer.Option(None),
+        prompts_per_step: Optional[int] = typer.Option(None, help="B: prompts per step."),
+        samples_per_prompt: Optional[int] = typer.Option(None, help="G: responses per prompt."),
+        updates_per_batch: Optional[int] = typer.Option(None, help="Mini-batch updates per rollout batch."),
+        eval_every: Optional[int] = typer.Option(None), checkpoint_every: Optional[int] = typer.Option(None),
+        eval_split_m: Optional[int] = typer.Option(None, help="Split accuracy is avg@m."),
+        seed: Optional[int] = typer.Option(None), threads: Optional[int] = typer.Option(None),
+        checkpoint_dir: Optional[Path] = typer.Option(None, help="Default $BENCH_HOME/runs/<run id>."),
+        resume: Optional[str] = typer.Option(None, help="Continue run ID from its last checkpoint."),
+        as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
+        db: Optional[str] = DB_OPT):
+    """Train one algorithm at one precision pair on a build until it converges, plateaus,
+    collapses, diverges or reaches max steps."""
+    from bench.precision import Precision
+    from runners.algos import DESCRIPTIONS
+    from runners.trainer import RunError, resume_run, start_run
+
+    if algo == "list":
+        for name, desc in DESCRIPTIONS.items():
+            out.print(f"{name:16s} {desc}", highlight=False)
+        return
+    if trainer != "native":
+        fail(f"unknown trainer {trainer!r}; this version has: native")
+    if not algo and not resume:
+        fail("give --algo (see `bench run --algo list`) or --resume RUN_ID")
+    store = _store(db)
+    try:
+        with _progress("steps") as prog:
+            task = prog.add_task("steps", total=None, rate="")
+            if resume:
+                run_id = resume_run(store, resume, progress=_run_progress(prog, task))
+            else:
+                cfg = _run_config(preset, max_steps=max_steps, lr=lr, prompts_per_step=prompts_per_step,
+                                  samples_per_prompt=samples_per_prompt, updates_per_batch=updates_per_batch,
+                                  eval_every=eval_every, checkpoint_every=checkpoint_every,
+                                  eval_split_m=eval_split_m, seed=seed, threads=threads)
+                run_id = start_run(store, algo, Precision.parse(dtype), cfg, build_id=build_id, model=model,
+                                   engine=engine, ckpt_root=checkpoint_dir, preset=preset,
+                                   progress=_run_progress(prog, task))
+    except (RunError, *_user_errors()) as e:
+        fail(str(e))
+    if as_json:
+        out.print_json(json.dumps(_run_info(store, run_id), default=str))
+    else:
+        _print_run_end(run_id, store)
+
+
+@app.command()
+def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or all."),
+          dtype: str = typer.Option("bf16,fp16,fp32", help="Comma-separated dtypes (both engines), `all` for the nine pairs, "
+                                    "or pairs separated by ';'."),
+          build_id: Optional[str] = typer.Option(None, "--build"),
+          engine: str = typer.Option("torch"), preset: str = typer.Option("tiny"),
+          max_steps: Optional[int] = typer.Option(None), eval_every: Optional[int] = typer.Option(None),
+          prompts_per_step: Optional[int] = typer.Option(None), samples_per_prompt: Optional[int] = typer.Option(None),
+          jobs: int = typer.Option(1, help="Cells run in parallel processes."),
+          threads: Optional[int] = typer.Option(None),
+          db: Optional[str] = DB_OPT):
+    """Run the algorithm × precision grid on one build, skipping cells already finished."""
+    from runners.algos import REGISTRY
+    from runners.sweep import run_grid
+    from bench.precision import parse_list
+
+    algos = list(REGISTRY) if algo == "all" else [a.strip() for a in algo.split(",") if a.strip()]
+    try:
+        for a in algos:
+            if a not in REGISTRY:
+                raise ValueError(f"unknown algorithm {a!r}; choose one of {', '.join(REGISTRY)}")
+        pairs = parse_list(dtype)
+    except _user_errors() as e:
+        fail(str(e))
+    store = _store(db)
+    overrides = {"max_steps": max_steps, "eval_every": eval_every, "prompts_per_step": prompts_per_step,
+                 "samples_per_prompt": samples_per_prompt, "threads": threads}
+    try:
+        results = run_grid(store, db, algos, pairs, build_id, engine, preset,
+                           {k: v for k, v in overrides.items() if v is not None}, jobs,
+                           log=lambda msg: console.print(msg, highlight=False))
+    except _user_errors() as e:
+        fail(str(e))
+    t = Table("algo", "precision", "status", "peak", "steps", "run")
+    for r in results:
+        t.add_row(r["algo"], r["precision"], r["status"], f"{r['peak']:.3f}" if r["peak"] is not None else "-",
+                  str(r["steps"]), r["run"] or "-")
+    out.print(t)
+    if any(r["status"] == "failed" for r in results):
+        raise typer.Exit(1)
+
+
+@runs_app.callback()
+def runs(ctx: typer.Context, as_json: bool = typer.Option(False, "--json"), db: Optional[str] = DB_OPT):
+    """List runs, newest first."""
+    if ctx.invoked_subcommand is not None:
+        ctx.obj = {"db": db}
+        return
+    from leaderboard.queries import runs_frame
+
+    df = runs_frame(_store(db))
+    if as_json:
+        out.print_json(df.to_json(orient="records", date_format="iso") if not df.empty else "[]")
+        return
+    if df.empty:
+        out.print("no runs yet: run `bench run --algo pg-seq-is --dtype fp16`")
+        return
+    t = Table("run", "algo", "precision", "status", "steps", "peak", "final", "build")
+    for r in df.itertuples():
+        t.add_row(r.run, r.algo, r.precision, r.status, str(r.steps), _f(r.peak_accuracy), _f(r.final_accuracy), r.build)
+    out.print(t)
+
+
+def _f(x) -> str:
+    return "-" if x is None or x != x else f"{x:.3f}"
+
+
+def _run_info(store, run_id: str) -> dict:
+    from sqlalchemy import select
+
+    from bench.store import Eval, Run, RunStep, session
+
+    with session(store) as s:
+        r = s.get(Run, run_id)
+        if r is None:
+            fail(f"no run {run_id!r}; `bench runs` lists them")
+        last = s.scalars(select(RunStep).where(RunStep.run_id == run_id).order_by(RunStep.step.desc())).first()
+        evals = s.execute(select(Eval.step, Eval.benchmark, Eval.n, Eval.score).where(Eval.run_id == run_id)
+                          .order_by(Eval.step)).all()
+        return {"id": r.id, "build": r.build_id, "algo": r.algo, "rollout_dtype": r.rollout_dtype,
+                "train_dtype": r.train_dtype, "trainer": r.trainer, "engine": r.engine, "status": r.status,
+                "stop_reason": r.stop_reason, "steps": r.step, "wall_s": r.wall_s, "peak_accuracy": r.peak_accuracy,
+                "final_accuracy": r.final_accuracy, "steps_to_target": r.steps_to_target,
+                "wall_to_target": r.wall_to_target, "kl_warning_step": r.kl_warning_step, "config": r.config,
+                "last_step": last.metrics if last else None,
+                "evals": [{"step": e.step, "benchmark": e.benchmark, "n": e.n, "score": e.score} for e in evals]}
+
+
+@runs_app.command("show")
+def runs_show(ctx: typer.Context, run_id: str, as_json: bool = typer.Option(False, "--json"),
+              db: Optional[str] = DB_OPT):
+    """Show one run: settings, status, evaluations and its last step's metrics."""
+    info = _run_info(_store(db or (ctx.obj or {}).get("db")), run_id)
+    if as_json:
+        out.print_json(json.dumps(info, default=str))
+        return
+    for k, v in info.items():
+        if k not in ("config", "last_step", "evals"):
+            out.print(f"[bold]{k}[/]: {v}", highlight=False)
+    for e in info["evals"]:
+        out.print(f"  eval step {e['step']}: {e['benchmark']} avg@{e['n']} = {e['score']:.3f}", highlight=False)
+
+
+@app.command()
+def report(csv: Optional[Path] = typer.Option(None, "--csv", help="Also write the table as CSV."),
+           as_json: bool = typer.Option(False, "--json"), build_id: Optional[str] = typer.Option(None, "--build"),
+           db: Optional[str] = DB_OPT):
+    """The leaderboard ranking in the terminal: PASS when peak split accuracy >= 0.95."""
+    from leaderboard.queries import ranked, report_columns, runs_frame
+
+    df = ranked(runs_frame(_store(db), build_id))
+    if df.empty:
+        if as_json:
+            out.print_json("[]")
+        else:
+            out.print("no runs yet: run `bench build --model tiny-math`, then `bench sweep --algo grpo,pg-seq-is --dtype bf16,fp16`")
+        return
+    df = df[report_columns()]
+    if csv:
+        try:
+            df.to_csv(csv, index=False)
+        except OSError as e:
+            fail(f"cannot write {csv}: {e.strerror or e}")
+    if as_json:
+        out.print_json(df.to_json(orient="records"))
+        return
+    t = Table("#", "algo", "precision", "sanity", "status", "peak", "final", "steps→95%", "eval", "mean KL", "max|Δp|", "steps", "run")
+    for i, r in enumerate(df.itertuples(), 1):
+        t.add_row(str(i), r.algo, r.precision, "[green]PASS[/]" if r.sanity == "PASS" else "[red]FAIL[/]", r.status,
+                  _f(r.peak_accuracy), _f(r.final_accuracy),
+                  "-" if r.steps_to_target != r.steps_to_target or r.steps_to_target is None else str(int(r.steps_to_target)),
+                  _f(r.best_eval), "-" if r.mean_kl != r.mean_kl or r.mean_kl is None else f"{r.mean_kl:.2e}",
+                  "-" if r.max_abs_dp != r.max_abs_dp or r.max_abs_dp is None else f"{r.max_abs_dp:.2e}",
+                  str(r.steps), r.run)
+    out.print(t)
+
+
 # ------------------------------------------------------------------ model / db
 
 @model_app.command("train")

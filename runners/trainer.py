@@ -1,0 +1,436 @@
+"""The native trainer: one process, CPU or one GPU.
+
+Per step: sample B prompts × G responses with the rollout engine (μ log-probs) → grade →
+π_old log-probs with the training engine (the extra forward) → leave-one-out advantages →
+`updates_per_batch` mini-batch updates of the registered loss → push the new weights to the
+rollout engine. fp32 master weights and AdamW state; forward and backward run on a compute
+copy in the train dtype; logits go to fp32 before log-softmax; fp16 uses dynamic loss scaling.
+Metrics land in the store every step; checkpoints every N steps make a killed run resumable
+with no gap and no duplicate step.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+import time
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from sqlalchemy import delete, select
+
+from bench.engines import Sampling, make_engine, resolve_engine
+from bench.grading import Grader
+from bench.mismatch import mismatch_metrics
+from bench.models import ModelRef, load_model, load_tokenizer, render_prompt, resolve_model
+from bench.precision import LossScaler, Precision, device_supports, torch_dtype
+from bench.problems import Problem, SourceSpec, load_problems
+from bench.store import Build, Eval, Model, Run, RunStep, bench_home, session
+from bench.store.schema import BuildProblem, utcnow
+
+from . import stop as stop_rules
+from .algos import LossInputs, get_loss, leave_one_out_advantages
+from .presets import RunConfig
+
+
+class RunError(ValueError):
+    """Bad run input; the message says what is wrong and what to run instead."""
+
+
+# ------------------------------------------------------------------ inputs
+
+def latest_build(s, model: str | None = None) -> Build | None:
+    q = select(Build).where(Build.status == "complete", Build.shard.is_(None))
+    if model:
+        q = q.join(Model, Model.id == Build.model_id).where(Model.name == model)
+    return s.scalars(q.order_by(Build.finished_at.desc())).first()
+
+
+def load_split(s, build_id: str) -> list[Problem]:
+    rows = s.scalars(select(BuildProblem).where(BuildProblem.build_id == build_id, BuildProblem.kept.is_(True))
+                     .order_by(BuildProblem.position)).all()
+    return [Problem(r.problem_id, r.problem, r.answer) for r in rows]
+
+
+def resolve_inputs(s, build_id: str | None, model: str | None) -> tuple[Build, Model, ModelRef]:
+    """The build to train on (given, or the latest complete one) and its model."""
+    if build_id:
+        build = s.get(Build, build_id)
+        if build is None:
+            raise RunError(f"no build {build_id!r}; `bench builds` lists them")
+        if build.status != "complete":
+            raise RunError(f"build {build_id} is {build.status}; finish it with `bench build ... --resume`")
+        if build.shard is not None:
+            raise RunError(f"build {build_id} is shard {build.shard}; merge the shards first with `bench build merge`")
+    else:
+        build = latest_build(s, model)
+        if build is None:
+            raise RunError("no build yet" + (f" for model {model!r}" if model else "")
+                           + f": make one with `bench build --model {model or 'tiny-math'}`")
+    m = s.get(Model, build.model_id)
+    if model and model != m.name:
+        raise RunError(f"build {build.id} was made from model {m.name!r}, not {model!r}")
+    try:
+        ref = resolve_model(m.name)
+    except ValueError:
+        ref = ModelRef(m.name, m.path, False)
+    return build, m, ref
+
+
+# ------------------------------------------------------------------ tensors
+
+def pack(prompt_ids: list[list[int]], responses: list[list[int]], pad: int):
+    """Right-padded prompt+response ids [N, W], attention mask, and for the response tokens
+    their positions in the sequence [N, T], their ids [N, T] and a mask [N, T]."""
+    n = len(responses)
+    width = max(len(p) + len(r) for p, r in zip(prompt_ids, responses))
+    t_max = max(1, max(map(len, responses)))
+    ids = torch.full((n, width), pad, dtype=torch.long)
+    attn = torch.zeros((n, width), dtype=torch.long)
+    tok = torch.full((n, t_max), pad, dtype=torch.long)
+    pos = torch.zeros((n, t_max), dtype=torch.long)
+    mask = torch.zeros((n, t_max))
+    for i, (p, r) in enumerate(zip(prompt_ids, responses)):
+        seq = p + r
+        ids[i, :len(seq)] = torch.tensor(seq)
+        attn[i, :len(seq)] = 1
+        if r:
+            tok[i, :len(r)] = torch.tensor(r)
+            pos[i, :len(r)] = torch.arange(len(p) - 1, len(p) - 1 + len(r))
+            mask[i, :len(r)] = 1
+    return ids, attn, tok, pos, mask
+
+
+def response_logprobs(model, ids, attn, tok, pos) -> torch.Tensor:
+    """log π(y_t) of the response tokens [N, T]: logits cast to fp32 before log-softmax."""
+    logits = model(input_ids=ids, attention_mask=attn).logits
+    logits = logits.gather(1, pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+
+
+# ------------------------------------------------------------------ the trainer
+
+class NativeTrainer:
+    def __init__(self, store, run_id: str, cfg: RunConfig, algo: str, precision: Precision, engine: str,
+                 ref: ModelRef, split: list[Problem], ckpt_dir: Path, progress=None):
+        self.store, self.run_id, self.cfg, self.algo, self.precision = store, run_id, cfg, algo, precision
+        self.loss_fn = get_loss(algo)
+        self.ckpt_dir, self.progress, self.ref = ckpt_dir, progress, ref
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.tok = load_tokenizer(ref)
+        self.master = load_model(ref, torch.float32)
+        self.master.train()
+        self.train_dtype = torch_dtype(precision.train)
+        self.compute = self.master if self.train_dtype == torch.float32 else copy.deepcopy(self.master).to(self.train_dtype)
+        self.opt = torch.optim.AdamW(self.master.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.scaler = LossScaler(precision.train == "fp16", cfg.loss_scale_init, cfg.loss_scale_growth_interval,
+                                 cfg.loss_scale_backoff)
+        self.stop_state = stop_rules.StopState()
+        self.step = 0
+        self.wall = 0.0
+        self.split = split
+        self.prompts = [render_prompt(ref, self.tok, p.problem) for p in split]
+        self.prompt_ids = [self.tok.encode(p, add_special_tokens=False) for p in self.prompts]
+        self.benchmarks = [(b, load_problems(SourceSpec(b.source, limit=b.limit))) for b in cfg.benchmarks]
+        kw = {"model": copy.deepcopy(self.master), "tokenizer": self.tok} if engine == "torch" else {}
+        self.engine = make_engine(engine, ref.path, precision.rollout, **kw)
+        self.grader = Grader()
+
+    def close(self) -> None:
+        self.engine.close()
+        self.grader.close()
+
+    # ---------------------------------------------------------- checkpoints
+    @property
+    def ckpt_path(self) -> Path:
+        return self.ckpt_dir / "checkpoint.pt"
+
+    def save_checkpoint(self) -> None:
+        state = {"step": self.step, "wall": self.wall, "model": self.master.state_dict(),
+                 "optimizer": self.opt.state_dict(), "scaler": self.scaler.state_dict(),
+                 "stop": self.stop_state.to_dict(), "rng_torch": torch.get_rng_state(),
+                 "rng_python": random.getstate()}
+        tmp = self.ckpt_path.with_suffix(".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, self.ckpt_path)
+
+    def load_checkpoint(self) -> None:
+        """Restore from the last checkpoint (or the start) and drop later steps from the store."""
+        if self.ckpt_path.exists():
+            state = torch.load(self.ckpt_path, weights_only=False)
+            self.master.load_state_dict(state["model"])
+            self.opt.load_state_dict(state["optimizer"])
+            for k, v in state["scaler"].items():
+                setattr(self.scaler, k, v)
+            self.stop_state = stop_rules.StopState.from_dict(state["stop"])
+            self.step, self.wall = state["step"], state["wall"]
+            torch.set_rng_state(state["rng_torch"])
+            random.setstate(state["rng_python"])
+            self._sync_compute()
+            self.engine.update_weights(self.master.named_parameters())
+        with session(self.store) as s:
+            s.execute(delete(RunStep).where(RunStep.run_id == self.run_id, RunStep.step > self.step))
+            s.execute(delete(Eval).where(Eval.run_id == self.run_id, Eval.step > self.step))
+            run = s.get(Run, self.run_id)
+            run.step, run.status, run.stop_reason = self.step, "running", None
+
+    # ---------------------------------------------------------- pieces
+    def _sync_compute(self) -> None:
+        if self.compute is not self.master:
+            with torch.no_grad():
+                for pc, pm in zip(self.compute.parameters(), self.master.parameters()):
+                    pc.copy_(pm)
+
+    def _step_prompts(self, step: int) -> list[int]:
+        """Indices of the B prompts of `step`: epochs over a seeded shuffle of the split."""
+        b, n = self.cfg.prompts_per_step, len(self.split)
+        out = []
+        for k in range(step * b, step * b + b):
+            epoch, i = divmod(k, n)
+            perm = list(range(n))
+            random.Random(f"{self.cfg.seed}:{epoch}").shuffle(perm)
+            out.append(perm[i])
+        return out
+
+    def _score(self, problems: list[Problem], samples) -> torch.Tensor:
+        texts = [s.text for row in samples for s in row]
+        golds = [p.answer for p, row in zip(problems, samples) for _ in row]
+        return torch.tensor([float(v.correct) for v in self.grader.grade(texts, golds)])
+
+    def evaluate(self) -> dict[str, float]:
+        """avg@m on the whole split (training sampling) and avg@n on every benchmark."""
+        cfg = self.cfg
+        sp = Sampling(cfg.temperature, cfg.top_p, cfg.max_tokens, seed=10_000_019 + self.step)
+        scores = {"split": (cfg.eval_split_m, self._score(self.split, self.engine.generate(self.prompts, cfg.eval_split_m, sp)))}
+        for b, probs in self.benchmarks:
+            ref_prompts = [render_prompt(self.ref, self.tok, p.problem) for p in probs]
+            bsp = Sampling(b.temperature, b.top_p, cfg.max_tokens, seed=20_000_003 + self.step)
+            scores[b.name] = (b.n, self._score(probs, self.engine.generate(ref_prompts, b.n, bsp)))
+        with session(self.store) as s:
+            for name, (n, r) in scores.items():
+                s.merge(Eval(run_id=self.run_id, step=self.step, benchmark=name, n=n, score=r.mean().item()))
+        return {name: r.mean().item() for name, (n, r) in scores.items()}
+
+    def _update(self, x: LossInputs, idx: torch.Tensor, batch) -> tuple[float, float, dict, bool]:
+        """One mini-batch optimizer step; returns loss, grad norm, loss metrics, whether applied."""
+        ids, attn, tok, pos = (t[idx] for t in batch)
+        self._sync_compute()
+        logp = response_logprobs(self.compute, ids, attn, tok, pos)
+        mb = LossInputs(logp, x.logp_old[idx], x.logp_rollout[idx], x.mask[idx], x.advantages[idx])
+        loss, metrics = self.loss_fn(mb, self.cfg.algo)
+        self.compute.zero_grad(set_to_none=True)
+        self.opt.zero_grad(set_to_none=True)
+        if torch.isfinite(loss):
+            (loss * self.scaler.scale).backward()
+        if self.compute is not self.master:
+            for pc, pm in zip(self.compute.parameters(), self.master.parameters()):
+                pm.grad = None if pc.grad is None else pc.grad.float() / self.scaler.scale
+        elif self.scaler.scale != 1.0:
+            for p in self.master.parameters():
+                if p.grad is not None:
+                    p.grad /= self.scaler.scale
+        grads = [p.grad for p in self.master.parameters() if p.grad is not None]
+        finite = bool(torch.isfinite(loss)) and all(torch.isfinite(g).all() for g in grads)
+        grad_norm = float("nan")
+        if finite:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.master.parameters(), self.cfg.grad_clip).item()
+            self.opt.step()
+        self.scaler.update(finite)
+        return loss.item(), grad_norm, metrics, finite
+
+    # ---------------------------------------------------------- one step
+    def train_step(self) -> dict[str, float]:
+        cfg, g = self.cfg, self.cfg.samples_per_prompt
+        t0 = time.time()
+        idx = self._step_prompts(self.step)
+        sp = Sampling(cfg.temperature, cfg.top_p, cfg.max_tokens, seed=cfg.seed * 1_000_003 + self.step)
+        samples = self.engine.generate([self.prompts[i] for i in idx], g, sp)
+        t1 = time.time()
+        rewards = self._score([self.split[i] for i in idx], samples)
+        flat = [s for row in samples for s in row]
+        batch = pack([self.prompt_ids[i] for i in idx for _ in range(g)], [s.token_ids for s in flat],
+                     self.tok.pad_token_id)
+        ids, attn, tok, pos, mask = batch
+        logp_rollout = torch.zeros_like(mask)
+        for i, s in enumerate(flat):
+            logp_rollout[i, :len(s.logprobs)] = torch.tensor(s.logprobs)
+        with torch.no_grad():
+            self._sync_compute()
+            logp_old = response_logprobs(self.compute, ids, attn, tok, pos) * mask
+        adv = leave_one_out_advantages(rewards.view(-1, g)).view(-1)
+        x = LossInputs(None, logp_old, logp_rollout, mask, adv)  # type: ignore[arg-type]
+        t2 = time.time()
+        gen = torch.Generator().manual_seed(cfg.seed * 7_919 + self.step)
+        order = torch.randperm(len(flat), generator=gen)
+        losses, norms, loss_metrics, applied = [], [], {}, 0
+        for chunk in order.chunk(cfg.updates_per_batch):
+            loss, norm, m, ok = self._update(x, chunk, (ids, attn, tok, pos))
+            losses.append(loss)
+            norms.append(norm)
+            applied += ok
+            for k, v in m.items():
+                loss_metrics[k] = loss_metrics.get(k, 0.0) + v / cfg.updates_per_batch
+        self.engine.update_weights(self.master.named_parameters())
+        t3 = time.time()
+        lengths = mask.sum(-1)
+        n_tok = lengths.sum().item()
+        metrics = {
+            "reward": rewards.mean().item(), "response_len": lengths.mean().item(),
+            "response_len_max": lengths.max().item(),
+            "truncated_frac": sum(s.finish_reason == "length" for s in flat) / len(flat),
+            "loss": sum(losses) / len(losses), "grad_norm": max(norms) if norms else float("nan"),
+            "loss_scale": self.scaler.scale, "skipped_steps": self.scaler.skipped,
+            "updates_applied": applied,
+            **mismatch_metrics(logp_rollout, logp_old, mask),
+            **{f"loss/{k}": v for k, v in loss_metrics.items()},
+            "time_rollout": t1 - t0, "time_scoring": t2 - t1, "time_update": t3 - t2,
+            "tokens_per_s": n_tok / max(t1 - t0, 1e-9),
+        }
+        return metrics
+
+    # ---------------------------------------------------------- the loop
+    def fit(self) -> tuple[str, str]:
+        """Train until a stop rule fires; returns (status, reason)."""
+        cfg = self.cfg
+        if self.step == 0:
+            acc = self._eval_and_record()
+            stop_rules.after_eval(self.stop_state, cfg.stop, 0, acc["split"])
+        while True:
+            if self.step >= cfg.max_steps:
+                return stop_rules.MAX_STEPS, f"reached max_steps={cfg.max_steps}"
+            t0 = time.time()
+            metrics = self.train_step()
+            self.step += 1
+            if stop_rules.non_finite(metrics["loss"]) and self.scaler.enabled is False:
+                self._record(metrics, time.time() - t0)
+                return stop_rules.DIVERGED, f"non-finite loss at step {self.step}"
+            if self.scaler.skipped_in_a_row >= 50:
+                self._record(metrics, time.time() - t0)
+                return stop_rules.DIVERGED, f"50 fp16 steps in a row had non-finite gradients (step {self.step})"
+            if any(not torch.isfinite(p).all() for p in self.master.parameters()):
+                self._record(metrics, time.time() - t0)
+                return stop_rules.DIVERGED, f"non-finite weights at step {self.step}"
+            if stop_rules.after_step(self.stop_state, cfg.stop, self.step, metrics["kl_k3"]):
+                metrics["kl_warning"] = 1.0
+            verdict = None
+            if self.step % cfg.eval_every == 0 or self.step >= cfg.max_steps:
+                te = time.time()
+                acc = self._eval_and_record()
+                metrics.update({f"eval/{k}": v for k, v in acc.items()})
+                metrics["time_eval"] = time.time() - te
+                verdict = stop_rules.after_eval(self.stop_state, cfg.stop, self.step, acc["split"])
+            self._record(metrics, time.time() - t0)
+            if self.step % cfg.checkpoint_every == 0 or verdict:
+                self.save_checkpoint()
+            if self.progress:
+                self.progress(self.step, cfg.max_steps, metrics)
+            if verdict:
+                return verdict
+
+    def _eval_and_record(self) -> dict[str, float]:
+        acc = self.evaluate()
+        with session(self.store) as s:
+            run = s.get(Run, self.run_id)
+            run.final_accuracy = acc["split"]
+            if run.peak_accuracy is None or acc["split"] > run.peak_accuracy:
+                run.peak_accuracy = acc["split"]
+            if acc["split"] >= self.cfg.stop.target and run.steps_to_target is None:
+                run.steps_to_target, run.wall_to_target = self.step, self.wall
+        return acc
+
+    def _record(self, metrics: dict, dt: float) -> None:
+        self.wall += dt
+        metrics["wall_s"] = self.wall
+        clean = {k: (float(v) if v == v and abs(v) != float("inf") else None) for k, v in metrics.items()}
+        with session(self.store) as s:
+            s.merge(RunStep(run_id=self.run_id, step=self.step, reward=clean["reward"], kl_k1=clean["kl_k1"],
+                            prob_abs_diff_mean=clean["prob_abs_diff_mean"], metrics=clean))
+            run = s.get(Run, self.run_id)
+            run.step, run.wall_s = self.step, self.wall
+            run.kl_warning_step = self.stop_state.kl_warning_step
+
+
+# ------------------------------------------------------------------ entry points
+
+def _check_ckpt_dir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise RunError(f"checkpoint directory {path} is not writable: {e.strerror or e}") from None
+
+
+def start_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: str | None = None,
+              model: str | None = None, engine: str = "torch", ckpt_root: Path | None = None,
+              preset: str = "tiny", progress=None) -> str:
+    """Validate everything, create the run row, train; returns the run id."""
+    get_loss(algo)
+    engine = resolve_engine(engine)
+    for d in {precision.rollout, precision.train}:
+        if not device_supports(d):
+            raise RunError(f"{d} is not supported on this device; choose another --dtype")
+    if cfg.samples_per_prompt < 2:
+        raise RunError("samples per prompt must be >= 2 (leave-one-out advantages)")
+    with session(store) as s:
+        build, m, ref = resolve_inputs(s, build_id, model)
+        split = load_split(s, build.id)
+        if not split:
+            raise RunError(f"build {build.id} kept no problems; rebuild with another --band or model")
+        run_id = uuid.uuid4().hex[:12]
+        ckpt_dir = Path(ckpt_root or bench_home() / "runs") / run_id
+        _check_ckpt_dir(ckpt_dir)
+        config = {"preset": preset, **asdict(cfg)}
+        s.add(Run(id=run_id, model_id=m.id, build_id=build.id, algo=algo, rollout_dtype=precision.rollout,
+                  train_dtype=precision.train, trainer="native", engine=engine, config=config, status="running",
+                  checkpoint_dir=str(ckpt_dir)))
+    _train(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress)
+    return run_id
+
+
+def resume_run(store, run_id: str, progress=None) -> str:
+    from .presets import Benchmark, RunConfig as RC
+    from .algos import AlgoConfig
+    from .stop import StopConfig
+
+    with session(store) as s:
+        run = s.get(Run, run_id)
+        if run is None:
+            raise RunError(f"no run {run_id!r}; `bench runs` lists them")
+        if run.status not in ("running", "failed"):
+            raise RunError(f"run {run_id} already ended ({run.status}: {run.stop_reason})")
+        build, m, ref = resolve_inputs(s, run.build_id, None)
+        split = load_split(s, build.id)
+        c = dict(run.config)
+        c.pop("preset", None)
+        cfg = RC(**{**c, "algo": AlgoConfig(**c["algo"]), "stop": StopConfig(**c["stop"]),
+                    "benchmarks": [Benchmark(**b) for b in c["benchmarks"]]})
+        algo, precision, engine, ckpt_dir = run.algo, Precision(run.rollout_dtype, run.train_dtype), run.engine, Path(run.checkpoint_dir)
+    _check_ckpt_dir(ckpt_dir)
+    _train(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress)
+    return run_id
+
+
+def _train(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress) -> None:
+    trainer = None
+    try:
+        trainer = NativeTrainer(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress)
+        trainer.load_checkpoint()
+        status, reason = trainer.fit()
+    except BaseException as e:
+        with session(store) as s:
+            run = s.get(Run, run_id)
+            run.status = "failed"
+            run.stop_reason = "interrupted" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"[:1000]
+        raise
+    finally:
+        if trainer is not None:
+            trainer.close()
+    with session(store) as s:
+        run = s.get(Run, run_id)
+        run.status, run.stop_reason, run.updated_at = status, reason, utcnow()
