@@ -481,7 +481,7 @@ def report(csv: Optional[Path] = typer.Option(None, "--csv", help="Also write th
 
 @model_app.command("train")
 def model_train(name: str = typer.Argument("tiny-math", help="Only 'tiny-math' is trainable here."),
-                steps: int = typer.Option(1000, help="Training steps (the band knob)."),
+                steps: int = typer.Option(2500, help="Training steps (the band knob)."),
                 batch_size: int = typer.Option(64), lr: float = typer.Option(3e-3),
                 seed: int = typer.Option(0), threads: int = typer.Option(1),
                 hidden: int = typer.Option(128), layers: int = typer.Option(3),
