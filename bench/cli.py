@@ -142,6 +142,25 @@ def build(ctx: typer.Context,
               if rps else f"{manifest['rollouts']} rollouts (all resumed), wall {manifest['wall_s']:.1f}s → {manifest['out_dir']}")
 
 
+@build_app.command("merge")
+def build_merge(build_ids: Optional[List[str]] = typer.Argument(None, help="Shard builds to join (default: the newest "
+                                                                "complete set of shards with one settings hash)."),
+                out_dir: Optional[Path] = typer.Option(None, "--out", help="Output directory (default $BENCH_HOME/builds/<id>)."),
+                as_json: bool = typer.Option(False, "--json"), db: Optional[str] = DB_OPT):
+    """Join shards built with `bench build --shard i/n` into one split (all shards complete, same settings)."""
+    from datasets_build.merge import merge_shards
+
+    try:
+        manifest = merge_shards(_store(db), build_ids, out_dir)
+    except _user_errors() as e:
+        fail(str(e))
+    if as_json:
+        out.print_json(json.dumps(manifest, default=str))
+    else:
+        out.print(f"merged {len(manifest['shards'])} shards into build [bold]{manifest['build_id']}[/]: "
+                  f"{manifest['counts']['kept']} of {manifest['problems']} kept → {manifest['out_dir']}")
+
+
 # Typer takes one value per --band flag; accept the natural `--band 0.2 0.8` as well.
 def _rewrite_band(argv: list[str]) -> list[str]:
     out_args, i = [], 0

@@ -135,3 +135,30 @@ def test_sigkill_midway_then_resume_equals_uninterrupted(db_url, tmp_path):
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["counts"] == m["counts"]
     assert sorted(_counts(fresh_url)) == sorted(resumed)
+
+
+def test_three_shards_merge_to_the_unsharded_split(tmp_path):
+    import pandas as pd
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    common = ["--model", "tiny-math", "--limit", "30", "--k", "6", "--engine", "torch", "--dtype", "fp32", "--db", url,
+              "--json"]
+    whole = json.loads(invoke("build", *common, "--out", str(tmp_path / "whole")).stdout)
+    r = invoke("build", "merge", "--db", url)
+    assert r.exit_code == 2 and "no sharded builds" in r.output
+    for i in range(3):
+        if i == 1:                      # a missing shard is named
+            r = invoke("build", "merge", "--db", url)
+            assert r.exit_code == 2 and "missing shard(s) 1/3, 2/3" in " ".join(r.output.split())
+        r = invoke("build", *common, "--shard", f"{i}/3")
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["problems"] == 10
+    r = invoke("build", "merge", "--db", url, "--json", "--out", str(tmp_path / "merged"))
+    assert r.exit_code == 0, r.output
+    merged = json.loads(r.stdout)
+    assert merged["counts"] == whole["counts"] and merged["rollouts"] == 30 * 6
+    a = pd.read_parquet(tmp_path / "whole" / "split.parquet")
+    b = pd.read_parquet(tmp_path / "merged" / "split.parquet")
+    pd.testing.assert_frame_equal(a, b)
+    with session(open_store(url)) as s:
+        assert s.scalar(select(func.count()).select_from(BuildRollout).where(BuildRollout.build_id == merged["build_id"])) == 180
