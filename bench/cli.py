@@ -496,6 +496,27 @@ def report(csv: Optional[Path] = typer.Option(None, "--csv", help="Also write th
     out.print(t)
 
 
+@app.command()
+def leaderboard(db: Optional[str] = DB_OPT, port: int = typer.Option(8501, help="Port to serve on."),
+                address: str = typer.Option("127.0.0.1", help="Address to bind."),
+                headless: bool = typer.Option(True, help="Do not open a browser.")):
+    """Serve the Streamlit leaderboard over the store (read-only)."""
+    import subprocess
+
+    import leaderboard as lb
+
+    from bench.store import default_url
+
+    url = db or default_url()
+    _store(url)                                   # a bad URL fails here, readably
+    app_path = Path(lb.__file__).parent / "app.py"
+    cmd = [sys.executable, "-m", "streamlit", "run", str(app_path), "--server.port", str(port),
+           "--server.address", address, "--server.headless", str(headless).lower(),
+           "--browser.gatherUsageStats", "false", "--", "--db", url]
+    console.print(f"leaderboard on http://{address}:{port} (store {url})", highlight=False)
+    raise typer.Exit(subprocess.call(cmd))
+
+
 # ------------------------------------------------------------------ model / db
 
 @model_app.command("train")

@@ -4,49 +4,70 @@ Every filter is a bound parameter; results are pandas frames."""
 from __future__ import annotations
 
 import pandas as pd
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
 from sqlalchemy.engine import Engine
 
-from bench.store import Build, Eval, Model, Run, RunStep
+from bench.store import Build, BuildProblem, Eval, MismatchReport, Model, Run, RunStep
 
 PASS_THRESHOLD = 0.95
 
 
+def read_only(engine: Engine) -> Engine:
+    """Make every connection of `engine` refuse writes (SQLite query_only, PostgreSQL read-only
+    transactions): the app never writes to the store."""
+    dialect = engine.dialect.name
+
+    @event.listens_for(engine, "connect")
+    def _ro(dbapi_conn, _):
+        if dialect == "sqlite":
+            dbapi_conn.execute("PRAGMA query_only=ON")
+        elif dialect == "postgresql":
+            prev = dbapi_conn.autocommit
+            dbapi_conn.autocommit = True
+            cur = dbapi_conn.cursor()
+            cur.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+            cur.close()
+            dbapi_conn.autocommit = prev
+    engine.dispose()          # connections opened before the listener was added would still write
+    return engine
+
+
+def _read(engine: Engine, q) -> pd.DataFrame:
+    with engine.connect() as c:
+        return pd.read_sql(q, c)
+
+
 def runs_frame(engine: Engine, build_id: str | None = None) -> pd.DataFrame:
-    """One row per run with its leaderboard columns."""
+    """One row per run with its leaderboard columns; mismatch over the last tenth of the run."""
     q = (select(Run.id.label("run"), Model.name.label("model"), Run.build_id.label("build"), Run.algo,
                 Run.rollout_dtype, Run.train_dtype, Run.trainer, Run.engine, Run.status, Run.stop_reason,
                 Run.peak_accuracy, Run.final_accuracy, Run.steps_to_target, Run.wall_to_target, Run.step.label("steps"),
-                Run.wall_s, Run.kl_warning_step, Run.created_at)
+                Run.wall_s, Run.kl_warning_step, Run.created_at, Run.updated_at)
          .join(Model, Model.id == Run.model_id))
     if build_id:
         q = q.where(Run.build_id == build_id)
-    with engine.connect() as c:
-        runs = pd.read_sql(q.order_by(Run.created_at.desc()), c)
-        # mismatch over the last tenth of each run: steps > 0.9 * last step
-        last = select(RunStep.run_id, func.max(RunStep.step).label("last")).group_by(RunStep.run_id).subquery()
-        tail = pd.read_sql(select(RunStep.run_id, RunStep.step, RunStep.kl_k1, RunStep.metrics)
-                           .join(last, last.c.run_id == RunStep.run_id)
-                           .where(RunStep.step * 10 >= last.c.last * 9), c)
-        evals = pd.read_sql(select(Eval.run_id, Eval.step, Eval.benchmark, Eval.score).where(Eval.benchmark != "split"), c)
+    runs = _read(engine, q.order_by(Run.created_at.desc()))
     if runs.empty:
         return runs
-    if not tail.empty:
-        tail["prob_diff_absmax"] = tail.metrics.map(
-            lambda m: max(abs(m.get("prob_diff_max") or 0), abs(m.get("prob_diff_min") or 0)))
-        tail["log_ratio_slope"] = tail.metrics.map(lambda m: m.get("log_ratio_slope"))
-        agg = tail.groupby("run_id").agg(mean_kl=("kl_k1", "mean"), max_abs_dp=("prob_diff_absmax", "max"),
-                                         log_ratio_slope=("log_ratio_slope", "mean"))
-        runs = runs.merge(agg, left_on="run", right_index=True, how="left")
-    else:
-        runs[["mean_kl", "max_abs_dp", "log_ratio_slope"]] = None
-    if not evals.empty:
-        ev = evals.sort_values("step").groupby("run_id").agg(best_eval=("score", "max"), last_eval=("score", "last"))
-        runs = runs.merge(ev, left_on="run", right_index=True, how="left")
-    else:
-        runs[["best_eval", "last_eval"]] = None
+    last = select(RunStep.run_id, func.max(RunStep.step).label("last")).group_by(RunStep.run_id).subquery()
+    tail = _read(engine, select(RunStep.run_id.label("run"), func.avg(RunStep.kl_k1).label("mean_kl"),
+                                func.max(func.abs(RunStep.prob_diff_max)).label("dp_max"),
+                                func.max(func.abs(RunStep.prob_diff_min)).label("dp_min"),
+                                func.avg(RunStep.log_ratio_slope).label("log_ratio_slope"))
+                 .join(last, last.c.run_id == RunStep.run_id)
+                 .where(RunStep.step * 10 >= last.c.last * 9).group_by(RunStep.run_id))
+    tail["max_abs_dp"] = tail[["dp_max", "dp_min"]].max(axis=1)
+    runs = runs.merge(tail.drop(columns=["dp_max", "dp_min"]), on="run", how="left")
+    best = _read(engine, select(Eval.run_id.label("run"), func.max(Eval.score).label("best_eval"))
+                 .where(Eval.benchmark != "split").group_by(Eval.run_id))
+    last_eval = select(Eval.run_id, func.max(Eval.step).label("s")).where(Eval.benchmark != "split") \
+        .group_by(Eval.run_id).subquery()
+    lastv = _read(engine, select(Eval.run_id.label("run"), func.avg(Eval.score).label("last_eval"))
+                  .join(last_eval, (last_eval.c.run_id == Eval.run_id) & (last_eval.c.s == Eval.step))
+                  .where(Eval.benchmark != "split").group_by(Eval.run_id))
+    runs = runs.merge(best, on="run", how="left").merge(lastv, on="run", how="left")
     runs["precision"] = [r if r == t else f"{r}→{t}" for r, t in zip(runs.rollout_dtype, runs.train_dtype)]
-    runs["sanity"] = ["PASS" if (p or 0) >= PASS_THRESHOLD else "FAIL" for p in runs.peak_accuracy.fillna(0)]
+    runs["sanity"] = ["PASS" if p >= PASS_THRESHOLD else "FAIL" for p in runs.peak_accuracy.fillna(0)]
     return runs
 
 
@@ -64,3 +85,49 @@ def ranked(runs: pd.DataFrame) -> pd.DataFrame:
     r["_pass"] = r.sanity == "PASS"
     r = r.sort_values(["_pass", "steps_to_target", "peak_accuracy"], ascending=[False, True, False], na_position="last")
     return r.drop(columns="_pass").reset_index(drop=True)
+
+
+def run_info(engine: Engine, run_id: str) -> dict | None:
+    df = _read(engine, select(Run, Model.name.label("model")).join(Model, Model.id == Run.model_id)
+               .where(Run.id == run_id))
+    return None if df.empty else df.iloc[0].to_dict()
+
+
+def run_steps(engine: Engine, run_ids: list[str]) -> pd.DataFrame:
+    """Per-step metrics of the runs, one column per metric (bench's names)."""
+    df = _read(engine, select(RunStep.run_id, RunStep.step, RunStep.metrics).where(RunStep.run_id.in_(run_ids))
+               .order_by(RunStep.run_id, RunStep.step))
+    if df.empty:
+        return pd.DataFrame(columns=["run_id", "step"])
+    metrics = pd.DataFrame(list(df.metrics.map(lambda m: m or {})))
+    return pd.concat([df[["run_id", "step"]].reset_index(drop=True), metrics], axis=1)
+
+
+def run_evals(engine: Engine, run_ids: list[str]) -> pd.DataFrame:
+    return _read(engine, select(Eval.run_id, Eval.step, Eval.benchmark, Eval.n, Eval.score)
+                 .where(Eval.run_id.in_(run_ids)).order_by(Eval.step))
+
+
+def builds_frame(engine: Engine) -> pd.DataFrame:
+    return _read(engine, select(Build.id.label("build"), Model.name.label("model"), Build.status, Build.source,
+                                Build.engine, Build.dtype, Build.k, Build.lo, Build.hi, Build.shard, Build.n_problems,
+                                Build.n_kept, Build.manifest, Build.created_at)
+                 .join(Model, Model.id == Build.model_id).order_by(Build.created_at.desc()))
+
+
+def build_problems(engine: Engine, build_id: str) -> pd.DataFrame:
+    return _read(engine, select(BuildProblem.problem_id, BuildProblem.problem, BuildProblem.answer,
+                                BuildProblem.accuracy, BuildProblem.n_correct, BuildProblem.n_samples,
+                                BuildProblem.bucket).where(BuildProblem.build_id == build_id)
+                 .order_by(BuildProblem.position))
+
+
+def mismatch_frame(engine: Engine) -> pd.DataFrame:
+    df = _read(engine, select(MismatchReport.id, Model.name.label("model"), MismatchReport.rollout_dtype,
+                              MismatchReport.train_dtype, MismatchReport.source, MismatchReport.n,
+                              MismatchReport.metrics, MismatchReport.plots, MismatchReport.created_at)
+               .join(Model, Model.id == MismatchReport.model_id).order_by(MismatchReport.created_at.desc()))
+    if df.empty:
+        return df
+    return pd.concat([df.drop(columns=["metrics"]).reset_index(drop=True),
+                      pd.DataFrame(list(df.metrics.map(lambda m: m or {})))], axis=1)

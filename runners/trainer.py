@@ -36,6 +36,9 @@ from .algos import LossInputs, get_loss, leave_one_out_advantages
 from .presets import RunConfig
 
 
+STEP_COLUMNS = ("reward", "kl_k1", "kl_k3", "prob_abs_diff_mean", "prob_diff_max", "prob_diff_min", "log_ratio_slope")
+
+
 class RunError(ValueError):
     """Bad run input; the message says what is wrong and what to run instead."""
 
@@ -354,8 +357,8 @@ class NativeTrainer:
         metrics["wall_s"] = self.wall
         clean = {k: (float(v) if v == v and abs(v) != float("inf") else None) for k, v in metrics.items()}
         with session(self.store) as s:
-            s.merge(RunStep(run_id=self.run_id, step=self.step, reward=clean["reward"], kl_k1=clean["kl_k1"],
-                            prob_abs_diff_mean=clean["prob_abs_diff_mean"], metrics=clean))
+            s.merge(RunStep(run_id=self.run_id, step=self.step, metrics=clean,
+                            **{k: clean.get(k) for k in STEP_COLUMNS}))
             run = s.get(Run, self.run_id)
             run.step, run.wall_s = self.step, self.wall
             run.kl_warning_step = self.stop_state.kl_warning_step

@@ -48,15 +48,20 @@ def _drop_schema(schema, u):
         c.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def db_url(request, tmp_path):
-    """A store URL: a fresh SQLite file, or a fresh schema in PostgreSQL's `test` database."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'store.db'}"
-        return
+@pytest.fixture
+def pg_url():
+    """A fresh schema in PostgreSQL's `test` database, dropped afterwards."""
     url, schema, u = _pg_schema_url()
     yield url
     _drop_schema(schema, u)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request, tmp_path):
+    """A store URL: a fresh SQLite file, or a fresh schema in PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    return request.getfixturevalue("pg_url")
 
 
 @pytest.fixture(scope="session")

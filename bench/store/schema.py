@@ -120,9 +120,13 @@ class RunStep(Base):
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     step: Mapped[int] = mapped_column(Integer, primary_key=True)
     reward: Mapped[float | None] = mapped_column(Float)
-    kl_k1: Mapped[float | None] = mapped_column(Float)
+    kl_k1: Mapped[float | None] = mapped_column(Float)       # the leaderboard's columns, also in metrics
+    kl_k3: Mapped[float | None] = mapped_column(Float)
     prob_abs_diff_mean: Mapped[float | None] = mapped_column(Float)
-    metrics: Mapped[dict] = mapped_column(JSON)
+    prob_diff_max: Mapped[float | None] = mapped_column(Float)
+    prob_diff_min: Mapped[float | None] = mapped_column(Float)
+    log_ratio_slope: Mapped[float | None] = mapped_column(Float)
+    metrics: Mapped[dict] = mapped_column(JSON)              # every metric of the step, by bench's names
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
 
 

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-11-29 13:34:07.431551
+Create Date: 2026-11-29 14:14:19.221023
 """
 from alembic import op
 import sqlalchemy as sa
@@ -130,7 +130,11 @@ def upgrade() -> None:
     sa.Column('step', sa.Integer(), nullable=False),
     sa.Column('reward', sa.Float(), nullable=True),
     sa.Column('kl_k1', sa.Float(), nullable=True),
+    sa.Column('kl_k3', sa.Float(), nullable=True),
     sa.Column('prob_abs_diff_mean', sa.Float(), nullable=True),
+    sa.Column('prob_diff_max', sa.Float(), nullable=True),
+    sa.Column('prob_diff_min', sa.Float(), nullable=True),
+    sa.Column('log_ratio_slope', sa.Float(), nullable=True),
     sa.Column('metrics', sa.JSON(), nullable=False),
     sa.Column('created_at', sa.DateTime(), nullable=False),
     sa.ForeignKeyConstraint(['run_id'], ['runs.id'], ondelete='CASCADE'),

@@ -1,0 +1,47 @@
+"""Per build: the accuracy histogram with the band, bucket counts, sampling, speed, and the problems."""
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from leaderboard import data
+
+st.title("Builds")
+data.engine()
+url = data.db_url()
+builds = data.builds(url)
+if builds.empty:
+    st.info("No builds yet. Make one with `bench build --model tiny-math`.")
+    st.stop()
+label = {b.build: f"{b.build} · {b.model} · {b.status} · {b.n_kept}/{b.n_problems} kept" for b in builds.itertuples()}
+build_id = st.selectbox("Build", list(builds.build), format_func=label.get)
+b = builds.set_index("build").loc[build_id]
+m = b.manifest or {}
+counts = m.get("counts", {})
+c = st.columns(5)
+c[0].metric("kept", counts.get("kept", 0))
+c[1].metric("too easy", counts.get("too_easy", 0))
+c[2].metric("too hard", counts.get("too_hard", 0))
+c[3].metric("bad gold", counts.get("bad_gold", 0))
+c[4].metric("rollouts/s", "—" if not m.get("rollouts_per_s") else f"{m['rollouts_per_s']:.0f}")
+st.caption(f"model {b.model} · engine {b.engine} · dtype {b.dtype} · k={b.k} · band [{b.lo}, {b.hi}] (inclusive) · "
+           f"sampling {m.get('sampling')} · wall {m.get('wall_s', 0):.0f}s")
+
+probs = data.build_problems(url, build_id)
+if not probs.empty:
+    hist = probs.dropna(subset=["accuracy"])
+    bars = alt.Chart(hist).mark_bar().encode(
+        x=alt.X("accuracy:Q", bin=alt.Bin(step=1 / max(1, int(b.k))), title="per-problem accuracy"),
+        y=alt.Y("count():Q", title="problems"), color="bucket:N")
+    band = alt.Chart(pd.DataFrame({"x": [b.lo], "x2": [b.hi]})).mark_rect(opacity=0.12, color="green").encode(
+        x="x:Q", x2="x2:Q")
+    st.altair_chart(band + bars, use_container_width=True)
+    bucket = st.multiselect("Buckets", sorted(probs.bucket.unique()), default=["kept"] if "kept" in set(probs.bucket) else None)
+    text = st.text_input("Search problems")
+    view = probs if not bucket else probs[probs.bucket.isin(bucket)]
+    if text:
+        view = view[view.problem.str.contains(text, case=False, regex=False)]
+    st.dataframe(view, hide_index=True, use_container_width=True,
+                 column_config={"accuracy": st.column_config.ProgressColumn("accuracy", min_value=0, max_value=1)})
+with st.expander("Manifest"):
+    st.json(m)

@@ -1,0 +1,81 @@
+"""One run's curves: reward, split accuracy, evaluations, every mismatch metric, grad norm,
+loss scale, response length; its config and stop reason. Refreshes while the run is running."""
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from leaderboard import data
+
+st.title("Run")
+data.engine()
+url = data.db_url()
+runs = data.runs(url)
+if runs.empty:
+    data.empty_store()
+    st.stop()
+ids = list(runs.run)
+wanted = st.query_params.get("run")
+run_id = st.selectbox("Run", ids, index=ids.index(wanted) if wanted in ids else 0,
+                      format_func=lambda r: f"{r} · {runs.set_index('run').loc[r, 'algo']} · "
+                                            f"{runs.set_index('run').loc[r, 'precision']}")
+st.query_params["run"] = run_id
+info = data.run_info(url, run_id)
+row = runs.set_index("run").loc[run_id]
+
+c = st.columns(5)
+c[0].metric("status", info["status"])
+c[1].metric("sanity test", row.sanity)
+c[2].metric("peak split accuracy", "—" if pd.isna(row.peak_accuracy) else f"{row.peak_accuracy:.3f}")
+c[3].metric("steps", int(info["step"]))
+c[4].metric("steps to 95%", "—" if pd.isna(row.steps_to_target) else int(row.steps_to_target))
+if info["stop_reason"]:
+    st.caption(f"stop reason: {info['stop_reason']}")
+if info.get("kl_warning_step"):
+    st.warning(f"Mismatch early warning: KL rose steadily up to step {int(info['kl_warning_step'])}.")
+
+smooth = st.slider("Smoothing (moving average, steps)", 1, 50, 1)
+live = info["status"] == "running" and st.toggle("Live refresh while running", value=True)
+
+
+def curve(df: pd.DataFrame, cols: list[str], title: str, log: bool = False):
+    cols = [c for c in cols if c in df.columns]
+    if df.empty or not cols:
+        return
+    long = df[["step", *cols]].copy()
+    long[cols] = long[cols].rolling(smooth, min_periods=1).mean()
+    long = long.melt("step", var_name="metric", value_name="value").dropna()
+    y = alt.Y("value:Q", scale=alt.Scale(type="symlog") if log else alt.Undefined, title=None)
+    st.altair_chart(alt.Chart(long, title=title).mark_line().encode(x="step:Q", y=y, color="metric:N",
+                                                                    tooltip=["step", "metric", "value"]),
+                    use_container_width=True)
+
+
+
+@st.fragment(run_every=data.TTL if live else None)
+def charts():
+    steps = data.steps(url, (run_id,))
+    evals = data.evals(url, (run_id,))
+    left, right = st.columns(2)
+    with left:
+        curve(steps, ["reward"], "training reward (batch accuracy)")
+        if not evals.empty:
+            st.altair_chart(alt.Chart(evals, title="evaluations (avg@n)").mark_line(point=True).encode(
+                x="step:Q", y=alt.Y("score:Q", scale=alt.Scale(domain=[0, 1])), color="benchmark:N",
+                tooltip=["step", "benchmark", "n", "score"]), use_container_width=True)
+        curve(steps, ["response_len", "response_len_max"], "response length (tokens)")
+        curve(steps, ["grad_norm"], "grad norm")
+        curve(steps, ["loss_scale", "skipped_steps"], "fp16 loss scale / skipped steps", log=True)
+    with right:
+        curve(steps, ["kl_k1", "kl_k3", "kl_k2"], "KL[μ‖π] (nats)", log=True)
+        curve(steps, ["prob_diff_max", "prob_diff_min", "prob_abs_diff_mean"], "π − μ on sampled tokens")
+        curve(steps, ["log_ratio_slope"], "log(π/μ) vs length slope (per 1k tokens)")
+        curve(steps, ["is_ratio_seq_min", "is_ratio_seq_mean", "is_ratio_seq_max"], "sequence IS ratio π/μ", log=True)
+        curve(steps, ["time_rollout", "time_scoring", "time_update", "time_eval"], "seconds per step")
+    other = [c for c in steps.columns if c.startswith("loss/")] + ["loss"]
+    curve(steps, other, "loss and loss metrics")
+
+
+charts()
+with st.expander("Config"):
+    st.json(info["config"])

@@ -1,0 +1,163 @@
+"""The Streamlit app (AppTest) on a store filled by real short runs, `bench report`, and a
+read-only check; PostgreSQL too."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from streamlit.testing.v1 import AppTest
+from typer.testing import CliRunner
+
+from bench.cli import app
+from bench.store import Run, open_store, session
+
+pytestmark = pytest.mark.integration
+APP = str(Path(__file__).parent.parent / "leaderboard" / "app.py")
+PAGES = ["pages/leaderboard.py", "pages/grid.py", "pages/run.py", "pages/compare.py", "pages/builds.py",
+         "pages/mismatch.py"]
+
+
+def fill(url: str, tmp: Path) -> dict:
+    """A real build and three real short runs (two algorithms, fp32 and bf16)."""
+    r = CliRunner().invoke(app, ["build", "--limit", "48", "--k", "8", "--engine", "torch", "--dtype", "fp32",
+                                 "--band", "0.1", "--band", "0.9", "--db", url, "--json"])
+    assert r.exit_code == 0, r.output
+    build = json.loads(r.stdout)["build_id"]
+    r = CliRunner().invoke(app, ["sweep", "--algo", "pg-seq-is,grpo", "--dtype", "fp32,bf16", "--max-steps", "3",
+                                 "--eval-every", "3", "--prompts-per-step", "4", "--samples-per-prompt", "4",
+                                 "--db", url])
+    assert r.exit_code == 0, r.output
+    return {"build": build}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lb")
+    url = f"sqlite:///{tmp / 'store.db'}"
+    os.environ["BENCH_HOME"] = str(tmp / "home")
+    info = fill(url, tmp)
+    return url, info
+
+
+def page(url, path=None, **query):
+    os.environ["BENCH_DB_URL"] = url
+    at = AppTest.from_file(APP, default_timeout=120)
+    for k, v in query.items():
+        at.query_params[k] = v
+    at.run()
+    if path:
+        at.switch_page(path)
+        at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def test_every_page_renders_on_real_runs(store):
+    url, info = store
+    at = page(url)
+    assert at.title[0].value == "Leaderboard"
+    df = at.dataframe[0].value
+    assert len(df) == 4 and set(df.algo) == {"pg-seq-is", "grpo"} and set(df.precision) == {"fp32", "bf16"}
+    assert set(df.sanity) <= {"PASS", "FAIL"}
+    for p in PAGES[1:]:
+        at = page(url, p)
+        assert at.title[0].value
+
+
+def test_leaderboard_filters(store):
+    url, _ = store
+    at = page(url)
+    at.multiselect[2].select("grpo").run()        # Algorithm filter
+    df = at.dataframe[0].value
+    assert len(df) == 2 and set(df.algo) == {"grpo"}
+    at.text_input[0].input("bf16").run()
+    assert len(at.dataframe[0].value) == 1
+
+
+def test_run_page_by_query_param_shows_curves(store):
+    url, _ = store
+    with session(open_store(url)) as s:
+        run_id = s.scalars(select(Run.id).where(Run.algo == "grpo", Run.train_dtype == "bf16")).first()
+    at = page(url, "pages/run.py", run=run_id)
+    assert at.selectbox[0].value == run_id
+    assert [m.value for m in at.metric][0] == "max_steps"
+
+
+def test_grid_lists_commands_for_empty_cells(store):
+    url, info = store
+    at = page(url, "pages/grid.py")
+    codes = [c.value for c in at.code]
+    assert f"bench run --algo gspo --dtype fp16 --build {info['build']}" in codes
+    assert not any("--algo grpo --dtype bf16 " in c for c in codes)
+
+
+def test_empty_store_says_what_to_run(tmp_path):
+    at = page(f"sqlite:///{tmp_path / 'empty.db'}")
+    assert "bench build --model tiny-math" in at.info[0].value
+
+
+def test_bad_url_is_a_readable_message_in_the_page():
+    os.environ["BENCH_DB_URL"] = "postgresql+psycopg://nobody@127.0.0.1:1/x?connect_timeout=2"
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.run()
+    assert not at.exception and "cannot open store" in at.error[0].value
+
+
+def test_app_is_read_only(store):
+    from leaderboard.queries import read_only
+    from sqlalchemy import text
+    from sqlalchemy.exc import OperationalError
+
+    url, _ = store
+    engine = read_only(open_store(url, migrate=False))
+    with pytest.raises(OperationalError):
+        with engine.begin() as c:
+            c.execute(text("DELETE FROM runs"))
+
+
+def test_report_ranks_real_runs(store, tmp_path):
+    url, _ = store
+    r = CliRunner().invoke(app, ["report", "--db", url, "--json", "--csv", str(tmp_path / "r.csv")])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)
+    assert len(rows) == 4 and {"sanity", "mean_kl", "max_abs_dp", "peak_accuracy"} <= set(rows[0])
+    assert (tmp_path / "r.csv").read_text().startswith("run,model,build,algo")
+
+
+def test_app_follows_a_run_that_is_still_writing(store, tmp_path):
+    url, info = store
+    proc = subprocess.Popen([sys.executable, "-m", "bench.cli", "run", "--algo", "gspo", "--dtype", "fp32",
+                             "--build", info["build"], "--max-steps", "200", "--prompts-per-step", "4",
+                             "--samples-per-prompt", "4", "--db", url],
+                            env={**os.environ, "BENCH_HOME": str(tmp_path)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        run_id, deadline = None, time.time() + 120
+        while time.time() < deadline and not run_id:
+            with session(open_store(url)) as s:
+                r = s.scalars(select(Run).where(Run.algo == "gspo", Run.status == "running", Run.step >= 2)).first()
+                run_id = r.id if r else None
+            time.sleep(0.2)
+        assert run_id
+        at = page(url, "pages/run.py", run=run_id)
+        assert [m.value for m in at.metric][0] == "running"
+        assert at.toggle[0].value is True                 # live refresh on while it runs
+        page(url)                                         # the leaderboard lists it mid-run
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.mark.postgres
+def test_app_on_postgresql(pg_url, tmp_path):
+    fill(pg_url, tmp_path)
+    at = page(pg_url)
+    assert len(at.dataframe[0].value) == 4
+    for p in PAGES[1:]:
+        page(pg_url, p)
