@@ -37,9 +37,11 @@ start_postgres() {
 
 case "${1:-}" in
   demo)
+    # build the split, train two algorithms at bf16 and fp16, rank them (DEMO_STEPS per cell)
     setup
-    shift
-    bench build --model tiny-math "$@"
+    bench build --model tiny-math --engine torch     # reuses an identical complete build
+    bench sweep --algo pg-seq-is,grpo --dtype bf16,fp16 --max-steps "${DEMO_STEPS:-40}"
+    bench report
     ;;
   test)
     setup

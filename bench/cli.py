@@ -93,6 +93,7 @@ def build(ctx: typer.Context,
           out_dir: Optional[Path] = typer.Option(None, "--out", help="Output directory (default $BENCH_HOME/builds/<id>)."),
           keep_text: bool = typer.Option(False, help="Store each rollout's full text."),
           resume: bool = typer.Option(False, help="Continue the unfinished build with the same settings."),
+          force: bool = typer.Option(False, help="Build again although a complete build has the same settings."),
           threads: Optional[int] = typer.Option(None, help="Torch threads for the torch engine."),
           as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
           db: Optional[str] = DB_OPT):
@@ -111,7 +112,7 @@ def build(ctx: typer.Context,
                       columns=ColumnMap(id_col, problem_col, answer_col, solution_col), engine=engine,
                       dtype=dtype, k=k, lo=lo, hi=hi, temperature=temperature, top_p=top_p,
                       max_tokens=max_tokens, seed=seed, shard=shard, chunk=chunk, out=out_dir,
-                      keep_text=keep_text, resume=resume, threads=threads)
+                      keep_text=keep_text, resume=resume, force=force, threads=threads)
     store = _store(db)
     try:
         with _progress("rollouts") as prog:
@@ -132,6 +133,9 @@ def build(ctx: typer.Context,
     if as_json:
         out.print_json(json.dumps(manifest, default=str))
         return
+    if manifest.get("reused"):
+        console.print(f"a complete build with these settings exists: {manifest['build_id']} (--force builds again)",
+                      highlight=False)
     c = manifest["counts"]
     n = manifest["problems"]
     out.print(f"build [bold]{manifest['build_id']}[/]: {c['kept']} of {n} problems kept "

@@ -57,6 +57,7 @@ class BuildConfig:
     out: Path | None = None          # default: $BENCH_HOME/builds/<build id>
     keep_text: bool = False          # store full response text with each rollout
     resume: bool = False
+    force: bool = False              # build again even when a complete build has these settings
     threads: int | None = None
     grade_timeout: float = 5.0
 
@@ -170,6 +171,12 @@ def run_build(engine_db, cfg: BuildConfig, progress: Callable[[int, int, int], N
 
     with session(engine_db) as s:
         model = get_or_create_model(s, p.model_ref.name, p.model_ref.path, p.settings["weights"])
+        if not (cfg.resume or cfg.force):
+            q = select(Build).where(Build.settings_hash == shash, Build.status == "complete")
+            done = s.scalars(q.where(Build.shard.is_(None) if cfg.shard is None else Build.shard == cfg.shard)
+                             .order_by(Build.finished_at.desc())).first()
+            if done is not None:          # same model, data, sampling and seed: the same split
+                return {**done.manifest, "reused": True}
         build = _find_resumable(s, shash, cfg.shard) if cfg.resume else None
         if cfg.resume and build is None:
             raise BuildError("--resume: no unfinished build with these settings; run without --resume to start one")

@@ -162,3 +162,13 @@ def test_three_shards_merge_to_the_unsharded_split(tmp_path):
     pd.testing.assert_frame_equal(a, b)
     with session(open_store(url)) as s:
         assert s.scalar(select(func.count()).select_from(BuildRollout).where(BuildRollout.build_id == merged["build_id"])) == 180
+
+
+def test_identical_settings_reuse_the_complete_build(tmp_path):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    args = ["build", "--limit", "8", "--k", "2", "--engine", "torch", "--db", url, "--json"]
+    first = json.loads(invoke(*args).stdout)
+    again = json.loads(invoke(*args).stdout)
+    assert again["build_id"] == first["build_id"] and again["reused"]
+    forced = json.loads(invoke(*args, "--force").stdout)
+    assert forced["build_id"] != first["build_id"] and forced["counts"] == first["counts"]
