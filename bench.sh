@@ -28,6 +28,16 @@ setup_vllm() {
   fi
 }
 
+setup_browser() {
+  # Debian's Chromium + ChromeDriver for the real-browser test (no browser download of its own).
+  if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+    say "installing chromium and chromium-driver (apt)"
+    local sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium chromium-driver >/dev/null
+  fi
+}
+
 start_postgres() {
   if ! pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null && command -v pg_ctlcluster >/dev/null; then
     say "starting PostgreSQL"
@@ -46,6 +56,7 @@ case "${1:-}" in
   test)
     setup
     setup_vllm
+    setup_browser
     start_postgres
     shift
     export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}

@@ -5,14 +5,14 @@ from pathlib import Path
 
 import streamlit as st
 
-st.set_page_config(page_title="bench leaderboard", page_icon="📈", layout="wide")
+st.set_page_config(page_title="bench leaderboard", page_icon=":material/leaderboard:", layout="wide")
 HERE = Path(__file__).parent / "pages"
 pages = [
-    st.Page(HERE / "leaderboard.py", title="Leaderboard", icon="🏁", default=True),
-    st.Page(HERE / "grid.py", title="Precision grid", icon="🧮"),
-    st.Page(HERE / "run.py", title="Run", icon="📉"),
-    st.Page(HERE / "compare.py", title="Compare", icon="⚖️"),
-    st.Page(HERE / "builds.py", title="Builds", icon="🧱"),
-    st.Page(HERE / "mismatch.py", title="Mismatch", icon="🔬"),
+    st.Page(HERE / "leaderboard.py", title="Leaderboard", icon=":material/leaderboard:", default=True),
+    st.Page(HERE / "grid.py", title="Precision grid", icon=":material/grid_on:"),
+    st.Page(HERE / "run.py", title="Run", icon=":material/show_chart:"),
+    st.Page(HERE / "compare.py", title="Compare", icon=":material/compare_arrows:"),
+    st.Page(HERE / "builds.py", title="Builds", icon=":material/dataset:"),
+    st.Page(HERE / "mismatch.py", title="Mismatch", icon=":material/troubleshoot:"),
 ]
 st.navigation(pages).run()
