@@ -28,7 +28,7 @@ app.add_typer(model_app, name="model")
 app.add_typer(db_app, name="db")
 
 console = Console(stderr=True)
-out = Console()
+out = Console(width=None if sys.stdout.isatty() else 200)   # no truncated tables in logs
 
 DB_OPT = typer.Option(None, "--db", help="SQLAlchemy URL of the store (default: $BENCH_DB_URL or SQLite under $BENCH_HOME).")
 
@@ -519,6 +519,51 @@ def leaderboard(db: Optional[str] = DB_OPT, port: int = typer.Option(8501, help=
            "--browser.gatherUsageStats", "false", "--", "--db", url]
     console.print(f"leaderboard on http://{address}:{port} (store {url})", highlight=False)
     raise typer.Exit(subprocess.call(cmd))
+
+
+@app.command()
+def mismatch(model: str = typer.Option("tiny-math"), dtype: str = typer.Option("all", help="A pair (fp16, "
+             "rollout=fp32,train=bf16), a comma list of dtypes, or all (the nine pairs)."),
+             source: str = typer.Option("synthetic-hard", help="Problems (any `bench build --source`)."),
+             n: int = typer.Option(32, help="Responses per problem."),
+             limit: Optional[int] = typer.Option(100, help="First N problems."),
+             engine: str = typer.Option("torch", help="Rollout engine: torch or vllm."),
+             max_tokens: Optional[int] = typer.Option(None),
+             temperature: float = typer.Option(1.0, help="Must be 1: μ has to be the raw softmax."),
+             top_p: float = typer.Option(1.0, help="Must be 1: μ has to be the raw softmax."),
+             threads: Optional[int] = typer.Option(None), out_dir: Optional[Path] = typer.Option(None, "--out"),
+             as_json: bool = typer.Option(False, "--json"), db: Optional[str] = DB_OPT):
+    """Offline training–inference mismatch (the paper's Figure 2): μ from the rollout engine,
+    π from the training engine, on the same sampled tokens."""
+    from bench.precision import Precision, parse_list
+    from runners.offline_mismatch import MismatchConfig, analyse
+
+    if temperature != 1.0 or top_p != 1.0:
+        fail("bench mismatch samples at temperature 1 and top-p 1 only: otherwise μ is the log-probability of "
+             "a reshaped distribution, not the model's softmax (TRL #6789, #4159)")
+    try:
+        pairs = [Precision.parse(dtype)] if "=" in dtype and ";" not in dtype else parse_list(dtype)
+    except _user_errors() as e:
+        fail(str(e))
+    store = _store(db)
+    cfg = MismatchConfig(model=model, source=source, limit=limit, n=n, max_tokens=max_tokens, engine=engine,
+                         out=out_dir, threads=threads)
+    try:
+        reports = analyse(store, cfg, pairs, progress=lambda p, m: console.print(
+            f"{p.name}: mean |π−μ| {m['prob_abs_diff_mean']:.2e}, KL {m['kl_k1']:.2e} nats", highlight=False))
+    except _user_errors() as e:
+        fail(str(e))
+    if as_json:
+        out.print_json(json.dumps(reports))
+        return
+    t = Table("rollout μ", "train π", "KL k1 (nats)", "± se", "KL k1 (bits)", "k3", "mean |π−μ|", "max π−μ",
+              "min π−μ", "slope /1k tok", "± se")
+    for r in reports:
+        t.add_row(r["rollout"], r["train"], f"{r['kl_k1']:.2e}", f"{r['kl_k1_stderr']:.1e}", f"{r['kl_k1_bits']:.2e}",
+                  f"{r['kl_k3']:.2e}", f"{r['prob_abs_diff_mean']:.2e}", f"{r['prob_diff_max']:.3g}",
+                  f"{r['prob_diff_min']:.3g}", f"{r['log_ratio_slope']:.3g}", f"{r['log_ratio_slope_se']:.1e}")
+    out.print(t)
+    out.print(f"plots under {Path(reports[0]['plots']['token_scatter']).parent.parent}", highlight=False)
 
 
 # ------------------------------------------------------------------ model / db

@@ -161,3 +161,24 @@ def test_app_on_postgresql(pg_url, tmp_path):
     assert len(at.dataframe[0].value) == 4
     for p in PAGES[1:]:
         page(pg_url, p)
+
+
+def test_mismatch_reports_side_by_side(store, tmp_path):
+    url, _ = store
+    r = CliRunner().invoke(app, ["mismatch", "--dtype", "all", "--limit", "8", "--n", "8", "--db", url, "--json",
+                                 "--out", str(tmp_path / "plots")])
+    assert r.exit_code == 0, r.output
+    reports = {(x["rollout"], x["train"]): x for x in json.loads(r.stdout)}
+    assert len(reports) == 9
+    dp = {d: reports[(d, d)]["prob_abs_diff_mean"] for d in ("fp32", "fp16", "bf16")}
+    assert dp["bf16"] > dp["fp16"] > dp["fp32"], dp
+    for x in reports.values():
+        assert all(Path(p).stat().st_size > 5_000 for p in x["plots"].values())
+    at = page(url, "pages/mismatch.py")
+    table = at.dataframe[0].value
+    assert len(table) == 9 and {"kl_k1", "prob_abs_diff_mean", "log_ratio_slope"} <= set(table.columns)
+
+
+def test_mismatch_refuses_reshaped_sampling():
+    r = CliRunner().invoke(app, ["mismatch", "--temperature", "0.6"])
+    assert r.exit_code == 2 and "temperature 1 and top-p 1 only" in " ".join(r.output.split())

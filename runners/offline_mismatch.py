@@ -1,0 +1,128 @@
+"""`bench mismatch`: the paper's offline analysis (its Figure 2). Sample n responses per
+problem with the rollout engine at T=1, top-p=1 (μ is then the raw softmax), score the same
+tokens with the training engine (π, one full-sequence forward), and report every mismatch
+metric plus two plots: the token scatter μ vs π and the sequence log-ratio against length."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from bench.engines import Sampling, make_engine
+from bench.mismatch import mismatch_metrics
+from bench.models import load_model, load_tokenizer, render_prompt, resolve_model, weights_hash
+from bench.precision import Precision, prepare_compute_model
+from bench.problems import SourceSpec, load_problems
+from bench.store import MismatchReport, bench_home, get_or_create_model, session
+
+from .trainer import pack, response_logprobs
+
+
+@dataclass
+class MismatchConfig:
+    """One offline analysis. Sampling is fixed at T=1, top-p=1: anything else makes μ the
+    log-probability of a reshaped distribution and the comparison meaningless."""
+
+    model: str = "tiny-math"
+    source: str = "synthetic-hard"
+    limit: int | None = 100
+    n: int = 32
+    max_tokens: int | None = None     # default 64 for tiny-math, 8192 otherwise
+    engine: str = "torch"
+    seed: int = 0
+    batch: int = 256                  # sequences per training-engine forward
+    out: Path | None = None           # plots; default $BENCH_HOME/mismatch/<model>
+    threads: int | None = None
+
+
+def _score(model, tok, prompts: list[str], samples, batch: int):
+    """π log-probs of the sampled tokens [N, T] (padded), μ [N, T] and the mask."""
+    pids = [tok.encode(p, add_special_tokens=False) for p in prompts]
+    flat = [(pids[i], s) for i, row in enumerate(samples) for s in row]
+    t_max = max(1, max(len(s.token_ids) for _, s in flat))
+    mu = torch.zeros(len(flat), t_max)
+    pi = torch.zeros(len(flat), t_max)
+    mask = torch.zeros(len(flat), t_max)
+    for start in range(0, len(flat), batch):
+        part = flat[start:start + batch]
+        ids, attn, tk, pos, m = pack([p for p, _ in part], [s.token_ids for _, s in part], tok.pad_token_id)
+        with torch.no_grad():
+            lp = response_logprobs(model, ids, attn, tk, pos) * m
+        w = m.shape[1]
+        pi[start:start + len(part), :w] = lp
+        mask[start:start + len(part), :w] = m
+        for k, (_, s) in enumerate(part):
+            mu[start + k, :len(s.logprobs)] = torch.tensor(s.logprobs)
+    return mu, pi, mask
+
+
+def _plots(mu, pi, mask, out: Path, title: str) -> dict[str, str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    out.mkdir(parents=True, exist_ok=True)
+    sel = mask.bool()
+    p_mu, p_pi = mu[sel].exp().numpy(), pi[sel].exp().numpy()
+    fig, ax = plt.subplots(figsize=(5, 5))
+    ax.scatter(p_mu, p_pi, s=2, alpha=0.3)
+    ax.plot([0, 1], [0, 1], color="grey", lw=0.8)
+    ax.set(xlabel="μ (rollout engine)", ylabel="π (training engine)", title=f"token probabilities — {title}")
+    scatter = out / "token_scatter.png"
+    fig.savefig(scatter, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    lengths = mask.sum(-1).numpy()
+    lr = ((pi - mu) * mask).sum(-1).numpy()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.scatter(lengths, lr, s=4, alpha=0.4)
+    if np.ptp(lengths) > 0:
+        k, b = np.polyfit(lengths, lr, 1)
+        xs = np.linspace(lengths.min(), lengths.max(), 50)
+        ax.plot(xs, k * xs + b, color="red", label=f"slope {k * 1000:.3g} per 1k tokens")
+        ax.legend()
+    ax.set(xlabel="response length (tokens)", ylabel="log π(y)/μ(y)", title=f"sequence log-ratio — {title}")
+    line = out / "log_ratio_vs_length.png"
+    fig.savefig(line, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return {"token_scatter": str(scatter), "log_ratio_vs_length": str(line)}
+
+
+def analyse(store, cfg: MismatchConfig, pairs: list[Precision], progress=None) -> list[dict]:
+    """Run the analysis for every pair; one rollout pass per rollout dtype, shared by the
+    training dtypes. Each report is stored (mismatch_reports) and returned."""
+    if cfg.n < 1:
+        raise ValueError("n must be >= 1")
+    ref = resolve_model(cfg.model)
+    tok = load_tokenizer(ref)
+    problems = load_problems(SourceSpec(cfg.source, limit=cfg.limit, seed=cfg.seed))
+    prompts = [render_prompt(ref, tok, p.problem) for p in problems]
+    sampling = Sampling(1.0, 1.0, cfg.max_tokens or (64 if ref.embedded else 8192), cfg.seed)
+    base = load_model(ref, torch.float32)
+    out_root = Path(cfg.out or bench_home() / "mismatch" / ref.name.replace("/", "_"))
+    reports = []
+    for rollout in dict.fromkeys(p.rollout for p in pairs):
+        kw = {"model": copy.deepcopy(base), "tokenizer": tok, "threads": cfg.threads} if cfg.engine == "torch" else {}
+        engine = make_engine(cfg.engine, ref.path, rollout, **kw)
+        try:
+            samples = engine.generate(prompts, cfg.n, sampling)
+        finally:
+            engine.close()
+        for pair in (p for p in pairs if p.rollout == rollout):
+            model = prepare_compute_model(copy.deepcopy(base), pair.train).eval()
+            mu, pi, mask = _score(model, tok, prompts, samples, cfg.batch)
+            metrics = mismatch_metrics(mu, pi, mask)
+            metrics["tokens"] = int(mask.sum().item())
+            plots = _plots(mu, pi, mask, out_root / f"{pair.rollout}-{pair.train}", pair.name)
+            with session(store) as s:
+                m = get_or_create_model(s, ref.name, ref.path, weights_hash(ref))
+                s.add(MismatchReport(model_id=m.id, rollout_dtype=pair.rollout, train_dtype=pair.train,
+                                     source=cfg.source, n=cfg.n, metrics=metrics, plots=plots))
+            reports.append({"rollout": pair.rollout, "train": pair.train, **metrics, "plots": plots})
+            if progress:
+                progress(pair, metrics)
+    return reports
