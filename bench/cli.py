@@ -94,6 +94,10 @@ def build(ctx: typer.Context,
           keep_text: bool = typer.Option(False, help="Store each rollout's full text."),
           resume: bool = typer.Option(False, help="Continue the unfinished build with the same settings."),
           force: bool = typer.Option(False, help="Build again although a complete build has the same settings."),
+          adaptive: bool = typer.Option(False, help="Sample in rounds; stop a problem as soon as a Wilson interval "
+                                        "for its accuracy lies wholly inside or outside the band (at most k)."),
+          round_size: int = typer.Option(2, help="Adaptive: rollouts per round."),
+          confidence: float = typer.Option(0.85, help="Adaptive: two-sided confidence of the Wilson interval."),
           threads: Optional[int] = typer.Option(None, help="Torch threads for the torch engine."),
           as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
           db: Optional[str] = DB_OPT):
@@ -112,7 +116,8 @@ def build(ctx: typer.Context,
                       columns=ColumnMap(id_col, problem_col, answer_col, solution_col), engine=engine,
                       dtype=dtype, k=k, lo=lo, hi=hi, temperature=temperature, top_p=top_p,
                       max_tokens=max_tokens, seed=seed, shard=shard, chunk=chunk, out=out_dir,
-                      keep_text=keep_text, resume=resume, force=force, threads=threads)
+                      keep_text=keep_text, resume=resume, force=force, threads=threads, adaptive=adaptive,
+                      round_size=round_size, confidence=confidence)
     store = _store(db)
     try:
         with _progress("rollouts") as prog:

@@ -27,6 +27,7 @@ from bench.precision import canon
 from bench.problems import ColumnMap, Problem, SourceSpec, load_problems
 from bench.store import Build, BuildProblem, BuildRollout, bench_home, get_or_create_model, session
 
+from .adaptive import decided
 from .split import BAD_GOLD, KEPT, ProblemResult, bucket, bucket_counts, write_split
 
 
@@ -60,6 +61,9 @@ class BuildConfig:
     force: bool = False              # build again even when a complete build has these settings
     threads: int | None = None
     grade_timeout: float = 5.0
+    adaptive: bool = False           # sample in rounds; stop a problem once its Wilson interval decides it
+    round_size: int = 2              # adaptive: rollouts per round
+    confidence: float = 0.85         # adaptive: two-sided confidence of the Wilson interval
 
     def validate(self) -> None:
         if self.k < 1:
@@ -70,6 +74,8 @@ class BuildConfig:
             raise BuildError(f"band lower bound {self.lo} is above the upper bound {self.hi}")
         if self.chunk < 1:
             raise BuildError("chunk must be >= 1")
+        if self.adaptive and not (self.round_size >= 1 and 0 < self.confidence < 1):
+            raise BuildError("adaptive builds need --round-size >= 1 and 0 < --confidence < 1")
         self.dtype = canon(self.dtype)
         parse_shard(self.shard)
 
@@ -137,6 +143,7 @@ def plan(cfg: BuildConfig) -> Plan:
     settings = {"model": ref.name, "weights": weights_hash(ref), "source": source, "limit": cfg.limit,
                 "columns": asdict(cfg.columns), "engine": engine, "dtype": cfg.dtype, "k": cfg.k,
                 "lo": cfg.lo, "hi": cfg.hi, "sampling": sampling.to_dict(), "template": template,
+                "adaptive": [cfg.round_size, cfg.confidence] if cfg.adaptive else None,
                 "problems": hashlib.sha256("\0".join(p.id for p in problems).encode()).hexdigest()[:16]}
     return Plan(cfg, ref, tok, problems, prompts, sampling, engine, settings, template)
 
@@ -147,10 +154,13 @@ def _find_resumable(s, shash: str, shard: str | None) -> Build | None:
     return s.scalars(q.order_by(Build.created_at.desc())).first()
 
 
-def _done_problems(s, build_id: str, k: int) -> set[str]:
-    """Problems with all k rollouts stored; partial ones (none in practice) are deleted."""
+def _done_problems(s, build_id: str, k: int, adaptive: bool) -> set[str]:
+    """Problems whose rollouts are stored (all k; adaptive: any, as a chunk commits its problems
+    whole); partial ones (none in practice) are deleted."""
     counts = dict(s.execute(select(BuildRollout.problem_id, func.count()).where(BuildRollout.build_id == build_id)
                             .group_by(BuildRollout.problem_id)).all())
+    if adaptive:
+        return set(counts)
     partial = [p for p, c in counts.items() if c != k]
     if partial:
         s.execute(delete(BuildRollout).where(BuildRollout.build_id == build_id, BuildRollout.problem_id.in_(partial)))
@@ -202,7 +212,7 @@ def run_build(engine_db, cfg: BuildConfig, progress: Callable[[int, int, int], N
         bad_golds = set(grader.unparseable_golds([p.problems[i].answer for i in positions]))
         graded = [i for i in positions if p.problems[i].answer.strip() not in bad_golds]
         with session(engine_db) as s:
-            done = _done_problems(s, build_id, cfg.k)
+            done = _done_problems(s, build_id, cfg.k, cfg.adaptive)
         todo = [i for i in graded if p.problems[i].id not in done]
         total = len(graded) * cfg.k
         done_rollouts = total - len(todo) * cfg.k
@@ -218,11 +228,8 @@ def run_build(engine_db, cfg: BuildConfig, progress: Callable[[int, int, int], N
             for c in range(0, len(todo), cfg.chunk):
                 idx = todo[c:c + cfg.chunk]
                 tg = time.time()
-                samples = rollout_engine.generate([p.prompts[i] for i in idx], cfg.k, p.sampling)
+                flat, verdicts = _sample_and_grade(p, rollout_engine, grader, idx)
                 t_gen += time.time() - tg
-                flat = [(i, j, smp) for i, row in zip(idx, samples) for j, smp in enumerate(row)]
-                verdicts = grader.grade([smp.text for _, _, smp in flat],
-                                        [p.problems[i].answer for i, _, _ in flat])
                 with session(engine_db) as s:
                     s.add_all(BuildRollout(build_id=build_id, problem_id=p.problems[i].id, sample=j,
                                            extracted=v.extracted, verdict=v.status, reason=v.reason[:500],
@@ -246,6 +253,27 @@ def run_build(engine_db, cfg: BuildConfig, progress: Callable[[int, int, int], N
     return _finish(engine_db, p, build_id, out_dir, positions, bad_golds, new, t_gen, time.time() - t0, cache_hits)
 
 
+def _sample_and_grade(p: Plan, engine, grader: Grader, idx: list[int]):
+    """All rollouts of the problems `idx` with their verdicts: k each, or (adaptive) rounds of
+    `round_size` until the Wilson interval decides the problem or k is reached."""
+    cfg = p.cfg
+    flat, verdicts = [], []
+    active, start = list(idx), 0
+    correct = dict.fromkeys(idx, 0)
+    while active and start < cfg.k:
+        n = cfg.k - start if not cfg.adaptive else min(cfg.round_size, cfg.k - start)
+        samples = engine.generate([p.prompts[i] for i in active], n, p.sampling, start=start)
+        new = [(i, start + j, smp) for i, row in zip(active, samples) for j, smp in enumerate(row)]
+        vs = grader.grade([smp.text for _, _, smp in new], [p.problems[i].answer for i, _, _ in new])
+        flat += new
+        verdicts += vs
+        for (i, _, _), v in zip(new, vs):
+            correct[i] += v.correct
+        start += n
+        active = [i for i in active if not decided(correct[i], start, cfg.lo, cfg.hi, cfg.confidence)]
+    return flat, verdicts
+
+
 def _finish(engine_db, p: Plan, build_id: str, out_dir: Path, positions: list[int], bad_golds: set[str],
             new_rollouts: int, t_gen: float, wall: float, cache_hits: int) -> dict:
     cfg = p.cfg
@@ -267,7 +295,7 @@ def _finish(engine_db, p: Plan, build_id: str, out_dir: Path, positions: list[in
         if prob.answer.strip() in bad_golds:
             acc = None
         else:
-            acc = n_correct.get(prob.id, 0) / cfg.k
+            acc = n_correct.get(prob.id, 0) / max(1, n_samples.get(prob.id, cfg.k))
         results.append(ProblemResult(prob.id, prob.problem, prob.answer, pos, n_samples.get(prob.id, 0),
                                      n_correct.get(prob.id, 0), acc, bucket(acc, cfg.lo, cfg.hi)))
     counts = bucket_counts(results)
@@ -276,6 +304,8 @@ def _finish(engine_db, p: Plan, build_id: str, out_dir: Path, positions: list[in
         "weights_hash": p.settings["weights"], "engine": p.engine, "dtype": cfg.dtype,
         "source": cfg.source, "sampling": p.sampling.to_dict(), "k": cfg.k, "band": [cfg.lo, cfg.hi],
         "band_inclusive": True, "shard": cfg.shard, "template": p.template,
+        "adaptive": {"round_size": cfg.round_size, "confidence": cfg.confidence, "interval": "Wilson"}
+        if cfg.adaptive else None,
         "problems": len(results), "counts": counts,
         "kept_fraction": counts[KEPT] / max(1, len(results) - counts[BAD_GOLD]),
         "bad_golds": sorted(bad_golds), "verdicts": verdicts, "rollouts": len(rows),

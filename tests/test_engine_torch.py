@@ -80,3 +80,10 @@ def test_update_weights_changes_samples(engine):
     e2.update_weights(named)
     assert e2.model.model.embed_tokens.weight.abs().sum() == 0
     assert e2.model.model.embed_tokens.weight.dtype == torch.bfloat16
+
+
+def test_start_continues_the_sample_sequence(engine):
+    sp = Sampling(max_tokens=40, seed=5)
+    whole = engine.generate(PROMPTS, 6, sp)
+    tail = engine.generate(PROMPTS, 3, sp, start=3)
+    assert [[s.token_ids for s in r[3:]] for r in whole] == [[s.token_ids for s in r] for r in tail]

@@ -44,7 +44,8 @@ class Sample:
 class RolloutEngine(Protocol):
     name: str
 
-    def generate(self, prompts: Sequence[str], n: int, sampling: Sampling) -> list[list[Sample]]: ...
+    def generate(self, prompts: Sequence[str], n: int, sampling: Sampling, start: int = 0) -> list[list[Sample]]:
+        """n samples per prompt; sample j is seeded by (sampling.seed, prompt, start + j)."""
 
     def update_weights(self, named_tensors: Iterable[tuple[str, "object"]]) -> None: ...
 

@@ -56,16 +56,16 @@ class TorchEngine:
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
 
     # -------------------------------------------------------------- interface
-    def generate(self, prompts: Sequence[str], n: int, sampling: Sampling) -> list[list[Sample]]:
+    def generate(self, prompts: Sequence[str], n: int, sampling: Sampling, start: int = 0) -> list[list[Sample]]:
         encoded = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
         rows = [(i, j) for i in range(len(prompts)) for j in range(n)]
         rows.sort(key=lambda r: len(encoded[r[0]]))
         out: list[list[Sample | None]] = [[None] * n for _ in prompts]
-        for start in range(0, len(rows), self.max_batch):
-            chunk = rows[start:start + self.max_batch]
+        for c0 in range(0, len(rows), self.max_batch):
+            chunk = rows[c0:c0 + self.max_batch]
             uniforms = torch.stack([
                 torch.rand(sampling.max_tokens, generator=torch.Generator().manual_seed(
-                    row_seed(sampling.seed, prompts[i], j)), dtype=torch.float64).float()
+                    row_seed(sampling.seed, prompts[i], start + j)), dtype=torch.float64).float()
                 for i, j in chunk])
             for (i, j), sample in zip(chunk, self._decode([encoded[i] for i, _ in chunk], uniforms, sampling)):
                 out[i][j] = sample

@@ -35,13 +35,13 @@ class VLLMEngine:
                        gpu_memory_utilization=gpu_memory_utilization, logprobs_mode="processed_logprobs",
                        worker_extension_cls="bench.engines.vllm_worker.BenchWorkerExtension", **kw)
 
-    def generate(self, prompts: Sequence[str], n: int, sampling: Sampling) -> list[list[Sample]]:
+    def generate(self, prompts: Sequence[str], n: int, sampling: Sampling, start: int = 0) -> list[list[Sample]]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         inputs = [TokensPrompt(prompt_token_ids=self.tokenizer.encode(p, add_special_tokens=False)) for p in prompts]
         params = [SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p, top_k=-1,
-                                 max_tokens=sampling.max_tokens, logprobs=0, seed=row_seed(sampling.seed, p, 0) % (2 ** 31))
+                                 max_tokens=sampling.max_tokens, logprobs=0, seed=row_seed(sampling.seed, p, start) % (2 ** 31))
                   for p in prompts]
         outs = self.llm.generate(inputs, params, use_tqdm=False)
         result = []
