@@ -89,6 +89,22 @@ def mismatch(url: str) -> pd.DataFrame:
     return queries.mismatch_frame(_engine(url))
 
 
+def store_url() -> str:
+    """The store's URL once its engine is known to work (else the page has stopped)."""
+    engine()
+    return db_url()
+
+
+def runs_or_stop() -> tuple[str, pd.DataFrame]:
+    """(url, runs); on a store without runs the page says what to run first and stops."""
+    url = store_url()
+    frame = runs(url)
+    if frame.empty:
+        empty_store()
+        st.stop()
+    return url, frame
+
+
 def empty_store() -> None:
     st.info("The store has no runs yet. Start with:\n\n"
             "```\nbench build --model tiny-math\nbench sweep --algo pg-seq-is,grpo --dtype bf16,fp16\n```")

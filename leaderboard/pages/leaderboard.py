@@ -6,12 +6,7 @@ from leaderboard import data
 from leaderboard.queries import ranked, report_columns
 
 st.title("Leaderboard")
-data.engine()
-url = data.db_url()
-runs = data.runs(url)
-if runs.empty:
-    data.empty_store()
-    st.stop()
+url, runs = data.runs_or_stop()
 
 f1, f2, f3, f4, f5 = st.columns(5)
 models = f1.multiselect("Model", sorted(runs.model.unique()))
@@ -35,7 +30,7 @@ cols = st.multiselect("Columns", all_cols, default=report_columns())
 passed = int((view.sanity == "PASS").sum()) if not view.empty else 0
 st.caption(f"{len(view)} runs · {passed} pass the sanity test (peak split accuracy ≥ 95%)")
 st.dataframe(
-    view[cols], hide_index=True, use_container_width=True,
+    view[cols], hide_index=True, width="stretch",
     column_config={
         "peak_accuracy": st.column_config.ProgressColumn("peak acc", min_value=0, max_value=1, format="%.3f"),
         "final_accuracy": st.column_config.NumberColumn("final acc", format="%.3f"),

@@ -8,12 +8,7 @@ import streamlit as st
 from leaderboard import data
 
 st.title("Run")
-data.engine()
-url = data.db_url()
-runs = data.runs(url)
-if runs.empty:
-    data.empty_store()
-    st.stop()
+url, runs = data.runs_or_stop()
 ids = list(runs.run)
 wanted = st.query_params.get("run")
 run_id = st.selectbox("Run", ids, index=ids.index(wanted) if wanted in ids else 0,
@@ -48,7 +43,7 @@ def curve(df: pd.DataFrame, cols: list[str], title: str, log: bool = False):
     y = alt.Y("value:Q", scale=alt.Scale(type="symlog") if log else alt.Undefined, title=None)
     st.altair_chart(alt.Chart(long, title=title).mark_line().encode(x="step:Q", y=y, color="metric:N",
                                                                     tooltip=["step", "metric", "value"]),
-                    use_container_width=True)
+                    width="stretch")
 
 
 
@@ -62,7 +57,7 @@ def charts():
         if not evals.empty:
             st.altair_chart(alt.Chart(evals, title="evaluations (avg@n)").mark_line(point=True).encode(
                 x="step:Q", y=alt.Y("score:Q", scale=alt.Scale(domain=[0, 1])), color="benchmark:N",
-                tooltip=["step", "benchmark", "n", "score"]), use_container_width=True)
+                tooltip=["step", "benchmark", "n", "score"]), width="stretch")
         curve(steps, ["response_len", "response_len_max"], "response length (tokens)")
         curve(steps, ["grad_norm"], "grad norm")
         curve(steps, ["loss_scale", "skipped_steps"], "fp16 loss scale / skipped steps", log=True)

@@ -1,0 +1,95 @@
+"""Training-step time: bench's native trainer vs TRL's GRPOTrainer on the same tiny model,
+batch (16 prompts × 8 completions), sampling (T=1, top-p 1, ≤ 64 new tokens), fp32, CPU, the
+same grader as reward. Needs `pip install trl`.
+
+    python benchmarks/train_step.py [--steps 5] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import tempfile
+import time
+
+import torch
+
+from bench.grading import Grader
+from bench.models import PLAIN_TEMPLATE, TINY_MATH_DIR, resolve_model
+from bench.precision import Precision
+from bench.problems import Problem, synthetic_examples
+from bench.store import open_store
+from runners.presets import get_preset
+from runners.trainer import NativeTrainer
+
+B, G, MAX_NEW = 16, 8, 64
+
+
+def ours(problems: list[Problem], steps: int, threads: int) -> float:
+    cfg = get_preset("tiny")
+    cfg.prompts_per_step, cfg.samples_per_prompt, cfg.threads, cfg.benchmarks = B, G, threads, []
+    store = open_store(f"sqlite:///{tempfile.mkdtemp()}/b.db")
+    t = NativeTrainer(store, "bench", cfg, "grpo", Precision("fp32", "fp32"), "torch", resolve_model("tiny-math"),
+                      problems, None)
+    t.train_step()                                     # warm-up
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        t.train_step()
+        t.step += 1
+    dt = (time.perf_counter() - t0) / steps
+    t.close()
+    return dt
+
+
+def trl(problems: list[Problem], steps: int, threads: int) -> float:
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    torch.set_num_threads(threads)
+    tok = AutoTokenizer.from_pretrained(TINY_MATH_DIR)
+    model = AutoModelForCausalLM.from_pretrained(TINY_MATH_DIR, dtype=torch.float32)
+    ds = Dataset.from_list([{"prompt": PLAIN_TEMPLATE.format(problem=p.problem), "answer": p.answer} for p in problems])
+    grader = Grader()
+
+    def reward(completions, answer, **_):
+        return [float(v.correct) for v in grader.grade(completions, answer)]
+
+    times: list[float] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            times.append(time.perf_counter() - self.t0)
+
+    args = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=B * G, num_generations=G,
+                      max_completion_length=MAX_NEW, learning_rate=5e-4, bf16=False, fp16=False,
+                      gradient_checkpointing=False, use_cpu=True, max_steps=steps + 1, logging_steps=1,
+                      report_to=[], temperature=1.0, top_p=1.0, top_k=0, beta=0.0, loss_type="dr_grpo",
+                      save_strategy="no", dataloader_num_workers=0, seed=0)
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok,
+                          callbacks=[Timer()])
+    trainer.train()
+    grader.close()
+    return sum(times[1:]) / len(times[1:])             # first step is warm-up
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args()
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    problems = [Problem(r["id"], r["problem"], r["answer"]) for r in synthetic_examples("test", 200)]
+    t_ours = ours(problems, a.steps, a.threads)
+    t_trl = trl(problems, a.steps, a.threads)
+    print(f"GRPO step, {B} prompts × {G} completions, ≤{MAX_NEW} tokens, fp32, {a.threads} thread(s), mean of {a.steps}")
+    print(f"  bench native trainer  {t_ours:6.2f} s/step")
+    print(f"  TRL GRPOTrainer       {t_trl:6.2f} s/step")
+    print(f"  ratio ours/TRL: {t_ours / t_trl:.2f} (goal <= 1)")
+
+
+if __name__ == "__main__":
+    main()
