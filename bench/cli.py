@@ -284,17 +284,6 @@ runs_app = typer.Typer(help="List and inspect runs.", invoke_without_command=Tru
 app.add_typer(runs_app, name="runs")
 
 
-def _run_config(preset: str, **overrides):
-    from runners.presets import get_preset
-
-    cfg = get_preset(preset)
-    for key, value in overrides.items():
-        if value is not None:
-            setattr(cfg, key, value)
-    cfg.algo.max_len = cfg.max_tokens
-    return cfg
-
-
 def _run_progress(prog, task):
     def cb(step, total, m):
         acc = m.get("eval/split")
@@ -353,7 +342,9 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
             if resume:
                 run_id = resume_run(store, resume, progress=_run_progress(prog, task))
             else:
-                cfg = _run_config(preset, max_steps=max_steps, lr=lr, prompts_per_step=prompts_per_step,
+                from runners.presets import get_preset
+
+                cfg = get_preset(preset, max_steps=max_steps, lr=lr, prompts_per_step=prompts_per_step,
                                   samples_per_prompt=samples_per_prompt, updates_per_batch=updates_per_batch,
                                   eval_every=eval_every, checkpoint_every=checkpoint_every,
                                   eval_split_m=eval_split_m, seed=seed, threads=threads)

@@ -66,9 +66,14 @@ def paper() -> RunConfig:
 PRESETS = {"tiny": tiny, "paper": paper}
 
 
-def get_preset(name: str) -> RunConfig:
+def get_preset(name: str, **overrides) -> RunConfig:
+    """The preset with the given RunConfig fields replaced (None values are ignored); the
+    Dr.GRPO normaliser follows max_tokens."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     cfg = PRESETS[name]()
+    for key, value in overrides.items():
+        if value is not None:
+            setattr(cfg, key, value)
     cfg.algo.max_len = cfg.max_tokens
     return cfg

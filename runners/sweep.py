@@ -52,10 +52,7 @@ def run_grid(store, db_url: str | None, algos: list[str], pairs: list[Precision]
         a, p = cell
         log(f"run {a} {p.name} on build {build_id}")
         if jobs == 1:
-            cfg = get_preset(preset)
-            for k, v in overrides.items():
-                setattr(cfg, k, v)
-            cfg.algo.max_len = cfg.max_tokens
+            cfg = get_preset(preset, **overrides)
             try:
                 return start_run(store, a, p, cfg, build_id=build_id, engine=engine, preset=preset)
             except Exception as e:  # the failed run is recorded in the store; go on with the grid

@@ -32,8 +32,8 @@ from bench.store import Build, Eval, Model, Run, RunStep, bench_home, session
 from bench.store.schema import BuildProblem, utcnow
 
 from . import stop as stop_rules
-from .algos import LossInputs, get_loss, leave_one_out_advantages
-from .presets import RunConfig
+from .algos import AlgoConfig, LossInputs, get_loss, leave_one_out_advantages
+from .presets import Benchmark, RunConfig
 
 
 STEP_COLUMNS = ("reward", "kl_k1", "kl_k3", "prob_abs_diff_mean", "prob_diff_max", "prob_diff_min", "log_ratio_slope")
@@ -403,11 +403,15 @@ def start_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: 
     return run_id
 
 
-def resume_run(store, run_id: str, progress=None) -> str:
-    from .presets import Benchmark, RunConfig as RC
-    from .algos import AlgoConfig
-    from .stop import StopConfig
+def config_from_dict(c: dict) -> RunConfig:
+    """The RunConfig stored with a run (asdict form) back as dataclasses."""
+    c = {k: v for k, v in c.items() if k != "preset"}
+    return RunConfig(**{**c, "algo": AlgoConfig(**c["algo"]), "stop": stop_rules.StopConfig(**c["stop"]),
+                        "benchmarks": [Benchmark(**b) for b in c["benchmarks"]]})
 
+
+def resume_run(store, run_id: str, progress=None) -> str:
+    """Continue a killed or failed run from its last checkpoint."""
     with session(store) as s:
         run = s.get(Run, run_id)
         if run is None:
@@ -416,10 +420,7 @@ def resume_run(store, run_id: str, progress=None) -> str:
             raise RunError(f"run {run_id} already ended ({run.status}: {run.stop_reason})")
         build, m, ref = resolve_inputs(s, run.build_id, None)
         split = load_split(s, build.id)
-        c = dict(run.config)
-        c.pop("preset", None)
-        cfg = RC(**{**c, "algo": AlgoConfig(**c["algo"]), "stop": StopConfig(**c["stop"]),
-                    "benchmarks": [Benchmark(**b) for b in c["benchmarks"]]})
+        cfg = config_from_dict(run.config)
         algo, precision, engine, ckpt_dir = run.algo, Precision(run.rollout_dtype, run.train_dtype), run.engine, Path(run.checkpoint_dir)
     _check_ckpt_dir(ckpt_dir)
     _train(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress)
