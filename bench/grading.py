@@ -98,16 +98,29 @@ def _quiet_worker() -> None:
     logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 
+def _apply_all(fn, args_list: list[tuple]) -> list:
+    """fn over a chunk of items in one worker; an item's exception becomes its result."""
+    out = []
+    for a in args_list:
+        try:
+            out.append(fn(*a))
+        except Exception as e:  # sympy errors may not pickle: send their text
+            out.append(RuntimeError(f"{type(e).__name__}: {e}"))
+    return out
+
+
 class Grader:
     """Grades (response, gold) pairs in a process pool with a hard per-answer timeout.
 
     Usable as a context manager; `close()` stops the workers."""
 
-    def __init__(self, workers: int | None = None, timeout: float = 5.0, max_answer_chars: int = 2000):
+    def __init__(self, workers: int | None = None, timeout: float = 5.0, max_answer_chars: int = 2000,
+                 chunk: int = 32):
         from pebble import ProcessPool
 
         self.timeout = timeout
         self.max_answer_chars = max_answer_chars
+        self.chunk = chunk
         self.workers = workers or min(2, os.cpu_count() or 1)
         self._pool = ProcessPool(max_workers=self.workers, initializer=_quiet_worker)
         self.cache: dict[tuple[str, str], Verdict] = {}
@@ -126,7 +139,22 @@ class Grader:
             self._pool = None
 
     def _run(self, fn, args_list: list[tuple]) -> list:
-        """Run fn over args in the pool; each result is the value or the raised exception."""
+        """Run fn over args in the pool; each result is the value or the raised exception.
+        Items travel in chunks (one task per item costs more in IPC than grading it); a chunk
+        that exceeds the timeout or kills its worker is graded again item by item, each with
+        its own hard timeout, so a hostile answer costs at most twice the timeout."""
+        size = max(1, min(self.chunk, -(-len(args_list) // (4 * self.workers))))
+        chunks = [args_list[i:i + size] for i in range(0, len(args_list), size)]
+        futures = [self._pool.schedule(_apply_all, args=(fn, c), timeout=self.timeout) for c in chunks]
+        out = []
+        for c, f in zip(chunks, futures):
+            try:
+                out.extend(f.result())
+            except Exception:
+                out.extend(self._run_each(fn, c))
+        return out
+
+    def _run_each(self, fn, args_list: list[tuple]) -> list:
         futures = [self._pool.schedule(fn, args=a, timeout=self.timeout) for a in args_list]
         out = []
         for f in futures:
