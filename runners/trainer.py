@@ -225,11 +225,13 @@ class NativeTrainer:
                 s.merge(Eval(run_id=self.run_id, step=self.step, benchmark=name, n=n, score=r.mean().item()))
         return {name: r.mean().item() for name, (n, r) in scores.items()}
 
-    def _update(self, x: LossInputs, idx: torch.Tensor, batch) -> tuple[float, float, dict, bool]:
-        """One mini-batch optimizer step; returns loss, grad norm, loss metrics, whether applied."""
-        ids, attn, tok, pos = (t[idx] for t in batch)
-        self._sync_compute()
-        logp = response_logprobs(self.compute, ids, attn, tok, pos)
+    def _update(self, x: LossInputs, idx: torch.Tensor, batch, logp=None) -> tuple[float, float, dict, bool]:
+        """One mini-batch optimizer step; returns loss, grad norm, loss metrics, whether applied.
+        `logp`: this mini-batch's log-probs with grad, when the caller already has them."""
+        if logp is None:
+            ids, attn, tok, pos = (t[idx] for t in batch)
+            self._sync_compute()
+            logp = response_logprobs(self.compute, ids, attn, tok, pos)
         mb = LossInputs(logp, x.logp_old[idx], x.logp_rollout[idx], x.mask[idx], x.advantages[idx])
         loss, metrics = self.loss_fn(mb, self.cfg.algo)
         self.compute.zero_grad(set_to_none=True)
@@ -268,9 +270,16 @@ class NativeTrainer:
         logp_rollout = torch.zeros_like(mask)
         for i, s in enumerate(flat):
             logp_rollout[i, :len(s.logprobs)] = torch.tensor(s.logprobs)
-        with torch.no_grad():
-            self._sync_compute()
-            logp_old = response_logprobs(self.compute, ids, attn, tok, pos) * mask
+        self._sync_compute()
+        first = None
+        if cfg.updates_per_batch == 1:
+            # one update per rollout batch: π_old is π_θ at this very point, so the update's
+            # forward (with grad) doubles as the extra π_old forward
+            first = response_logprobs(self.compute, ids, attn, tok, pos)
+            logp_old = first.detach() * mask
+        else:
+            with torch.no_grad():
+                logp_old = response_logprobs(self.compute, ids, attn, tok, pos) * mask
         adv = leave_one_out_advantages(rewards.view(-1, g)).view(-1)
         x = LossInputs(None, logp_old, logp_rollout, mask, adv)  # type: ignore[arg-type]
         t2 = time.time()
@@ -278,7 +287,8 @@ class NativeTrainer:
         order = torch.randperm(len(flat), generator=gen)
         losses, norms, loss_metrics, applied = [], [], {}, 0
         for chunk in order.chunk(cfg.updates_per_batch):
-            loss, norm, m, ok = self._update(x, chunk, (ids, attn, tok, pos))
+            loss, norm, m, ok = self._update(x, chunk, (ids, attn, tok, pos),
+                                             None if first is None else first[chunk])
             losses.append(loss)
             norms.append(norm)
             applied += ok
