@@ -308,7 +308,11 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
         build_id: Optional[str] = typer.Option(None, "--build", help="Build id (default: the latest complete build)."),
         model: Optional[str] = typer.Option(None, help="Only builds of this model (and check the build's model)."),
         engine: str = typer.Option("torch", help="Rollout engine: torch, vllm, auto."),
-        trainer: str = typer.Option("native", help="native (one process) or verl."),
+        trainer: str = typer.Option("native", help="native (one process) or verl (with --dry-run: print the "
+                                    "verl 0.9.1 command for this cell)."),
+        dry_run: bool = typer.Option(False, help="With --trainer verl: export the split and reward module, "
+                                     "print the command, launch nothing."),
+        verl_python: str = typer.Option("python", help="Interpreter of the environment that has verl."),
         preset: str = typer.Option("tiny", help="tiny | paper"),
         max_steps: Optional[int] = typer.Option(None), lr: Optional[float] = typer.Option(None),
         prompts_per_step: Optional[int] = typer.Option(None, help="B: prompts per step."),
@@ -331,8 +335,11 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
         for name, desc in DESCRIPTIONS.items():
             out.print(f"{name:16s} {desc}", highlight=False)
         return
+    if trainer == "verl":
+        _verl_dry_run(algo, dtype, build_id, model, preset, max_steps, db, verl_python, dry_run)
+        return
     if trainer != "native":
-        fail(f"unknown trainer {trainer!r}; this version has: native")
+        fail(f"unknown trainer {trainer!r}; choose native or verl")
     if not algo and not resume:
         fail("give --algo (see `bench run --algo list`) or --resume RUN_ID")
     store = _store(db)
@@ -357,6 +364,44 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
         out.print_json(json.dumps(_run_info(store, run_id), default=str))
     else:
         _print_run_end(run_id, store)
+
+
+def _verl_dry_run(algo, dtype, build_id, model, preset, max_steps, db, verl_python, dry_run) -> None:
+    import shutil
+
+    from bench.precision import Precision
+    from bench.store import bench_home, session
+    from runners.presets import get_preset
+    from runners.trainer import RunError, load_split, resolve_inputs
+    from runners.verl_runner import VerlError, VerlJob, export_parquet, shell_line, verl_command
+
+    if not dry_run:
+        fail("launching verl from bench is not in this version yet; use --dry-run to get the command")
+    if not algo:
+        fail("give --algo (see `bench run --algo list`)")
+    try:
+        p = Precision.parse(dtype)
+        cfg = get_preset(preset, max_steps=max_steps)
+        with session(_store(db)) as s:
+            build, m, ref = resolve_inputs(s, build_id, model)
+            split = load_split(s, build.id)
+        root = bench_home() / "verl" / f"{build.id}-{algo}-{p.rollout}-{p.train}"
+        train = export_parquet(split, root / "train.parquet", f"bench/{build.id}")
+        val = None
+        if cfg.benchmarks:
+            from bench.problems import SourceSpec, load_problems
+
+            b = cfg.benchmarks[0]
+            val = export_parquet(load_problems(SourceSpec(b.source, limit=b.limit)), root / "val.parquet", b.name)
+        reward = root / "reward.py"
+        import runners.verl_reward as vr
+
+        shutil.copyfile(vr.__file__, reward)
+        argv, env = verl_command(algo, p, cfg, VerlJob(ref.path, train, val, reward, root / "metrics.jsonl",
+                                                       "bench", root.name), python=verl_python)
+    except (RunError, VerlError, *_user_errors()) as e:
+        fail(str(e))
+    out.print(shell_line(argv, env), highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command()

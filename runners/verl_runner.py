@@ -1,0 +1,195 @@
+"""The verl runner's configuration half: verl's parquet, the reward module, and the
+`python -m verl.trainer.main_ppo` overrides for every algorithm × precision pair, as read off
+verl 0.9.1 in ../shared/reference/verl.md. `bench run --trainer verl --dry-run` prints them.
+
+Naming hazards kept explicit: verl's `training/rollout_probs_diff_*` is |p_rollout − p_actor|
+(bench's prob_diff_max/min are signed π − μ), and GSPO in verl forces seq-mean-token-mean.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.models import INSTRUCTION
+from bench.precision import Precision
+from bench.problems import Problem
+
+from .presets import RunConfig
+
+SUPPORTED_VERL = ("0.9.1",)
+RC = "algorithm.rollout_correction"
+VERL_DTYPE = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}
+ROLLOUT_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+# verl metric → bench metric (None: keep under verl's name with a "verl/" prefix)
+METRIC_MAP = {
+    "critic/score/mean": "reward",
+    "response_length/mean": "response_len",
+    "response_length/max": "response_len_max",
+    "response_length/clip_ratio": "truncated_frac",
+    "rollout_corr/kl": "kl_k1",
+    "rollout_corr/k3_kl": "kl_k3",
+    "training/rollout_probs_diff_mean": "prob_abs_diff_mean",     # |p_rollout − p_actor|, a probability
+    "rollout_corr/rollout_is_mean": "is_ratio_token_mean",
+    "rollout_corr/rollout_is_max": "is_ratio_token_max",
+    "rollout_corr/rollout_is_min": "is_ratio_token_min",
+    "rollout_corr/rollout_is_eff_sample_size": "is_ratio_token_ess",
+    "rollout_corr/rollout_is_seq_mean": "is_ratio_seq_mean",
+    "rollout_corr/rollout_is_seq_max": "is_ratio_seq_max",
+    "rollout_corr/rollout_is_seq_min": "is_ratio_seq_min",
+    "actor/pg_loss": "loss",
+    "actor/grad_norm": "grad_norm",
+    "actor/pg_clipfrac": "loss/clip_frac",
+    "timing_s/gen": "time_rollout",
+    "timing_s/update_actor": "time_update",
+    "timing_s/testing": "time_eval",
+}
+
+
+class VerlError(ValueError):
+    pass
+
+
+def installed_verl_version(python: str | None = None) -> str | None:
+    """The verl version importable by `python` (default: this interpreter); None if absent."""
+    import subprocess
+    import sys
+
+    exe = python or sys.executable
+    r = subprocess.run([exe, "-c", "import importlib.metadata as m; print(m.version('verl'))"],
+                       capture_output=True, text=True)
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def check_verl_version(version: str | None) -> None:
+    if version is None:
+        raise VerlError("verl is not installed for that interpreter: pip install 'verl==0.9.1' (after torch), "
+                        "in its own environment (it needs transformers < 5.11), and pass --verl-python")
+    if version not in SUPPORTED_VERL:
+        raise VerlError(f"verl {version} is installed; bench's overrides are written for verl "
+                        f"{', '.join(SUPPORTED_VERL)} (keys changed across 0.6–0.9, see reference/verl.md)")
+
+
+def export_parquet(problems: list[Problem], path: Path, data_source: str) -> Path:
+    """verl's RL parquet: data_source, chat `prompt` (problem + the paper's instruction),
+    ability, reward_model.ground_truth, extra_info (id, index)."""
+    import pandas as pd
+
+    rows = [{"data_source": data_source,
+             "prompt": [{"role": "user", "content": f"{p.problem}\n{INSTRUCTION}"}],
+             "ability": "math",
+             "reward_model": {"style": "rule", "ground_truth": p.answer},
+             "extra_info": {"id": p.id, "index": i}} for i, p in enumerate(problems)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_parquet(path, index=False)
+    return path
+
+
+def _dr(max_len: int) -> list[str]:
+    """Dr.GRPO: no std normalisation, seq-mean-token-sum-norm with an explicit normaliser."""
+    return ["algorithm.norm_adv_by_std_in_grpo=False",
+            "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm",
+            f"actor_rollout_ref.actor.loss_scale_factor={max_len}"]
+
+
+def _bypass(threshold: str) -> list[str]:
+    return [f"{RC}.bypass_mode=True", f"{RC}.loss_type=reinforce", f"{RC}.rollout_is=sequence",
+            f"{RC}.rollout_is_threshold={threshold}",
+            "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode",
+            "+actor_rollout_ref.actor.policy_loss.rollout_correction=${algorithm.rollout_correction}"]
+
+
+def algo_overrides(algo: str, max_len: int, C: float = 3.0) -> list[str]:
+    """The verl 0.9.1 overrides of one algorithm (reference/verl.md §2). `lo_hi` thresholds are
+    quoted: unquoted, Hydra reads 1e-9_3 as a number."""
+    table = {
+        "grpo": _dr(max_len),
+        "grpo-token-tis": _dr(max_len) + [f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold={C:g}"],
+        "grpo-seq-mis": _dr(max_len) + [f"{RC}.rollout_is=sequence", f"{RC}.rollout_is_threshold='1e-9_{C:g}'"],
+        "gspo": ["actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "actor_rollout_ref.actor.clip_ratio_low=3e-4",
+                 "actor_rollout_ref.actor.clip_ratio_high=4e-4"],
+        "pg-seq-is": _dr(max_len) + _bypass("1e30"),
+        "pg-seq-tis": _dr(max_len) + _bypass(f"{C:g}"),
+        "pg-seq-mis": _dr(max_len) + _bypass(f"'1e-9_{C:g}'"),
+    }
+    if algo not in table:
+        raise VerlError(f"unknown algorithm {algo!r}; choose one of {', '.join(table)}")
+    common = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=False",
+              "actor_rollout_ref.actor.ppo_epochs=1", "actor_rollout_ref.rollout.calculate_log_probs=True"]
+    if algo.startswith("grpo"):
+        common += ["actor_rollout_ref.actor.clip_ratio_low=0.2", "actor_rollout_ref.actor.clip_ratio_high=0.28",
+                   "actor_rollout_ref.actor.clip_ratio_c=1e9"]           # no dual-clip, as bench's loss
+    return common + table[algo]
+
+
+def precision_overrides(p: Precision) -> list[str]:
+    """Rollout dtype for vLLM; the FSDP engine's autocast dtype (with ShardedGradScaler for
+    fp16) via `+…mixed_precision.param_dtype`, which is not in the yaml (hence the `+`)."""
+    return [f"actor_rollout_ref.rollout.dtype={ROLLOUT_DTYPE[p.rollout]}",
+            f"+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype={VERL_DTYPE[p.train]}",
+            f"+actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype={VERL_DTYPE[p.train]}"]
+
+
+@dataclass
+class VerlJob:
+    model_path: str
+    train_file: Path
+    val_file: Path | None
+    reward_file: Path
+    metrics_file: Path
+    project: str
+    experiment: str
+    gpus: int = 1
+    nodes: int = 1
+
+
+def verl_command(algo: str, p: Precision, cfg: RunConfig, job: VerlJob, python: str = "python") -> tuple[list[str], dict]:
+    """The argv and extra environment that launch verl for one cell."""
+    mini = max(1, cfg.prompts_per_step // max(1, cfg.updates_per_batch))
+    args = [
+        f"data.train_files={job.train_file}",
+        f"data.val_files={job.val_file or job.train_file}",
+        f"data.train_batch_size={cfg.prompts_per_step}", "data.max_prompt_length=1024",
+        f"data.max_response_length={cfg.max_tokens}", "data.filter_overlong_prompts=True",
+        f"actor_rollout_ref.model.path={job.model_path}", "actor_rollout_ref.model.use_remove_padding=True",
+        "actor_rollout_ref.actor.strategy=fsdp2", f"actor_rollout_ref.actor.optim.lr={cfg.lr:g}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.rollout.name=vllm", f"actor_rollout_ref.rollout.n={cfg.samples_per_prompt}",
+        f"actor_rollout_ref.rollout.temperature={cfg.temperature:g}", f"actor_rollout_ref.rollout.top_p={cfg.top_p:g}",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+        f"reward.custom_reward_function.path={job.reward_file}", "reward.custom_reward_function.name=compute_score",
+        "trainer.logger=[console,file]", f"trainer.project_name={job.project}",
+        f"trainer.experiment_name={job.experiment}", f"trainer.n_gpus_per_node={job.gpus}",
+        f"trainer.nnodes={job.nodes}", f"trainer.test_freq={cfg.eval_every}",
+        f"trainer.total_training_steps={cfg.max_steps}", f"trainer.save_freq={cfg.checkpoint_every}",
+        "trainer.resume_mode=auto", "trainer.val_before_train=True",
+    ]
+    if cfg.benchmarks:
+        b = cfg.benchmarks[0]
+        args += [f"actor_rollout_ref.rollout.val_kwargs.n={b.n}",
+                 f"actor_rollout_ref.rollout.val_kwargs.temperature={b.temperature:g}",
+                 f"actor_rollout_ref.rollout.val_kwargs.top_p={b.top_p:g}",
+                 "actor_rollout_ref.rollout.val_kwargs.do_sample=True"]
+    argv = [python, "-m", "verl.trainer.main_ppo", *algo_overrides(algo, cfg.max_tokens, cfg.algo.C),
+            *precision_overrides(p), *args]
+    return argv, {"VERL_FILE_LOGGER_PATH": str(job.metrics_file.resolve())}
+
+
+def shell_line(argv: list[str], env: dict) -> str:
+    return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), *map(shlex.quote, argv)])
+
+
+def map_metrics(data: dict) -> dict[str, float | None]:
+    """One verl log line's metrics under bench's names (unmapped ones keep verl's name under
+    a `verl/` prefix; validation scores become `eval/<data_source>`)."""
+    out: dict[str, float | None] = {}
+    for k, v in data.items():
+        if k in METRIC_MAP:
+            out[METRIC_MAP[k]] = v
+        elif k.startswith("val-core/") and "/acc/mean@" in k:
+            out[f"eval/{k.split('/')[1]}"] = v
+        else:
+            out[f"verl/{k}"] = v
+    return out

@@ -1,0 +1,102 @@
+"""The verl runner's configuration: overrides per algorithm × precision as in
+reference/verl.md, verl's parquet, the reward module on real golds, the metric name map.
+(Validation by verl itself needs verl's own environment: not in this suite yet.)"""
+
+import json
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from bench.precision import ALL_PAIRS, Precision
+from bench.problems import Problem
+from runners.algos import REGISTRY
+from runners.presets import get_preset
+from runners.verl_runner import (VerlError, VerlJob, algo_overrides, check_verl_version, export_parquet,
+                                 map_metrics, precision_overrides, verl_command)
+
+
+def kv(overrides):
+    return dict(o.split("=", 1) for o in overrides)
+
+
+def test_every_cell_has_the_reference_keys(tmp_path):
+    cfg = get_preset("paper")
+    job = VerlJob("/m", tmp_path / "t.parquet", None, tmp_path / "r.py", tmp_path / "m.jsonl", "p", "e")
+    for algo in REGISTRY:
+        for p in ALL_PAIRS:
+            argv, env = verl_command(algo, p, cfg, job)
+            o = kv(argv[3:])
+            assert argv[:3] == ["python", "-m", "verl.trainer.main_ppo"]
+            assert o["algorithm.adv_estimator"] == "grpo" and o["actor_rollout_ref.rollout.calculate_log_probs"] == "True"
+            assert o["actor_rollout_ref.rollout.dtype"] == {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[p.rollout]
+            assert o["+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype"] == p.train
+            assert env["VERL_FILE_LOGGER_PATH"].endswith("m.jsonl")
+            if algo != "gspo":      # Dr.GRPO aggregation with an explicit normaliser
+                assert o["actor_rollout_ref.actor.loss_scale_factor"] == "8192"
+                assert o["algorithm.norm_adv_by_std_in_grpo"] == "False"
+
+
+def test_pg_family_uses_bypass_mode_explicitly_and_quotes_lo_hi():
+    o = kv(algo_overrides("pg-seq-mis", 8192))
+    assert o["actor_rollout_ref.actor.policy_loss.loss_mode"] == "bypass_mode"
+    assert o["algorithm.rollout_correction.loss_type"] == "reinforce"
+    assert o["algorithm.rollout_correction.rollout_is_threshold"] == "'1e-9_3'"
+    assert o["+actor_rollout_ref.actor.policy_loss.rollout_correction"] == "${algorithm.rollout_correction}"
+    assert kv(algo_overrides("pg-seq-is", 64))["algorithm.rollout_correction.rollout_is_threshold"] == "1e30"
+    assert kv(algo_overrides("pg-seq-tis", 64))["algorithm.rollout_correction.rollout_is_threshold"] == "3"
+    assert kv(algo_overrides("grpo-seq-mis", 64))["algorithm.rollout_correction.rollout_is_threshold"] == "'1e-9_3'"
+    g = kv(algo_overrides("gspo", 64))
+    assert g["actor_rollout_ref.actor.clip_ratio_low"] == "3e-4" and "loss_scale_factor" not in " ".join(g)
+    assert kv(algo_overrides("grpo", 64))["actor_rollout_ref.actor.clip_ratio_high"] == "0.28"
+    with pytest.raises(VerlError):
+        algo_overrides("ppo", 64)
+
+
+def test_version_check():
+    check_verl_version("0.9.1")
+    with pytest.raises(VerlError, match="written for verl 0.9.1"):
+        check_verl_version("0.7.0")
+    with pytest.raises(VerlError, match="not installed"):
+        check_verl_version(None)
+
+
+def test_parquet_rows(tmp_path):
+    path = export_parquet([Problem("a", "What is 1+1?", "2")], tmp_path / "t.parquet", "bench/b1")
+    row = pd.read_parquet(path).iloc[0]
+    assert row.data_source == "bench/b1" and row.ability == "math"
+    assert list(row.prompt)[0]["role"] == "user" and "\\boxed{}" in list(row.prompt)[0]["content"]
+    assert row.reward_model["ground_truth"] == "2" and row.extra_info["id"] == "a"
+
+
+@pytest.mark.integration
+def test_reward_module_grades_real_golds(shared_data):
+    from runners.verl_reward import compute_score
+
+    rows = [json.loads(line) for line in open(f"{shared_data}/math500.jsonl")][:20]
+    for r in rows:
+        good = compute_score("math500", f"so the answer is \\boxed{{{r['answer']}}}", r["answer"])
+        assert good == {"score": 1.0, "acc": True, "pred": r["answer"].strip()}
+        bad = compute_score("math500", "I give up", r["answer"])
+        assert bad["score"] == 0.0 and bad["acc"] is False
+
+
+def test_metric_names():
+    m = map_metrics({"critic/score/mean": 0.5, "rollout_corr/k3_kl": 1e-4, "val-core/aime24/acc/mean@32": 0.3,
+                     "actor/entropy": 1.2})
+    assert m == {"reward": 0.5, "kl_k3": 1e-4, "eval/aime24": 0.3, "verl/actor/entropy": 1.2}
+
+
+@pytest.mark.integration
+def test_dry_run_cli(tmp_path):
+    from bench.cli import app
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    r = CliRunner().invoke(app, ["build", "--limit", "16", "--k", "4", "--engine", "torch", "--band", "0", "--band", "1",
+                                 "--db", url])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, ["run", "--trainer", "verl", "--algo", "grpo", "--dtype", "bf16", "--dry-run", "--db", url])
+    assert r.exit_code == 0, r.output
+    assert "verl.trainer.main_ppo" in r.stdout and "actor_rollout_ref.rollout.dtype=bfloat16" in r.stdout
+    r = CliRunner().invoke(app, ["run", "--trainer", "verl", "--algo", "grpo", "--db", url])
+    assert r.exit_code == 2 and "--dry-run" in r.output
