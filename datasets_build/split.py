@@ -47,6 +47,7 @@ def write_split(out_dir: Path, results: list[ProblemResult], k: int, manifest: d
     import datasets
     import pandas as pd
 
+    datasets.disable_progress_bars()          # the build has its own progress bar
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
