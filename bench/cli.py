@@ -530,7 +530,7 @@ def report(csv: Optional[Path] = typer.Option(None, "--csv", help="Also write th
     if as_json:
         out.print_json(df.to_json(orient="records"))
         return
-    t = Table("#", "algo", "precision", "sanity", "status", "peak", "final", "steps→95%", "eval", "mean KL", "max|Δp|", "steps", "run")
+    t = Table("#", "algo", "precision", "sanity", "status", "peak", "final", "steps→95%", "eval", "KL k3", "max|Δp|", "steps", "run")
     for i, r in enumerate(df.itertuples(), 1):
         t.add_row(str(i), r.algo, r.precision, "[green]PASS[/]" if r.sanity == "PASS" else "[red]FAIL[/]", r.status,
                   _f(r.peak_accuracy), _f(r.final_accuracy),

@@ -38,7 +38,9 @@ def _read(engine: Engine, q) -> pd.DataFrame:
 
 
 def runs_frame(engine: Engine, build_id: str | None = None) -> pd.DataFrame:
-    """One row per run with its leaderboard columns; mismatch over the last tenth of the run."""
+    """One row per run with its leaderboard columns; mismatch over the last tenth of the run.
+    `mean_kl` is the per-token k3 estimate of KL[μ‖π] (non-negative, low variance); the
+    per-sequence k1 (`mean_kl_k1`) sits at its noise floor for fp16 on short answers."""
     q = (select(Run.id.label("run"), Model.name.label("model"), Run.build_id.label("build"), Run.algo,
                 Run.rollout_dtype, Run.train_dtype, Run.trainer, Run.engine, Run.status, Run.stop_reason,
                 Run.peak_accuracy, Run.final_accuracy, Run.steps_to_target, Run.wall_to_target, Run.step.label("steps"),
@@ -50,7 +52,8 @@ def runs_frame(engine: Engine, build_id: str | None = None) -> pd.DataFrame:
     if runs.empty:
         return runs
     last = select(RunStep.run_id, func.max(RunStep.step).label("last")).group_by(RunStep.run_id).subquery()
-    tail = _read(engine, select(RunStep.run_id.label("run"), func.avg(RunStep.kl_k1).label("mean_kl"),
+    tail = _read(engine, select(RunStep.run_id.label("run"), func.avg(RunStep.kl_k3).label("mean_kl"),
+                                func.avg(RunStep.kl_k1).label("mean_kl_k1"),
                                 func.max(func.abs(RunStep.prob_diff_max)).label("dp_max"),
                                 func.max(func.abs(RunStep.prob_diff_min)).label("dp_min"),
                                 func.avg(RunStep.log_ratio_slope).label("log_ratio_slope"))
@@ -73,7 +76,7 @@ def runs_frame(engine: Engine, build_id: str | None = None) -> pd.DataFrame:
 
 def report_columns() -> list[str]:
     return ["run", "model", "build", "algo", "precision", "status", "sanity", "peak_accuracy", "final_accuracy",
-            "steps_to_target", "wall_to_target", "best_eval", "last_eval", "mean_kl", "max_abs_dp",
+            "steps_to_target", "wall_to_target", "best_eval", "last_eval", "mean_kl", "mean_kl_k1", "max_abs_dp",
             "log_ratio_slope", "steps"]
 
 

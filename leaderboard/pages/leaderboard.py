@@ -34,7 +34,8 @@ st.dataframe(
     column_config={
         "peak_accuracy": st.column_config.ProgressColumn("peak acc", min_value=0, max_value=1, format="%.3f"),
         "final_accuracy": st.column_config.NumberColumn("final acc", format="%.3f"),
-        "mean_kl": st.column_config.NumberColumn("mean KL (last 10%)", format="%.2e"),
+        "mean_kl": st.column_config.NumberColumn("mean KL k3 (last 10%)", format="%.2e"),
+        "mean_kl_k1": st.column_config.NumberColumn("mean KL k1 (last 10%)", format="%.2e"),
         "max_abs_dp": st.column_config.NumberColumn("max |π−μ| (last 10%)", format="%.2e"),
     })
 st.download_button("Download CSV", view[cols].to_csv(index=False).encode(), "leaderboard.csv", "text/csv")
