@@ -98,6 +98,7 @@ def build(ctx: typer.Context,
                                         "for its accuracy lies wholly inside or outside the band (at most k)."),
           round_size: int = typer.Option(2, help="Adaptive: rollouts per round."),
           confidence: float = typer.Option(0.85, help="Adaptive: two-sided confidence of the Wilson interval."),
+          min_samples: int = typer.Option(8, help="Adaptive: never decide a problem on fewer rollouts."),
           threads: Optional[int] = typer.Option(None, help="Torch threads for the torch engine."),
           as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
           db: Optional[str] = DB_OPT):
@@ -117,7 +118,7 @@ def build(ctx: typer.Context,
                       dtype=dtype, k=k, lo=lo, hi=hi, temperature=temperature, top_p=top_p,
                       max_tokens=max_tokens, seed=seed, shard=shard, chunk=chunk, out=out_dir,
                       keep_text=keep_text, resume=resume, force=force, threads=threads, adaptive=adaptive,
-                      round_size=round_size, confidence=confidence)
+                      round_size=round_size, confidence=confidence, min_samples=min_samples)
     store = _store(db)
     try:
         with _progress("rollouts") as prog:

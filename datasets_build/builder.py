@@ -64,6 +64,7 @@ class BuildConfig:
     adaptive: bool = False           # sample in rounds; stop a problem once its Wilson interval decides it
     round_size: int = 2              # adaptive: rollouts per round
     confidence: float = 0.85         # adaptive: two-sided confidence of the Wilson interval
+    min_samples: int = 8             # adaptive: never decide on fewer rollouts
 
     def validate(self) -> None:
         if self.k < 1:
@@ -143,7 +144,7 @@ def plan(cfg: BuildConfig) -> Plan:
     settings = {"model": ref.name, "weights": weights_hash(ref), "source": source, "limit": cfg.limit,
                 "columns": asdict(cfg.columns), "engine": engine, "dtype": cfg.dtype, "k": cfg.k,
                 "lo": cfg.lo, "hi": cfg.hi, "sampling": sampling.to_dict(), "template": template,
-                "adaptive": [cfg.round_size, cfg.confidence] if cfg.adaptive else None,
+                "adaptive": [cfg.round_size, cfg.confidence, cfg.min_samples] if cfg.adaptive else None,
                 "problems": hashlib.sha256("\0".join(p.id for p in problems).encode()).hexdigest()[:16]}
     return Plan(cfg, ref, tok, problems, prompts, sampling, engine, settings, template)
 
@@ -270,7 +271,8 @@ def _sample_and_grade(p: Plan, engine, grader: Grader, idx: list[int]):
         for (i, _, _), v in zip(new, vs):
             correct[i] += v.correct
         start += n
-        active = [i for i in active if not decided(correct[i], start, cfg.lo, cfg.hi, cfg.confidence)]
+        active = [i for i in active
+                  if not decided(correct[i], start, cfg.lo, cfg.hi, cfg.confidence, cfg.min_samples)]
     return flat, verdicts
 
 
@@ -304,7 +306,8 @@ def _finish(engine_db, p: Plan, build_id: str, out_dir: Path, positions: list[in
         "weights_hash": p.settings["weights"], "engine": p.engine, "dtype": cfg.dtype,
         "source": cfg.source, "sampling": p.sampling.to_dict(), "k": cfg.k, "band": [cfg.lo, cfg.hi],
         "band_inclusive": True, "shard": cfg.shard, "template": p.template,
-        "adaptive": {"round_size": cfg.round_size, "confidence": cfg.confidence, "interval": "Wilson"}
+        "adaptive": {"round_size": cfg.round_size, "confidence": cfg.confidence, "min_samples": cfg.min_samples,
+                     "interval": "Wilson"}
         if cfg.adaptive else None,
         "problems": len(results), "counts": counts,
         "kept_fraction": counts[KEPT] / max(1, len(results) - counts[BAD_GOLD]),

@@ -20,7 +20,8 @@ def test_wilson_by_hand():
 
 def test_decisions():
     assert decided(0, 16, 0.2, 0.8, 0.9)             # surely too hard
-    assert not decided(0, 4, 0.2, 0.8, 0.9)          # too few samples to tell
+    assert not decided(0, 4, 0.2, 0.8, 0.9, min_samples=1)   # too few samples to tell
+    assert not decided(0, 6, 0.2, 0.8, 0.5)          # the floor of 8 samples
     assert decided(16, 16, 0.2, 0.8, 0.9)            # surely too easy
     assert decided(20, 40, 0.2, 0.8, 0.9)            # surely inside
     assert not decided(9, 40, 0.2, 0.8, 0.9)         # on the edge
@@ -54,7 +55,7 @@ def test_adaptive_build_spends_fewer_rollouts_and_agrees(tmp_path):
         n = len(seq)
         assert seq == vf[pid][:n]                     # the same seeds: a prefix of the full build's samples
         assert n == 40 or decided(sum(seq), n, 0.2, 0.8, 0.85)        # stopped only once decided
-        assert n % 2 == 0 and (n == 2 or not decided(sum(seq[:n - 2]), n - 2, 0.2, 0.8, 0.85))
+        assert n % 2 == 0 and n >= 8 and not decided(sum(seq[:n - 2]), n - 2, 0.2, 0.8, 0.85)
     with session(open_store(url)) as s:
         rows = s.scalars(select(BuildProblem).where(BuildProblem.build_id == ada["build_id"])).all()
         assert all(r.n_samples == len(va[r.problem_id]) and r.accuracy == r.n_correct / r.n_samples for r in rows)
