@@ -8,8 +8,13 @@ are μ: the log-probability of each sampled token under the distribution it was 
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import asdict, dataclass
 from typing import Iterable, Protocol, Sequence
+
+
+# bench's stdout carries results (`--json`); vLLM logs to stdout unless told otherwise.
+os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
 
 @dataclass(frozen=True)
