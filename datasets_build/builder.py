@@ -168,9 +168,6 @@ def _done_problems(s, build_id: str, k: int, adaptive: bool) -> set[str]:
     return {p for p, c in counts.items() if c == k}
 
 
-ProgressFn = Callable[[int, int], None]
-
-
 def run_build(engine_db, cfg: BuildConfig, progress: Callable[[int, int, int], None] | None = None,
               rollout_engine=None) -> dict:
     """Run (or resume) a build; returns its manifest. `progress(done, total, new)` is called

