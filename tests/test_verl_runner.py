@@ -100,3 +100,38 @@ def test_dry_run_cli(tmp_path):
     assert "verl.trainer.main_ppo" in r.stdout and "actor_rollout_ref.rollout.dtype=bfloat16" in r.stdout
     r = CliRunner().invoke(app, ["run", "--trainer", "verl", "--algo", "grpo", "--db", url])
     assert r.exit_code == 2 and "--dry-run" in r.output
+
+
+@pytest.mark.verl
+@pytest.mark.integration
+def test_every_cell_composes_with_verls_own_hydra(tmp_path):
+    """`python -m verl.trainer.main_ppo --cfg job <overrides>` in verl's own environment
+    (./bench.sh test makes .venv-verl) for all 7 algorithms × 9 precision pairs."""
+    import os
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    from runners.verl_runner import installed_verl_version
+
+    py = os.environ.get("BENCH_VERL_PYTHON") or str(Path(__file__).parent.parent / ".venv-verl" / "bin" / "python")
+    if not Path(py).exists():
+        pytest.fail(f"no verl environment at {py}: ./bench.sh test creates it (or set BENCH_VERL_PYTHON)")
+    check_verl_version(installed_verl_version(py))
+    job = VerlJob("/tmp/model", tmp_path / "t.parquet", tmp_path / "v.parquet", tmp_path / "r.py",
+                  tmp_path / "m.jsonl", "p", "e")
+    cfg = get_preset("paper")
+
+    def compose(cell):
+        algo, p = cell
+        argv, _ = verl_command(algo, p, cfg, job, python=py)
+        r = subprocess.run([*argv, "--cfg", "job"], capture_output=True, text=True, timeout=300)
+        return cell, r.returncode, r.stdout, r.stderr[-500:]
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(compose, [(a, p) for a in REGISTRY for p in ALL_PAIRS]))
+    assert [(a, p.name, err) for (a, p), rc, _, err in results if rc != 0] == []
+    out = {(a, p.name): o for (a, p), _, o, _ in results}
+    assert "rollout_is_threshold: '1e-9_3'" in out[("pg-seq-mis", "fp16")]
+    assert "loss_mode: bypass_mode" in out[("pg-seq-is", "bf16")]
+    assert "loss_mode: gspo" in out[("gspo", "fp32")]
