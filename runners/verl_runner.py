@@ -2,8 +2,16 @@
 `python -m verl.trainer.main_ppo` overrides for every algorithm × precision pair, as read off
 verl 0.9.1 in ../shared/reference/verl.md. `bench run --trainer verl --dry-run` prints them.
 
-Naming hazards kept explicit: verl's `training/rollout_probs_diff_*` is |p_rollout − p_actor|
-(bench's prob_diff_max/min are signed π − μ), and GSPO in verl forces seq-mean-token-mean.
+Where bench's one definition (DESIGN.md) and verl's defaults differ, the overrides choose
+bench's, and tests/test_verl_crosscheck.py checks each loss against verl's `core_algos` on the
+same tensors: leave-one-out advantages (`rloo`, not `grpo`'s R − mean, which is (G−1)/G of it),
+no dual-clip (`clip_ratio_c=1e9`; verl's default 3.0 bounds −r·A for A < 0), the Dr.GRPO
+normaliser as an explicit `loss_scale_factor` (else verl divides by each micro-batch's padded
+length), GSPO's seq-mean-token-mean (verl 0.9.1 uses the actor's loss_agg_mode, default
+token-mean). Left as verl has them: IcePop's lower bound (`'1e-9_C'` also zeroes weights below
+1e-9) and sequences with no response token (verl drops them from the mean; bench counts them).
+verl's `training/rollout_probs_diff_*` is |p_rollout − p_actor|; bench's prob_diff_max/min are
+signed π − μ.
 """
 
 from __future__ import annotations
@@ -63,6 +71,19 @@ def installed_verl_version(python: str | None = None) -> str | None:
     return r.stdout.strip() if r.returncode == 0 else None
 
 
+def validate_cells(python: str, cells: list[list[str]]) -> list[str | None]:
+    """verl's own checks of each override list (runners/verl_check.py, run by verl's
+    interpreter `python`): None where verl accepts the cell, else verl's error."""
+    import json
+    import subprocess
+
+    r = subprocess.run([python, str(Path(__file__).with_name("verl_check.py"))], input=json.dumps(cells),
+                       capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        raise VerlError(f"verl's config check did not run: {r.stderr.strip()[-1500:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def check_verl_version(version: str | None) -> None:
     if version is None:
         raise VerlError("verl is not installed for that interpreter: pip install 'verl==0.9.1' (after torch), "
@@ -88,9 +109,8 @@ def export_parquet(problems: list[Problem], path: Path, data_source: str) -> Pat
 
 
 def _dr(max_len: int) -> list[str]:
-    """Dr.GRPO: no std normalisation, seq-mean-token-sum-norm with an explicit normaliser."""
-    return ["algorithm.norm_adv_by_std_in_grpo=False",
-            "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm",
+    """Dr.GRPO aggregation: seq-mean-token-sum-norm with an explicit normaliser."""
+    return ["actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm",
             f"actor_rollout_ref.actor.loss_scale_factor={max_len}"]
 
 
@@ -109,14 +129,15 @@ def algo_overrides(algo: str, max_len: int, C: float = 3.0) -> list[str]:
         "grpo-token-tis": _dr(max_len) + [f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold={C:g}"],
         "grpo-seq-mis": _dr(max_len) + [f"{RC}.rollout_is=sequence", f"{RC}.rollout_is_threshold='1e-9_{C:g}'"],
         "gspo": ["actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "actor_rollout_ref.actor.clip_ratio_low=3e-4",
-                 "actor_rollout_ref.actor.clip_ratio_high=4e-4"],
+                 "actor_rollout_ref.actor.clip_ratio_high=4e-4",
+                 "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"],
         "pg-seq-is": _dr(max_len) + _bypass("1e30"),
         "pg-seq-tis": _dr(max_len) + _bypass(f"{C:g}"),
         "pg-seq-mis": _dr(max_len) + _bypass(f"'1e-9_{C:g}'"),
     }
     if algo not in table:
         raise VerlError(f"unknown algorithm {algo!r}; choose one of {', '.join(table)}")
-    common = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=False",
+    common = ["algorithm.adv_estimator=rloo", "actor_rollout_ref.actor.use_kl_loss=False",
               "actor_rollout_ref.actor.ppo_epochs=1", "actor_rollout_ref.rollout.calculate_log_probs=True"]
     if algo.startswith("grpo"):
         common += ["actor_rollout_ref.actor.clip_ratio_low=0.2", "actor_rollout_ref.actor.clip_ratio_high=0.28",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -78,3 +79,15 @@ def shared_data():
     if not os.path.isdir(path):
         pytest.fail(f"../shared/data not found at {path}")
     return path
+
+
+@pytest.fixture(scope="session")
+def verl_python():
+    """verl 0.9.1's interpreter (its own environment: ./bench.sh test makes .venv-verl)."""
+    from runners.verl_runner import check_verl_version, installed_verl_version
+
+    py = os.environ.get("BENCH_VERL_PYTHON") or str(Path(__file__).parent.parent / ".venv-verl" / "bin" / "python")
+    if not Path(py).exists():
+        pytest.fail(f"no verl environment at {py}: ./bench.sh test creates it (or set BENCH_VERL_PYTHON)")
+    check_verl_version(installed_verl_version(py))
+    return py

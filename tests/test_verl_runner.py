@@ -1,6 +1,7 @@
 """The verl runner's configuration: overrides per algorithm × precision as in
 reference/verl.md, verl's parquet, the reward module on real golds, the metric name map.
-(Validation by verl itself needs verl's own environment: not in this suite yet.)"""
+verl's own checks (Hydra compose, `validate_config`, `main_ppo --cfg job`) run in verl's
+environment; the losses are checked against verl's in test_verl_crosscheck.py."""
 
 import json
 
@@ -13,7 +14,7 @@ from bench.problems import Problem
 from runners.algos import REGISTRY
 from runners.presets import get_preset
 from runners.verl_runner import (VerlError, VerlJob, algo_overrides, check_verl_version, export_parquet,
-                                 map_metrics, verl_command)
+                                 map_metrics, validate_cells, verl_command)
 
 
 def kv(overrides):
@@ -28,13 +29,13 @@ def test_every_cell_has_the_reference_keys(tmp_path):
             argv, env = verl_command(algo, p, cfg, job)
             o = kv(argv[3:])
             assert argv[:3] == ["python", "-m", "verl.trainer.main_ppo"]
-            assert o["algorithm.adv_estimator"] == "grpo" and o["actor_rollout_ref.rollout.calculate_log_probs"] == "True"
+            assert o["algorithm.adv_estimator"] == "rloo" and o["actor_rollout_ref.rollout.calculate_log_probs"] == "True"
             assert o["actor_rollout_ref.rollout.dtype"] == {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[p.rollout]
             assert o["+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype"] == p.train
             assert env["VERL_FILE_LOGGER_PATH"].endswith("m.jsonl")
             if algo != "gspo":      # Dr.GRPO aggregation with an explicit normaliser
                 assert o["actor_rollout_ref.actor.loss_scale_factor"] == "8192"
-                assert o["algorithm.norm_adv_by_std_in_grpo"] == "False"
+                assert o["actor_rollout_ref.actor.loss_agg_mode"] == "seq-mean-token-sum-norm"
 
 
 def test_pg_family_uses_bypass_mode_explicitly_and_quotes_lo_hi():
@@ -104,20 +105,28 @@ def test_dry_run_cli(tmp_path):
 
 @pytest.mark.verl
 @pytest.mark.integration
-def test_every_cell_composes_with_verls_own_hydra(tmp_path):
+def test_every_cell_passes_verls_validate_config(tmp_path, verl_python):
+    """Hydra compose + `validate_config` + the config dataclasses, as main_ppo runs them before
+    Ray starts, for all 7 algorithms × 9 precision pairs; and a broken override is caught."""
+    job = VerlJob("/tmp/model", tmp_path / "t.parquet", tmp_path / "v.parquet", tmp_path / "r.py",
+                  tmp_path / "m.jsonl", "p", "e")
+    cells = [(a, p) for a in REGISTRY for p in ALL_PAIRS]
+    overrides = [verl_command(a, p, get_preset("paper"), job)[0][3:] for a, p in cells]
+    bad = overrides[0] + ["actor_rollout_ref.actor.ppo_mini_batch_size=7"]       # 7 × 8 does not divide 64 × 8
+    errors = validate_cells(verl_python, overrides + [bad])
+    assert [(a, p.name, e) for (a, p), e in zip(cells, errors) if e] == []
+    assert errors[-1] == "ValueError: train_batch_size (64) must be >= actor.ppo_mini_batch_size (128)"
+
+
+@pytest.mark.verl
+@pytest.mark.integration
+def test_every_cell_composes_with_verls_own_hydra(tmp_path, verl_python):
     """`python -m verl.trainer.main_ppo --cfg job <overrides>` in verl's own environment
     (./bench.sh test makes .venv-verl) for all 7 algorithms × 9 precision pairs."""
-    import os
     import subprocess
     from concurrent.futures import ThreadPoolExecutor
-    from pathlib import Path
 
-    from runners.verl_runner import installed_verl_version
-
-    py = os.environ.get("BENCH_VERL_PYTHON") or str(Path(__file__).parent.parent / ".venv-verl" / "bin" / "python")
-    if not Path(py).exists():
-        pytest.fail(f"no verl environment at {py}: ./bench.sh test creates it (or set BENCH_VERL_PYTHON)")
-    check_verl_version(installed_verl_version(py))
+    py = verl_python
     job = VerlJob("/tmp/model", tmp_path / "t.parquet", tmp_path / "v.parquet", tmp_path / "r.py",
                   tmp_path / "m.jsonl", "p", "e")
     cfg = get_preset("paper")

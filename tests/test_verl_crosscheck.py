@@ -1,0 +1,161 @@
+"""bench's seven losses against verl 0.9.1's `core_algos` on the same random tensors.
+
+verl runs in its own environment (tests/verl_side/losses.py): for every algorithm it composes
+verl's config from exactly the overrides `bench run --trainer verl` emits and computes what
+verl's actor computes (advantage estimator, decoupled IS weights, registered policy loss,
+aggregation). Where the two definitions agree, loss values and gradients must match; each
+place they differ is pinned down by a test below (dual-clip, IcePop's lower bound, the
+aggregation, the advantage estimator).
+"""
+
+import subprocess
+
+import pytest
+import torch
+
+from runners.algos import REGISTRY, AlgoConfig, LossInputs, get_loss, leave_one_out_advantages
+from runners.verl_runner import algo_overrides
+
+pytestmark = [pytest.mark.verl, pytest.mark.integration]
+
+P, G, T, L = 4, 4, 12, 16        # prompts, samples per prompt, padded length, Dr.GRPO normaliser
+C = 3.0
+
+
+def make_inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    B = P * G
+    lengths = torch.randint(3, T + 1, (B,), generator=g)
+    mask = (torch.arange(T) < lengths.unsqueeze(-1)).float()            # right padding, as verl
+    logp = -torch.rand(B, T, generator=g) * 2 - 0.05
+    logp_old = logp + 0.15 * torch.randn(B, T, generator=g)             # some PPO ratios clip
+    logp_rollout = logp_old + 0.5 * torch.randn(B, T, generator=g)      # some weights > C
+    rewards = torch.randint(0, 2, (P, G), generator=g).float()
+    rewards[0] = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    return {"logp": logp, "logp_old": logp_old, "logp_rollout": logp_rollout, "mask": mask,
+            "rewards": rewards.flatten(), "groups": [i // G for i in range(B)],
+            "advantages": leave_one_out_advantages(rewards).flatten()}
+
+
+def run_verl(verl_python, tmp_path, x, cases):
+    inp, outp = tmp_path / "in.pt", tmp_path / "out.pt"
+    torch.save({**x, "cases": cases}, inp)
+    r = subprocess.run([verl_python, "tests/verl_side/losses.py", str(inp), str(outp)], capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return torch.load(outp)
+
+
+def bench_loss(x, algo, max_len=L):
+    logp = x["logp"].clone().requires_grad_(True)
+    inputs = LossInputs(logp, x["logp_old"], x["logp_rollout"], x["mask"], x["advantages"])
+    loss, _ = get_loss(algo)(inputs, AlgoConfig(max_len=max_len, C=C))
+    loss.backward()
+    return loss.detach(), logp.grad
+
+
+@pytest.fixture(scope="module")
+def verl_out(verl_python, tmp_path_factory):
+    """One verl process for every case of this module (verl's import takes seconds)."""
+    x = make_inputs()
+    tiny = make_inputs(seed=1)
+    tiny["logp_rollout"][0, :3] += 8.0                                  # ρ of row 0 ≈ e^-24 < 1e-9
+    empty = make_inputs(seed=2)
+    empty["mask"][5] = 0.0                                              # a sequence with no token
+    dual = make_inputs(seed=3)
+    dual["logp"][dual["advantages"] < 0, 0] += 2.0                      # r_0 ≈ e^2 > 3 where A < 0
+    cases = {"main": (x, [(a, algo_overrides(a, L, C)) for a in REGISTRY]),
+             "tiny": (tiny, [(a, algo_overrides(a, L, C)) for a in ("grpo-seq-mis", "pg-seq-mis")]
+                      + [(a + "-lo-1e-3", [o.replace("'1e-9_3'", "'1e-3_3'") for o in algo_overrides(a, L, C)])
+                         for a in ("grpo-seq-mis", "pg-seq-mis")]),
+             "empty": (empty, [("grpo", algo_overrides("grpo", L, C))]),
+             "dual": (dual, [("grpo", algo_overrides("grpo", L, C)),
+                             ("grpo-dual-clip", algo_overrides("grpo", L, C) + ["actor_rollout_ref.actor.clip_ratio_c=3.0"])]),
+             "agg": (x, [("token-mean", [o for o in algo_overrides("grpo", L, C) if "loss_agg_mode" not in o]),
+                         ("no-scale-factor", [o for o in algo_overrides("grpo", L, C) if "loss_scale_factor" not in o]),
+                         ("gspo-token-mean", [o for o in algo_overrides("gspo", L, C) if "loss_agg_mode" not in o]),
+                         ("grpo-estimator", ["algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=False"])])}
+    tmp = tmp_path_factory.mktemp("verl")
+    out = {}
+    for key, (inputs, cs) in cases.items():
+        (tmp / key).mkdir()
+        out[key] = (inputs, run_verl(verl_python, tmp / key, inputs, cs))
+    return out
+
+
+def close(a, b):
+    return torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("algo", list(REGISTRY))
+def test_each_loss_and_gradient_equals_verls(verl_out, algo):
+    x, v = verl_out["main"]
+    loss, grad = bench_loss(x, algo)
+    assert close(loss, v[algo]["loss"]), (loss, v[algo]["loss"])
+    assert close(grad, v[algo]["grad"])
+
+
+def test_the_inputs_exercise_clipping_truncation_and_masking(verl_out):
+    x, _ = verl_out["main"]
+    m = x["mask"]
+    w = ((x["logp_old"] - x["logp_rollout"]) * m).sum(-1).exp()
+    assert (w > C).any() and (w <= C).any()                             # MIS masks, TIS truncates something
+    wt = (x["logp_old"] - x["logp_rollout"]).exp()[m.bool()]
+    assert (wt > C).any()                                               # token TIS truncates something
+    wc = ((x["logp"] - x["logp_rollout"]) * m).sum(-1).exp()
+    assert (wc > C).any() and (wc <= C).any()                           # the PG family's w = π_θ/μ too
+    r = (x["logp"] - x["logp_old"]).exp()[m.bool()]
+    assert ((r < 0.8) | (r > 1.28)).any()                               # PPO clipping is active
+
+
+def test_advantages_are_verls_rloo_and_grpo_is_a_scaled_copy(verl_out):
+    x, v = verl_out["main"]
+    assert close(v["grpo"]["adv"], x["advantages"])                      # bench's leave-one-out = verl's rloo
+    _, a = verl_out["agg"]
+    assert close(a["grpo-estimator"]["adv"], x["advantages"] * (G - 1) / G)   # verl's grpo: R − mean
+
+
+def test_difference_dual_clip(verl_out):
+    """verl's vanilla loss bounds −r·A at −3·A for A < 0 (dual-clip, clip_ratio_c=3.0 by
+    default); bench has no dual-clip, so the runner sets clip_ratio_c=1e9."""
+    x, v = verl_out["dual"]
+    loss, grad = bench_loss(x, "grpo")
+    assert close(loss, v["grpo"]["loss"]) and close(grad, v["grpo"]["grad"])
+    assert not close(loss, v["grpo-dual-clip"]["loss"])
+    hit = (x["advantages"] < 0)
+    assert (v["grpo-dual-clip"]["grad"][hit, 0] == 0).all() and (grad[hit, 0] != 0).all()
+
+
+def test_difference_icepop_lower_bound(verl_out):
+    """IcePop (`rollout_is_threshold='lo_hi'`) also zeroes weights below lo; bench's MIS masks only
+    above C. With the runner's lo = 1e-9 this never bites: both sides clamp the sequence
+    log-ratio at −20 (SAFETY_BOUND), and e^−20 ≈ 2.1e-9 > 1e-9. A larger lo (here 1e-3) zeroes
+    the gradient of that sequence in verl and not in bench."""
+    x, v = verl_out["tiny"]
+    for algo in ("grpo-seq-mis", "pg-seq-mis"):
+        loss, grad = bench_loss(x, algo)
+        assert close(loss, v[algo]["loss"]) and close(grad, v[algo]["grad"])
+        assert (grad[0][x["mask"][0].bool()] != 0).all()
+        lo = v[algo + "-lo-1e-3"]
+        assert (lo["grad"][0] == 0).all() and close(grad[1:], lo["grad"][1:])
+
+
+def test_difference_empty_sequences(verl_out):
+    """verl's seq-mean leaves sequences without response tokens out of the denominator; bench
+    divides by every sequence in the batch (B/(B−1) here)."""
+    x, v = verl_out["empty"]
+    loss, _ = bench_loss(x, "grpo")
+    B = P * G
+    assert close(loss * B / (B - 1), v["grpo"]["loss"])
+
+
+def test_difference_aggregation(verl_out):
+    """verl's defaults are token-mean for every loss (GSPO included) and, without
+    loss_scale_factor, the padded length of the micro-batch as the Dr.GRPO normaliser."""
+    x, a = verl_out["agg"]
+    m = x["mask"]
+    loss, _ = bench_loss(x, "grpo")
+    assert close(a["no-scale-factor"]["loss"], loss * L / T)
+    obj = bench_loss(x, "grpo")[0] * L * (P * G)                        # −Σ over all tokens
+    assert close(a["token-mean"]["loss"], obj / m.sum())
+    assert not close(a["gspo-token-mean"]["loss"], bench_loss(x, "gspo")[0])
