@@ -309,8 +309,10 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
         build_id: Optional[str] = typer.Option(None, "--build", help="Build id (default: the latest complete build)."),
         model: Optional[str] = typer.Option(None, help="Only builds of this model (and check the build's model)."),
         engine: str = typer.Option("torch", help="Rollout engine: torch, vllm, auto."),
-        trainer: str = typer.Option("native", help="native (one process) or verl (with --dry-run: print the "
-                                    "verl 0.9.1 command for this cell)."),
+        trainer: str = typer.Option("native", help="native (one process) or verl (launch verl 0.9.1's main_ppo, "
+                                    "follow its metrics, stop it by bench's rules)."),
+        gpus: int = typer.Option(1, help="With --trainer verl: GPUs per node."),
+        nodes: int = typer.Option(1, help="With --trainer verl: nodes."),
         dry_run: bool = typer.Option(False, help="With --trainer verl: export the split and reward module, "
                                      "print the command, launch nothing."),
         verl_python: str = typer.Option("python", help="Interpreter of the environment that has verl."),
@@ -336,11 +338,17 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
         for name, desc in DESCRIPTIONS.items():
             out.print(f"{name:16s} {desc}", highlight=False)
         return
-    if trainer == "verl":
-        _verl_dry_run(algo, dtype, build_id, model, preset, max_steps, db, verl_python, dry_run)
-        return
-    if trainer != "native":
+    overrides = dict(max_steps=max_steps, lr=lr, prompts_per_step=prompts_per_step,
+                     samples_per_prompt=samples_per_prompt, updates_per_batch=updates_per_batch,
+                     eval_every=eval_every, checkpoint_every=checkpoint_every, eval_split_m=eval_split_m,
+                     seed=seed, threads=threads)
+    if trainer not in ("native", "verl"):
         fail(f"unknown trainer {trainer!r}; choose native or verl")
+    if resume and _resume_verl(resume, db, as_json):
+        return
+    if trainer == "verl":
+        _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, dry_run, gpus, nodes, as_json)
+        return
     if not algo and not resume:
         fail("give --algo (see `bench run --algo list`) or --resume RUN_ID")
     store = _store(db)
@@ -352,10 +360,7 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
             else:
                 from runners.presets import get_preset
 
-                cfg = get_preset(preset, max_steps=max_steps, lr=lr, prompts_per_step=prompts_per_step,
-                                  samples_per_prompt=samples_per_prompt, updates_per_batch=updates_per_batch,
-                                  eval_every=eval_every, checkpoint_every=checkpoint_every,
-                                  eval_split_m=eval_split_m, seed=seed, threads=threads)
+                cfg = get_preset(preset, **overrides)
                 run_id = start_run(store, algo, Precision.parse(dtype), cfg, build_id=build_id, model=model,
                                    engine=engine, ckpt_root=checkpoint_dir, preset=preset,
                                    progress=_run_progress(prog, task))
@@ -367,42 +372,85 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
         _print_run_end(run_id, store)
 
 
-def _verl_dry_run(algo, dtype, build_id, model, preset, max_steps, db, verl_python, dry_run) -> None:
-    import shutil
+def _resume_verl(run_id, db, as_json) -> bool:
+    """Resume `run_id` if verl ran it (False for a native run)."""
+    from bench.store import Run, session
+    from runners.trainer import config_from_dict
+    from runners.verl_follow import resume_verl_run
 
+    store = _store(db)
+    with session(store) as s:
+        run = s.get(Run, run_id)
+        if run is None or run.trainer != "verl":
+            return False
+        if run.status not in ("running", "failed"):
+            fail(f"run {run_id} already ended ({run.status}: {run.stop_reason})")
+        cfg, job = config_from_dict(run.config), run.config["verl"]
+    with _progress("steps") as prog:
+        task = prog.add_task("steps", total=None, rate="")
+        resume_verl_run(store, run_id, cfg, job, progress=_verl_progress(prog, task))
+    _print_verl_end(run_id, store, as_json)
+    return True
+
+
+def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, dry_run, gpus, nodes, as_json) -> None:
     from bench.precision import Precision
-    from bench.store import bench_home, session
     from runners.presets import get_preset
-    from runners.trainer import RunError, load_split, resolve_inputs
-    from runners.verl_runner import VerlError, VerlJob, export_parquet, shell_line, verl_command
+    from runners.trainer import RunError
+    from runners.verl_follow import prepare, start_verl_run
+    from runners.verl_runner import VerlError, check_verl_version, installed_verl_version, shell_line, validate_cells
 
-    if not dry_run:
-        fail("launching verl from bench is not in this version yet; use --dry-run to get the command")
     if not algo:
         fail("give --algo (see `bench run --algo list`)")
+    store = _store(db)
     try:
         p = Precision.parse(dtype)
-        cfg = get_preset(preset, max_steps=max_steps)
-        with session(_store(db)) as s:
-            build, m, ref = resolve_inputs(s, build_id, model)
-            split = load_split(s, build.id)
-        root = bench_home() / "verl" / f"{build.id}-{algo}-{p.rollout}-{p.train}"
-        train = export_parquet(split, root / "train.parquet", f"bench/{build.id}")
-        val = None
-        if cfg.benchmarks:
-            from bench.problems import SourceSpec, load_problems
-
-            b = cfg.benchmarks[0]
-            val = export_parquet(load_problems(SourceSpec(b.source, limit=b.limit)), root / "val.parquet", b.name)
-        reward = root / "reward.py"
-        import runners.verl_reward as vr
-
-        shutil.copyfile(vr.__file__, reward)
-        argv, env = verl_command(algo, p, cfg, VerlJob(ref.path, train, val, reward, root / "metrics.jsonl",
-                                                       "bench", root.name), python=verl_python)
+        cfg = get_preset(preset, **overrides)
+        version = installed_verl_version(verl_python)
+        if not dry_run:
+            check_verl_version(version)
+        job = prepare(store, algo, p, cfg, build_id, model, verl_python, gpus=gpus, nodes=nodes)
+        if version is not None:
+            check_verl_version(version)
+            (error,) = validate_cells(verl_python, [job["argv"][3:]])
+            if error:
+                raise VerlError(f"verl's validate_config rejects this cell: {error}")
+            console.print(f"verl {version}: validate_config passed", highlight=False)
+        elif dry_run:
+            console.print(f"verl is not installed for {verl_python}: the command was not validated "
+                          "(pass --verl-python)", highlight=False)
     except (RunError, VerlError, *_user_errors()) as e:
         fail(str(e))
-    out.print(shell_line(argv, env), highlight=False, markup=False, soft_wrap=True)
+    if dry_run:
+        out.print(shell_line(job["argv"], job["env"]), highlight=False, markup=False, soft_wrap=True)
+        return
+    console.print(f"verl log: {job['root']}/verl.log", highlight=False)
+    with _progress("steps") as prog:
+        task = prog.add_task("steps", total=None, rate="")
+        run_id = start_verl_run(store, algo, p, cfg, preset, job, progress=_verl_progress(prog, task))
+    _print_verl_end(run_id, store, as_json)
+
+
+def _verl_progress(prog, task):
+    def cb(step, total, data):
+        score = data.get("critic/score/mean")
+        prog.update(task, completed=step, total=total, rate=f"reward {score:.2f}" if isinstance(score, float) else "")
+    return cb
+
+
+def _print_verl_end(run_id, store, as_json) -> None:
+    if as_json:
+        out.print_json(json.dumps(_run_info(store, run_id), default=str))
+        return
+    from bench.store import Run, session
+
+    with session(store) as s:
+        r = s.get(Run, run_id)
+        out.print(f"run [bold]{r.id}[/] (verl) {r.algo} {r.rollout_dtype}/{r.train_dtype}: {r.status} after {r.step} "
+                  f"steps; peak split accuracy {r.peak_accuracy if r.peak_accuracy is not None else float('nan'):.3f}; "
+                  f"{r.stop_reason}", highlight=False, markup=False)
+    if r.status == "failed":
+        raise typer.Exit(1)
 
 
 @app.command()

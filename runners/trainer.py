@@ -36,9 +36,6 @@ from .algos import AlgoConfig, LossInputs, get_loss, leave_one_out_advantages
 from .presets import Benchmark, RunConfig
 
 
-STEP_COLUMNS = ("reward", "kl_k1", "kl_k3", "prob_abs_diff_mean", "prob_diff_max", "prob_diff_min", "log_ratio_slope")
-
-
 class RunError(ValueError):
     """Bad run input; the message says what is wrong and what to run instead."""
 
@@ -367,8 +364,7 @@ class NativeTrainer:
         metrics["wall_s"] = self.wall
         clean = {k: (float(v) if v == v and abs(v) != float("inf") else None) for k, v in metrics.items()}
         with session(self.store) as s:
-            s.merge(RunStep(run_id=self.run_id, step=self.step, metrics=clean,
-                            **{k: clean.get(k) for k in STEP_COLUMNS}))
+            s.merge(RunStep.from_metrics(self.run_id, self.step, clean))
             run = s.get(Run, self.run_id)
             run.step, run.wall_s = self.step, self.wall
             run.kl_warning_step = self.stop_state.kl_warning_step
@@ -415,7 +411,7 @@ def start_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: 
 
 def config_from_dict(c: dict) -> RunConfig:
     """The RunConfig stored with a run (asdict form) back as dataclasses."""
-    c = {k: v for k, v in c.items() if k != "preset"}
+    c = {k: v for k, v in c.items() if k not in ("preset", "verl")}
     return RunConfig(**{**c, "algo": AlgoConfig(**c["algo"]), "stop": stop_rules.StopConfig(**c["stop"]),
                         "benchmarks": [Benchmark(**b) for b in c["benchmarks"]]})
 

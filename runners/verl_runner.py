@@ -162,12 +162,14 @@ class VerlJob:
     metrics_file: Path
     project: str
     experiment: str
+    checkpoint_dir: Path | None = None
     gpus: int = 1
     nodes: int = 1
 
 
-def verl_command(algo: str, p: Precision, cfg: RunConfig, job: VerlJob, python: str = "python") -> tuple[list[str], dict]:
-    """The argv and extra environment that launch verl for one cell."""
+def verl_command(algo: str, p: Precision, cfg: RunConfig, job: VerlJob, python: str = "python",
+                 entry: str = "verl.trainer.main_ppo") -> tuple[list[str], dict]:
+    """The argv and extra environment that launch verl (`python -m entry`) for one cell."""
     mini = max(1, cfg.prompts_per_step // max(1, cfg.updates_per_batch))
     args = [
         f"data.train_files={job.train_file}",
@@ -187,13 +189,15 @@ def verl_command(algo: str, p: Precision, cfg: RunConfig, job: VerlJob, python: 
         f"trainer.total_training_steps={cfg.max_steps}", f"trainer.save_freq={cfg.checkpoint_every}",
         "trainer.resume_mode=auto", "trainer.val_before_train=True",
     ]
+    if job.checkpoint_dir:
+        args.append(f"trainer.default_local_dir={Path(job.checkpoint_dir).resolve()}")
     if cfg.benchmarks:
         b = cfg.benchmarks[0]
         args += [f"actor_rollout_ref.rollout.val_kwargs.n={b.n}",
                  f"actor_rollout_ref.rollout.val_kwargs.temperature={b.temperature:g}",
                  f"actor_rollout_ref.rollout.val_kwargs.top_p={b.top_p:g}",
                  "actor_rollout_ref.rollout.val_kwargs.do_sample=True"]
-    argv = [python, "-m", "verl.trainer.main_ppo", *algo_overrides(algo, cfg.max_tokens, cfg.algo.C),
+    argv = [python, "-m", entry, *algo_overrides(algo, cfg.max_tokens, cfg.algo.C),
             *precision_overrides(p), *args]
     return argv, {"VERL_FILE_LOGGER_PATH": str(job.metrics_file.resolve())}
 
@@ -210,7 +214,7 @@ def map_metrics(data: dict) -> dict[str, float | None]:
         if k in METRIC_MAP:
             out[METRIC_MAP[k]] = v
         elif k.startswith("val-core/") and "/acc/mean@" in k:
-            out[f"eval/{k.split('/')[1]}"] = v
+            out[f"eval/{k[len('val-core/'):].rsplit('/acc/mean@', 1)[0]}"] = v
         else:
             out[f"verl/{k}"] = v
     return out

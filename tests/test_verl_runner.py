@@ -7,10 +7,12 @@ import json
 
 import pandas as pd
 import pytest
+from sqlalchemy import select
 from typer.testing import CliRunner
 
 from bench.precision import ALL_PAIRS
 from bench.problems import Problem
+from bench.store import Run, open_store, session
 from runners.algos import REGISTRY
 from runners.presets import get_preset
 from runners.verl_runner import (VerlError, VerlJob, algo_overrides, check_verl_version, export_parquet,
@@ -99,8 +101,29 @@ def test_dry_run_cli(tmp_path):
     r = CliRunner().invoke(app, ["run", "--trainer", "verl", "--algo", "grpo", "--dtype", "bf16", "--dry-run", "--db", url])
     assert r.exit_code == 0, r.output
     assert "verl.trainer.main_ppo" in r.stdout and "actor_rollout_ref.rollout.dtype=bfloat16" in r.stdout
+    assert "not validated" in r.stderr                          # this interpreter has no verl
     r = CliRunner().invoke(app, ["run", "--trainer", "verl", "--algo", "grpo", "--db", url])
-    assert r.exit_code == 2 and "--dry-run" in r.output
+    assert r.exit_code == 2 and "verl is not installed" in r.output
+    with session(open_store(url)) as s:
+        assert s.scalars(select(Run)).all() == []               # nothing half-written
+
+
+@pytest.mark.verl
+@pytest.mark.integration
+def test_dry_run_is_validated_by_verl(tmp_path, verl_python):
+    from bench.cli import app
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    r = CliRunner().invoke(app, ["build", "--limit", "16", "--k", "4", "--engine", "torch", "--band", "0", "--band", "1",
+                                 "--db", url])
+    assert r.exit_code == 0, r.output
+    args = ["run", "--trainer", "verl", "--algo", "gspo", "--dtype", "fp16", "--dry-run", "--verl-python", verl_python,
+            "--db", url]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert "validate_config passed" in r.stderr and "loss_mode=gspo" in r.stdout
+    r = CliRunner().invoke(app, args + ["--prompts-per-step", "2", "--updates-per-batch", "1", "--gpus", "3"])
+    assert r.exit_code == 2 and "validate_config rejects" in r.output
 
 
 @pytest.mark.verl

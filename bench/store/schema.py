@@ -129,6 +129,13 @@ class RunStep(Base):
     metrics: Mapped[dict] = mapped_column(JSON)              # every metric of the step, by bench's names
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
 
+    COLUMNS = ("reward", "kl_k1", "kl_k3", "prob_abs_diff_mean", "prob_diff_max", "prob_diff_min", "log_ratio_slope")
+
+    @classmethod
+    def from_metrics(cls, run_id: str, step: int, metrics: dict) -> "RunStep":
+        """A row holding `metrics` (finite floats or None) with the leaderboard's columns filled."""
+        return cls(run_id=run_id, step=step, metrics=metrics, **{k: metrics.get(k) for k in cls.COLUMNS})
+
 
 class Eval(Base):
     """avg@n score of a run on one benchmark (or the split itself) at one step."""

@@ -1,0 +1,305 @@
+"""Launching and following a verl run: bench starts `python -m verl.trainer.main_ppo` in its own
+process group, tails the JSONL that verl's `file` logger writes (`$VERL_FILE_LOGGER_PATH`,
+one `{"step": N, "data": {...}}` per line), writes every step into the store under bench's
+metric names (`verl_runner.METRIC_MAP`), applies bench's stop rules and stops verl when one
+fires. Resuming relaunches the same command: `trainer.resume_mode=auto` continues from verl's
+latest checkpoint under `trainer.default_local_dir`.
+
+Split accuracy for verl runs is the training reward over the last pass over the split
+(`ceil(split / prompts_per_step)` steps): verl evaluates only its validation sets, and the
+sanity test's quantity is accuracy on the split's problems under the current policy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import delete
+
+from bench.store import Eval, Run, RunStep, session
+
+from . import stop as stop_rules
+from .presets import RunConfig
+from .verl_runner import map_metrics
+
+
+
+class MetricsTail:
+    """New complete lines of verl's metrics file since the last read. verl opens the file
+    "wb" on every (re)start, so a file shorter than what was read means start over."""
+
+    def __init__(self, path: Path):
+        self.path, self.pos = Path(path), 0
+
+    def read(self) -> list[tuple[int, dict]]:
+        if not self.path.exists():
+            return []
+        if self.path.stat().st_size < self.pos:
+            self.pos = 0
+        with self.path.open("rb") as f:
+            f.seek(self.pos)
+            data = f.read()
+        end = data.rfind(b"\n") + 1                  # a line still being written waits
+        self.pos += end
+        rows = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+        return [(int(r["step"]), r["data"]) for r in rows]
+
+
+def _val_key(key: str) -> tuple[str, str] | None:
+    """`val-core/<data_source>/acc/mean@<n>` → (data_source, n)."""
+    if key.startswith("val-core/") and "/acc/mean@" in key:
+        src, n = key[len("val-core/"):].rsplit("/acc/mean@", 1)
+        return (src, n) if n.isdigit() else None
+    return None
+
+
+def _finite(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+
+@dataclass
+class Follower:
+    """Turns verl's per-step metrics into bench's steps, evals and stop decisions."""
+
+    store: object
+    run_id: str
+    cfg: RunConfig
+    split_size: int
+    state: stop_rules.StopState = field(default_factory=stop_rules.StopState)
+    rewards: deque = field(default_factory=deque)
+    wall: float = 0.0
+
+    @property
+    def window(self) -> int:
+        return max(1, math.ceil(self.split_size / self.cfg.prompts_per_step))
+
+    def ingest(self, step: int, data: dict, write: bool = True) -> tuple[str, str] | None:
+        """One log line; returns (status, reason) when a stop rule fires."""
+        m = map_metrics(data)
+        verdict = None
+        self.wall += _finite(data.get("timing_s/step")) or 0.0
+        if step > 0:
+            if "actor/pg_loss" in data and _finite(data["actor/pg_loss"]) is None:
+                verdict = (stop_rules.DIVERGED, f"non-finite loss at step {step}")
+            if m.get("reward") is not None:
+                self.rewards.append(m["reward"])
+                while len(self.rewards) > self.window:
+                    self.rewards.popleft()
+            if _finite(m.get("kl_k3")) is not None and stop_rules.after_step(self.state, self.cfg.stop, step, m["kl_k3"]):
+                m["kl_warning"] = 1.0
+            due = step % self.cfg.eval_every == 0 or step >= self.cfg.max_steps
+            if due and len(self.rewards) == self.window and verdict is None:
+                m["eval/split"] = sum(self.rewards) / len(self.rewards)
+                verdict = stop_rules.after_eval(self.state, self.cfg.stop, step, m["eval/split"])
+        m["wall_s"] = self.wall
+        if write:
+            evals = {src: (int(n), v) for k, v in data.items() if (src_n := _val_key(k)) for src, n in [src_n]}
+            if "eval/split" in m:
+                evals["split"] = (len(self.rewards) * self.cfg.prompts_per_step * self.cfg.samples_per_prompt,
+                                  m["eval/split"])
+            self._write(step, m, evals)
+        return verdict
+
+    def _write(self, step: int, m: dict, evals: dict[str, tuple[int, float]]) -> None:
+        clean = {k: _finite(v) for k, v in m.items()}
+        with session(self.store) as s:
+            s.merge(RunStep.from_metrics(self.run_id, step, clean))
+            for name, (n, v) in evals.items():
+                if _finite(v) is not None:
+                    s.merge(Eval(run_id=self.run_id, step=step, benchmark=name, n=n, score=float(v)))
+            run = s.get(Run, self.run_id)
+            run.step, run.wall_s = max(run.step or 0, step), self.wall
+            run.kl_warning_step = self.state.kl_warning_step
+            if clean.get("eval/split") is not None:
+                acc = clean["eval/split"]
+                run.final_accuracy = acc
+                if run.peak_accuracy is None or acc > run.peak_accuracy:
+                    run.peak_accuracy = acc
+                if acc >= self.cfg.stop.target and run.steps_to_target is None:
+                    run.steps_to_target, run.wall_to_target = step, self.wall
+
+
+def _stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
+    """SIGTERM verl's whole process group (the driver shuts its local Ray down), then SIGKILL."""
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _log_tail(path: Path, n: int = 15) -> str:
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-n:])
+
+
+def launch_and_follow(follower: Follower, argv: list[str], env: dict, metrics: Path, log: Path,
+                      poll: float = 1.0, progress=None) -> tuple[str, str]:
+    """Run verl to its end or until a stop rule fires; returns (status, reason)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    tail = MetricsTail(metrics)
+    last = 0
+    with log.open("ab") as out:
+        proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            while True:
+                exited = proc.poll() is not None
+                for step, data in tail.read():
+                    last = max(last, step)
+                    verdict = follower.ingest(step, data)
+                    if progress:
+                        progress(step, follower.cfg.max_steps, data)
+                    if verdict:
+                        _stop(proc)
+                        return verdict
+                if exited:
+                    break
+                time.sleep(poll)
+        except BaseException:
+            _stop(proc, grace=10.0)
+            raise
+    if proc.returncode == 0:
+        return stop_rules.MAX_STEPS, f"verl finished after {last} steps (max_steps={follower.cfg.max_steps})"
+    return stop_rules.FAILED, f"verl exited with code {proc.returncode} at step {last}; {log}:\n{_log_tail(log)}"
+
+
+def latest_checkpoint(ckpt_dir: Path) -> int:
+    """The step of verl's latest checkpoint (`latest_checkpointed_iteration.txt`), 0 if none."""
+    f = Path(ckpt_dir) / "latest_checkpointed_iteration.txt"
+    try:
+        return int(f.read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
+def replay_for_resume(follower: Follower, ckpt_step: int) -> None:
+    """Drop what verl will log again (steps after its checkpoint) and rebuild the stop state
+    from the steps kept."""
+    from sqlalchemy import select
+
+    with session(follower.store) as s:
+        s.execute(delete(RunStep).where(RunStep.run_id == follower.run_id, RunStep.step > ckpt_step))
+        s.execute(delete(Eval).where(Eval.run_id == follower.run_id, Eval.step > ckpt_step))
+        rows = s.scalars(select(RunStep).where(RunStep.run_id == follower.run_id).order_by(RunStep.step)).all()
+        kept = [(r.step, dict(r.metrics)) for r in rows]
+        s.get(Run, follower.run_id).step = ckpt_step
+    for step, m in kept:
+        follower.wall = m.get("wall_s") or follower.wall
+        if step == 0:
+            continue
+        if m.get("reward") is not None:
+            follower.rewards.append(m["reward"])
+            while len(follower.rewards) > follower.window:
+                follower.rewards.popleft()
+        if m.get("kl_k3") is not None:
+            stop_rules.after_step(follower.state, follower.cfg.stop, step, m["kl_k3"])
+        if m.get("eval/split") is not None:
+            stop_rules.after_eval(follower.state, follower.cfg.stop, step, m["eval/split"])
+
+
+# ------------------------------------------------------------------ entry points
+
+def prepare(store, algo: str, precision, cfg: RunConfig, build_id: str | None, model: str | None,
+            python: str, root: Path | None = None, entry: str = "verl.trainer.main_ppo",
+            gpus: int = 1, nodes: int = 1) -> dict:
+    """Export the split (and the first benchmark) to verl's parquet, copy the reward module
+    and build the command. Returns what a run row keeps to launch and relaunch verl."""
+    import shutil
+
+    from bench.problems import SourceSpec, load_problems
+    from bench.store import bench_home
+
+    from . import verl_reward
+    from .trainer import RunError, load_split, resolve_inputs
+    from .verl_runner import VerlJob, export_parquet, verl_command
+
+    with session(store) as s:
+        build, m, ref = resolve_inputs(s, build_id, model)
+        split = load_split(s, build.id)
+        model_id = m.id
+    if not split:
+        raise RunError(f"build {build.id} kept no problems; rebuild with another --band or model")
+    root = Path(root or bench_home() / "verl" / f"{build.id}-{algo}-{precision.rollout}-{precision.train}").resolve()
+    train = export_parquet(split, root / "train.parquet", "split")
+    val = None
+    if cfg.benchmarks:
+        b = cfg.benchmarks[0]
+        val = export_parquet(load_problems(SourceSpec(b.source, limit=b.limit)), root / "val.parquet", b.name)
+    reward = root / "reward.py"
+    shutil.copyfile(verl_reward.__file__, reward)
+    job = VerlJob(ref.path, train, val, reward, root / "metrics.jsonl", "bench", root.name,
+                  checkpoint_dir=root / "checkpoints", gpus=gpus, nodes=nodes)
+    argv, env = verl_command(algo, precision, cfg, job, python=python, entry=entry)
+    return {"build_id": build.id, "model_id": model_id, "split_size": len(split), "argv": argv, "env": env,
+            "root": str(root)}
+
+
+def _follow(store, run_id: str, cfg: RunConfig, job: dict, follower: Follower, progress=None) -> None:
+    root = Path(job["root"])
+    try:
+        status, reason = launch_and_follow(follower, job["argv"], job["env"], root / "metrics.jsonl",
+                                           root / "verl.log", progress=progress)
+    except BaseException as e:
+        with session(store) as s:
+            run = s.get(Run, run_id)
+            run.status = stop_rules.FAILED
+            run.stop_reason = "interrupted" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"[:1000]
+        raise
+    with session(store) as s:
+        run = s.get(Run, run_id)
+        run.status, run.stop_reason = status, reason[:4000]
+
+
+def start_verl_run(store, algo: str, precision, cfg: RunConfig, preset: str, job: dict, progress=None) -> str:
+    """Create the run row (trainer "verl") and run verl to its end; returns the run id."""
+    import uuid
+    from dataclasses import asdict
+
+    from .algos import get_loss
+
+    get_loss(algo)
+    run_id = uuid.uuid4().hex[:12]
+    with session(store) as s:
+        s.add(Run(id=run_id, model_id=job["model_id"], build_id=job["build_id"], algo=algo,
+                  rollout_dtype=precision.rollout, train_dtype=precision.train, trainer="verl", engine="vllm",
+                  config={"preset": preset, **asdict(cfg), "verl": job}, status="running",
+                  checkpoint_dir=str(Path(job["root"]) / "checkpoints")))
+    _follow(store, run_id, cfg, job, Follower(store, run_id, cfg, job["split_size"]), progress)
+    return run_id
+
+
+def resume_verl_run(store, run_id: str, cfg: RunConfig, job: dict, progress=None) -> str:
+    """Relaunch verl with the run's command (`trainer.resume_mode=auto`: it continues from its
+    latest checkpoint); steps logged after that checkpoint are replaced. verl truncates its
+    metrics file on start, so the previous one is kept as metrics.<n>.jsonl."""
+    root = Path(job["root"])
+    old = root / "metrics.jsonl"
+    if old.exists():
+        n = len(list(root.glob("metrics.*.jsonl")))
+        old.rename(root / f"metrics.{n}.jsonl")
+    follower = Follower(store, run_id, cfg, job["split_size"])
+    replay_for_resume(follower, latest_checkpoint(root / "checkpoints"))
+    with session(store) as s:
+        run = s.get(Run, run_id)
+        run.status, run.stop_reason = "running", None
+    _follow(store, run_id, cfg, job, follower, progress)
+    return run_id

@@ -1,0 +1,121 @@
+"""Launching, following, stopping and resuming a verl run. verl's trainer itself needs GPUs and
+vLLM, so the launched process is tests/verl_side/fake_main_ppo.py in verl's environment: it
+takes bench's real overrides and writes its metrics through verl's own `Tracking` file backend,
+which is what bench reads."""
+
+import json
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from typer.testing import CliRunner
+
+from bench.precision import Precision
+from bench.store import Eval, Run, RunStep, open_store, session
+from runners.presets import get_preset
+from runners.verl_follow import MetricsTail, prepare, resume_verl_run, start_verl_run
+from runners.verl_runner import METRIC_MAP
+
+pytestmark = [pytest.mark.verl, pytest.mark.integration]
+ROOT = Path(__file__).parent.parent
+
+
+@pytest.fixture
+def store(tmp_path):
+    from bench.cli import app
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    r = CliRunner().invoke(app, ["build", "--limit", "16", "--k", "4", "--engine", "torch", "--band", "0", "--band", "1",
+                                 "--db", url])
+    assert r.exit_code == 0, r.output
+    return open_store(url)
+
+
+def fake_job(store, verl_python, cfg, tmp_path):
+    job = prepare(store, "pg-seq-is", Precision.parse("fp16"), cfg, None, None, verl_python, root=tmp_path / "verl",
+                  entry="fake_main_ppo")
+    job["env"]["PYTHONPATH"] = str(ROOT / "tests" / "verl_side")
+    return job
+
+
+def steps_of(store, run_id):
+    with session(store) as s:
+        return {r.step: dict(r.metrics) for r in s.scalars(select(RunStep).where(RunStep.run_id == run_id))}
+
+
+def test_ingests_verls_file_and_stops_verl_when_converged(store, verl_python, tmp_path):
+    cfg = get_preset("tiny", eval_every=5, max_steps=300, checkpoint_every=5)
+    job = fake_job(store, verl_python, cfg, tmp_path)
+    run_id = start_verl_run(store, "pg-seq-is", Precision.parse("fp16"), cfg, "tiny", job)
+    with session(store) as s:
+        run = s.get(Run, run_id)
+        assert (run.trainer, run.status, run.step) == ("verl", "converged", 30)   # ≥ 0.95 at the evals of 25 and 30
+        assert run.peak_accuracy == pytest.approx(1.0) and run.steps_to_target == 25
+        evals = {(e.step, e.benchmark): (e.n, e.score) for e in s.scalars(select(Eval).where(Eval.run_id == run_id))}
+    # everything verl wrote is in the store, under bench's names, and verl was stopped at 30 of 300
+    lines = [json.loads(x) for x in (tmp_path / "verl" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines[:31]] == list(range(31)) and len(lines) < 100   # stopped within a few steps
+    steps = steps_of(store, run_id)
+    assert sorted(steps) == list(range(31))                                          # nothing after the verdict
+    for x in lines[1:31]:
+        m = steps[x["step"]]
+        for verl_key, ours in METRIC_MAP.items():
+            if verl_key in x["data"]:
+                assert m[ours] == pytest.approx(x["data"][verl_key])
+        assert m["verl/actor/entropy"] == 0.5
+    assert evals[(0, "aime24")] == (4, pytest.approx(0.1))
+    assert evals[(25, "split")][1] == pytest.approx(1.0) and evals[(20, "split")][1] == pytest.approx(0.9)
+    assert "verl/training/global_step" in steps[30]
+
+
+def test_a_crashed_verl_run_fails_then_resumes_from_its_checkpoint(store, verl_python, tmp_path, monkeypatch):
+    cfg = get_preset("tiny", eval_every=5, max_steps=300, checkpoint_every=5)
+    job = fake_job(store, verl_python, cfg, tmp_path)
+    monkeypatch.setenv("FAKE_VERL_CRASH_AT", "12")
+    run_id = start_verl_run(store, "pg-seq-is", Precision.parse("fp16"), cfg, "tiny", job)
+    with session(store) as s:
+        run = s.get(Run, run_id)
+        assert run.status == "failed" and "exited with code 3 at step 11" in run.stop_reason
+    assert sorted(steps_of(store, run_id)) == list(range(12))
+    monkeypatch.delenv("FAKE_VERL_CRASH_AT")
+    with session(store) as s:
+        run = s.get(Run, run_id)
+        from runners.trainer import config_from_dict
+
+        cfg2, job2 = config_from_dict(run.config), run.config["verl"]
+    resume_verl_run(store, run_id, cfg2, job2)
+    with session(store) as s:
+        run = s.get(Run, run_id)
+        assert (run.status, run.step, run.steps_to_target) == ("converged", 30, 25)
+    assert sorted(steps_of(store, run_id)) == list(range(31))
+    first = (tmp_path / "verl" / "metrics.0.jsonl").read_text().splitlines()       # kept: verl truncates on start
+    assert json.loads(first[-1])["step"] == 11
+    assert json.loads((tmp_path / "verl" / "metrics.jsonl").read_text().splitlines()[0])["step"] == 11
+
+
+def test_metrics_tail_waits_for_whole_lines_and_follows_truncation(tmp_path):
+    f = tmp_path / "m.jsonl"
+    tail = MetricsTail(f)
+    assert tail.read() == []
+    f.write_bytes(b'{"step": 0, "data": {"a": 1}}\n{"step": 1, "da')
+    assert tail.read() == [(0, {"a": 1})]
+    with f.open("ab") as w:
+        w.write(b'ta": {"a": null}}\n')
+    assert tail.read() == [(1, {"a": None})]
+    f.write_bytes(b'{"step": 5, "data": {}}\n')                   # verl restarted: "wb"
+    assert tail.read() == [(5, {})]
+
+
+def test_reward_module_runs_in_verls_environment(store, verl_python, tmp_path):
+    """The copied reward.py is what verl's reward workers import: it must grade there."""
+    import subprocess
+
+    job = prepare(store, "grpo", Precision.parse("bf16"), get_preset("tiny"), None, None, verl_python,
+                  root=tmp_path / "v")
+    code = ("import importlib.util as u, json; s = u.spec_from_file_location('r', 'REWARD'); m = u.module_from_spec(s); "
+            "s.loader.exec_module(m); print(json.dumps([m.compute_score('split', 'so \\\\boxed{\\\\frac{1}{2}}', '0.5'), "
+            "m.compute_score('split', 'no idea', '0.5')]))").replace("REWARD", str(Path(job["root"]) / "reward.py"))
+    r = subprocess.run([verl_python, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    good, bad = json.loads(r.stdout.strip().splitlines()[-1])
+    assert good == {"score": 1.0, "acc": True, "pred": "\\frac{1}{2}"} and bad["score"] == 0.0
