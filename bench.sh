@@ -16,7 +16,7 @@ setup() {
   # torch first, pinned: an unpinned torch would pull a multi-GB CUDA build.
   python -c "import torch" 2>/dev/null || { say "installing torch==2.13.0"; pip install -q torch==2.13.0; }
   say "installing bench"
-  pip install -q -e ".[test,app,postgres]"
+  pip install -q -e ".[test,app,postgres,ray]"
 }
 
 setup_vllm() {

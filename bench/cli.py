@@ -34,7 +34,9 @@ DB_OPT = typer.Option(None, "--db", help="SQLAlchemy URL of the store (default: 
 
 
 def fail(msg: str, code: int = 2) -> None:
-    console.print(f"[bold red]error:[/] {msg}", highlight=False)
+    from rich.markup import escape
+
+    console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False)   # "pip install 'x[extra]'" stays
     raise typer.Exit(code)
 
 
@@ -100,6 +102,11 @@ def build(ctx: typer.Context,
           confidence: float = typer.Option(0.85, help="Adaptive: two-sided confidence of the Wilson interval."),
           min_samples: int = typer.Option(8, help="Adaptive: never decide a problem on fewer rollouts."),
           threads: Optional[int] = typer.Option(None, help="Torch threads for the torch engine."),
+          ray: bool = typer.Option(False, "--ray", help="Run the shards as Ray tasks (one engine per GPU, or per CPU "
+                                   "without GPUs) and merge them; every node must reach the store (--db)."),
+          shards: Optional[int] = typer.Option(None, help="With --ray: number of shards (default: GPUs, else CPUs)."),
+          ray_address: Optional[str] = typer.Option(None, help="With --ray: the cluster (default $RAY_ADDRESS, else "
+                                                    "a local Ray instance)."),
           as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
           db: Optional[str] = DB_OPT):
     """Build the perfectible split: k rollouts per problem, graded with math-verify; keep the
@@ -108,7 +115,7 @@ def build(ctx: typer.Context,
         return
     ctx.ensure_object(dict)
     from bench.problems import ColumnMap
-    from datasets_build.builder import BuildConfig, run_build
+    from datasets_build.builder import BuildConfig
 
     lo, hi = (0.2, 0.8) if not band else (band + [None])[:2]
     if hi is None:
@@ -121,19 +128,17 @@ def build(ctx: typer.Context,
                       round_size=round_size, confidence=confidence, min_samples=min_samples)
     store = _store(db)
     try:
-        with _progress("rollouts") as prog:
-            task = prog.add_task("rollouts", total=None, rate="")
-            t0 = [None]
+        if ray:
+            from bench.store import default_url
+            from datasets_build.ray_build import ray_build
 
-            def on_progress(done, total, new):
-                import time
-
-                t0[0] = t0[0] or time.time()
-                dt = time.time() - t0[0]
-                prog.update(task, completed=done, total=total,
-                            rate=f"{new / dt:.0f} rollouts/s" if dt > 0 and new else "")
-
-            manifest = run_build(store, cfg, progress=on_progress)
+            with _progress("shards") as prog:
+                task = prog.add_task("shards", total=None, rate="")
+                manifest = ray_build(db or default_url(), cfg, shards, ray_address,
+                                     on_shard=lambda r, done, n: prog.update(task, completed=done, total=n,
+                                                                             rate=f"shard {r['shard']}: {r['build_id']}"))
+        else:
+            manifest = _build_with_progress(store, cfg)
     except _user_errors() as e:
         fail(str(e))
     if as_json:
@@ -150,6 +155,23 @@ def build(ctx: typer.Context,
     rps = manifest["rollouts_per_s"]
     out.print(f"{manifest['rollouts']} rollouts, {rps:.0f} rollouts/s, wall {manifest['wall_s']:.1f}s → {manifest['out_dir']}"
               if rps else f"{manifest['rollouts']} rollouts (all resumed), wall {manifest['wall_s']:.1f}s → {manifest['out_dir']}")
+
+
+def _build_with_progress(store, cfg) -> dict:
+    import time
+
+    from datasets_build.builder import run_build
+
+    with _progress("rollouts") as prog:
+        task = prog.add_task("rollouts", total=None, rate="")
+        t0 = [None]
+
+        def on_progress(done, total, new):
+            t0[0] = t0[0] or time.time()
+            dt = time.time() - t0[0]
+            prog.update(task, completed=done, total=total, rate=f"{new / dt:.0f} rollouts/s" if dt > 0 and new else "")
+
+        return run_build(store, cfg, progress=on_progress)
 
 
 @build_app.command("merge")
@@ -398,7 +420,8 @@ def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, 
     from runners.presets import get_preset
     from runners.trainer import RunError
     from runners.verl_follow import prepare, start_verl_run
-    from runners.verl_runner import VerlError, check_verl_version, installed_verl_version, shell_line, validate_cells
+    from runners.verl_runner import (VerlError, check_verl_version, installed_verl_version, missing_launch_modules,
+                                     shell_line, validate_cells)
 
     if not algo:
         fail("give --algo (see `bench run --algo list`)")
@@ -409,6 +432,10 @@ def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, 
         version = installed_verl_version(verl_python)
         if not dry_run:
             check_verl_version(version)
+            missing = missing_launch_modules(verl_python)
+            if missing:
+                raise VerlError(f"{verl_python} has verl but not {' or '.join(missing)}, which main_ppo needs to "
+                                "train: pip install 'verl[vllm]==0.9.1' there (a GPU machine); --dry-run works without")
         job = prepare(store, algo, p, cfg, build_id, model, verl_python, gpus=gpus, nodes=nodes)
         if version is not None:
             check_verl_version(version)

@@ -84,6 +84,19 @@ def validate_cells(python: str, cells: list[list[str]]) -> list[str | None]:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+LAUNCH_MODULES = {"transfer_queue": "TransferQueue (verl's V1 trainer)", "vllm": "vLLM (the rollout engine)"}
+
+
+def missing_launch_modules(python: str) -> list[str]:
+    """What `python -m verl.trainer.main_ppo` imports once Ray is up and a base `pip install
+    verl` lacks (`pip install "verl[vllm]"` brings both); checked before launching."""
+    import subprocess
+
+    code = "import importlib.util as u; print(' '.join(m for m in %r if u.find_spec(m) is None))" % list(LAUNCH_MODULES)
+    r = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    return [LAUNCH_MODULES[m] for m in r.stdout.split()]
+
+
 def check_verl_version(version: str | None) -> None:
     if version is None:
         raise VerlError("verl is not installed for that interpreter: pip install 'verl==0.9.1' (after torch), "

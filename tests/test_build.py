@@ -172,3 +172,27 @@ def test_identical_settings_reuse_the_complete_build(tmp_path):
     assert again["build_id"] == first["build_id"] and again["reused"]
     forced = json.loads(invoke(*args, "--force").stdout)
     assert forced["build_id"] != first["build_id"] and forced["counts"] == first["counts"]
+
+
+@pytest.mark.integration
+@pytest.mark.ray
+def test_ray_shards_merge_to_the_unsharded_split(tmp_path):
+    """`bench build --ray`: three shards as tasks of a local Ray instance (one CPU worker each),
+    merged into exactly the split of the unsharded build with the same seed."""
+    import pandas as pd
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    common = ["--model", "tiny-math", "--limit", "24", "--k", "4", "--engine", "torch", "--dtype", "fp32",
+              "--threads", "1", "--db", url, "--json"]
+    whole = json.loads(invoke("build", *common, "--out", str(tmp_path / "whole")).stdout)
+    r = invoke("build", *common, "--ray", "--shards", "3", "--out", str(tmp_path / "ray"))
+    assert r.exit_code == 0, r.output
+    merged = json.loads(r.stdout)
+    assert len(merged["shards"]) == 3 and merged["counts"] == whole["counts"] and merged["rollouts"] == 24 * 4
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "whole" / "split.parquet"),
+                                  pd.read_parquet(tmp_path / "ray" / "split.parquet"))
+    with session(open_store(url)) as s:
+        shards = s.scalars(select(Build).where(Build.shard.is_not(None))).all()
+        assert sorted(b.shard for b in shards) == ["0/3", "1/3", "2/3"] and {b.status for b in shards} == {"complete"}
+    r = invoke("build", *common, "--ray", "--shard", "0/3")
+    assert r.exit_code == 2 and "drop --shard" in r.output

@@ -167,3 +167,20 @@ def test_every_cell_composes_with_verls_own_hydra(tmp_path, verl_python):
     assert "rollout_is_threshold: '1e-9_3'" in out[("pg-seq-mis", "fp16")]
     assert "loss_mode: bypass_mode" in out[("pg-seq-is", "bf16")]
     assert "loss_mode: gspo" in out[("gspo", "fp32")]
+
+
+@pytest.mark.verl
+@pytest.mark.integration
+def test_launch_refuses_a_verl_without_its_trainer_dependencies(tmp_path, verl_python):
+    """A base `pip install verl` (this CI's) lacks TransferQueue and vLLM: main_ppo would start
+    Ray and then fail in the TaskRunner; bench says so before launching and writes no run."""
+    from bench.cli import app
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    r = CliRunner().invoke(app, ["build", "--limit", "8", "--k", "2", "--engine", "torch", "--band", "0", "--band", "1",
+                                 "--db", url])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, ["run", "--trainer", "verl", "--algo", "grpo", "--verl-python", verl_python, "--db", url])
+    assert r.exit_code == 2 and "TransferQueue" in r.output and "verl[vllm]" in " ".join(r.output.split())
+    with session(open_store(url)) as s:
+        assert s.scalars(select(Run)).all() == []
