@@ -208,26 +208,18 @@ def _rewrite_band(argv: list[str]) -> list[str]:
 
 # ------------------------------------------------------------------ builds
 
-def _build_rows(store):
-    from sqlalchemy import select
-
-    from bench.store import Build, Model, session
-
-    with session(store) as s:
-        return s.execute(select(Build, Model.name).join(Model, Model.id == Build.model_id)
-                         .order_by(Build.created_at.desc())).all()
-
-
 @builds_app.callback()
 def builds(ctx: typer.Context, as_json: bool = typer.Option(False, "--json"), db: Optional[str] = DB_OPT):
     """List builds, newest first."""
     if ctx.invoked_subcommand is not None:
         ctx.obj = {"db": db}
         return
-    rows = _build_rows(_store(db))
-    data = [{"id": b.id, "model": m, "status": b.status, "source": b.source, "engine": b.engine, "dtype": b.dtype,
-             "k": b.k, "band": [b.lo, b.hi], "shard": b.shard, "problems": b.n_problems, "kept": b.n_kept,
-             "created_at": str(b.created_at)} for b, m in rows]
+    from leaderboard.queries import builds_frame
+
+    data = [{"id": b.build, "model": b.model, "status": b.status, "source": b.source, "engine": b.engine,
+             "dtype": b.dtype, "k": int(b.k), "band": [b.lo, b.hi], "shard": b.shard, "problems": int(b.n_problems),
+             "kept": None if b.n_kept != b.n_kept else int(b.n_kept), "created_at": str(b.created_at)}
+            for b in builds_frame(_store(db)).itertuples()]
     if as_json:
         out.print_json(json.dumps(data))
         return
