@@ -83,7 +83,7 @@ class Follower:
     def window(self) -> int:
         return max(1, math.ceil(self.split_size / self.cfg.prompts_per_step))
 
-    def ingest(self, step: int, data: dict, write: bool = True) -> tuple[str, str] | None:
+    def ingest(self, step: int, data: dict) -> tuple[str, str] | None:
         """One log line; returns (status, reason) when a stop rule fires."""
         m = map_metrics(data)
         verdict = None
@@ -102,12 +102,11 @@ class Follower:
                 m["eval/split"] = sum(self.rewards) / len(self.rewards)
                 verdict = stop_rules.after_eval(self.state, self.cfg.stop, step, m["eval/split"])
         m["wall_s"] = self.wall
-        if write:
-            evals = {src: (int(n), v) for k, v in data.items() if (src_n := _val_key(k)) for src, n in [src_n]}
-            if "eval/split" in m:
-                evals["split"] = (len(self.rewards) * self.cfg.prompts_per_step * self.cfg.samples_per_prompt,
-                                  m["eval/split"])
-            self._write(step, m, evals)
+        evals = {src: (int(n), v) for k, v in data.items() if (src_n := _val_key(k)) for src, n in [src_n]}
+        if "eval/split" in m:
+            evals["split"] = (len(self.rewards) * self.cfg.prompts_per_step * self.cfg.samples_per_prompt,
+                              m["eval/split"])
+        self._write(step, m, evals)
         return verdict
 
     def _write(self, step: int, m: dict, evals: dict[str, tuple[int, float]]) -> None:
@@ -177,7 +176,7 @@ def launch_and_follow(follower: Follower, argv: list[str], env: dict, metrics: P
     last = 0
     with log.open("ab") as out, _sigterm_as_interrupt():
         proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True, cwd=log.parent)   # Hydra's outputs/ there
         try:
             while True:
                 exited = proc.poll() is not None
@@ -264,7 +263,8 @@ def prepare(store, algo: str, precision, cfg: RunConfig, build_id: str | None, m
         val = export_parquet(load_problems(SourceSpec(b.source, limit=b.limit)), root / "val.parquet", b.name)
     reward = root / "reward.py"
     shutil.copyfile(verl_reward.__file__, reward)
-    job = VerlJob(ref.path, train, val, reward, root / "metrics.jsonl", "bench", root.name,
+    model_path = str(Path(ref.path).resolve()) if Path(ref.path).exists() else ref.path    # verl runs in root
+    job = VerlJob(model_path, train, val, reward, root / "metrics.jsonl", "bench", root.name,
                   checkpoint_dir=root / "checkpoints", gpus=gpus, nodes=nodes)
     argv, env = verl_command(algo, precision, cfg, job, python=python, entry=entry)
     return {"build_id": build.id, "model_id": model_id, "split_size": len(split), "argv": argv, "env": env,
