@@ -41,7 +41,7 @@ setup_verl() {
   # verl's reward workers import bench's grader (runners/verl_reward.py): bench without its
   # dependencies (verl pins its own transformers), plus the grader's two; math-verify with the
   # ANTLR runtime 4.9 that verl's Hydra/OmegaConf pin.
-  if ! "$v/bin/python" -c "import bench.grading" 2>/dev/null; then
+  if ! (cd / && "$v/bin/python" -c "import bench.grading, math_verify, pebble") 2>/dev/null; then
     "$v/bin/pip" install -q --no-deps -e .
     "$v/bin/pip" install -q "math-verify[antlr4_9_3]>=0.7" "antlr4-python3-runtime==4.9.3" "pebble>=5.0"
   fi
