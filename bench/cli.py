@@ -408,7 +408,11 @@ def _resume_verl(run_id, db, as_json) -> bool:
 
 
 def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, dry_run, gpus, nodes, as_json) -> None:
+    import shutil
+    import uuid
+
     from bench.precision import Precision
+    from bench.store import bench_home
     from runners.presets import get_preset
     from runners.trainer import RunError
     from runners.verl_follow import prepare, start_verl_run
@@ -428,11 +432,16 @@ def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, 
             if missing:
                 raise VerlError(f"{verl_python} has verl but not {' or '.join(missing)}, which main_ppo needs to "
                                 "train: pip install 'verl[vllm]==0.9.1' there (a GPU machine); --dry-run works without")
-        job = prepare(store, algo, p, cfg, build_id, model, verl_python, gpus=gpus, nodes=nodes)
+        run_id = uuid.uuid4().hex[:12]
+        root = bench_home() / "verl" / ("dry-run" if dry_run else run_id)
+        job = prepare(store, algo, p, cfg, build_id, model, verl_python, root=root / f"{algo}-{p.rollout}-{p.train}"
+                      if dry_run else root, gpus=gpus, nodes=nodes)
         if version is not None:
             check_verl_version(version)
             (error,) = validate_cells(verl_python, [job["argv"][3:]])
             if error:
+                if not dry_run:
+                    shutil.rmtree(root, ignore_errors=True)         # nothing half-written
                 raise VerlError(f"verl's validate_config rejects this cell: {error}")
             console.print(f"verl {version}: validate_config passed", highlight=False)
         elif dry_run:

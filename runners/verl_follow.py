@@ -236,14 +236,13 @@ def replay_for_resume(follower: Follower, ckpt_step: int) -> None:
 # ------------------------------------------------------------------ entry points
 
 def prepare(store, algo: str, precision, cfg: RunConfig, build_id: str | None, model: str | None,
-            python: str, root: Path | None = None, entry: str = "verl.trainer.main_ppo",
-            gpus: int = 1, nodes: int = 1) -> dict:
-    """Export the split (and the first benchmark) to verl's parquet, copy the reward module
-    and build the command. Returns what a run row keeps to launch and relaunch verl."""
+            python: str, root: Path, entry: str = "verl.trainer.main_ppo", gpus: int = 1, nodes: int = 1) -> dict:
+    """Export the split (and the first benchmark) to verl's parquet under `root` (one directory
+    per run: verl resumes from whatever checkpoints it finds there), copy the reward module and
+    build the command. Returns what a run row keeps to launch and relaunch verl."""
     import shutil
 
     from bench.problems import SourceSpec, load_problems
-    from bench.store import bench_home
 
     from . import verl_reward
     from .trainer import RunError, load_split, resolve_inputs
@@ -255,7 +254,7 @@ def prepare(store, algo: str, precision, cfg: RunConfig, build_id: str | None, m
         model_id = m.id
     if not split:
         raise RunError(f"build {build.id} kept no problems; rebuild with another --band or model")
-    root = Path(root or bench_home() / "verl" / f"{build.id}-{algo}-{precision.rollout}-{precision.train}").resolve()
+    root = Path(root).resolve()
     train = export_parquet(split, root / "train.parquet", "split")
     val = None
     if cfg.benchmarks:
@@ -268,7 +267,7 @@ def prepare(store, algo: str, precision, cfg: RunConfig, build_id: str | None, m
                   checkpoint_dir=root / "checkpoints", gpus=gpus, nodes=nodes)
     argv, env = verl_command(algo, precision, cfg, job, python=python, entry=entry)
     return {"build_id": build.id, "model_id": model_id, "split_size": len(split), "argv": argv, "env": env,
-            "root": str(root)}
+            "root": str(root), "run_id": root.name}
 
 
 def _follow(store, run_id: str, cfg: RunConfig, job: dict, follower: Follower, progress=None) -> None:
@@ -288,14 +287,14 @@ def _follow(store, run_id: str, cfg: RunConfig, job: dict, follower: Follower, p
 
 
 def start_verl_run(store, algo: str, precision, cfg: RunConfig, preset: str, job: dict, progress=None) -> str:
-    """Create the run row (trainer "verl") and run verl to its end; returns the run id."""
-    import uuid
+    """Create the run row (trainer "verl", id = the name of the job's directory) and run verl
+    to its end; returns the run id."""
     from dataclasses import asdict
 
     from .algos import get_loss
 
     get_loss(algo)
-    run_id = uuid.uuid4().hex[:12]
+    run_id = job["run_id"]
     with session(store) as s:
         s.add(Run(id=run_id, model_id=job["model_id"], build_id=job["build_id"], algo=algo,
                   rollout_dtype=precision.rollout, train_dtype=precision.train, trainer="verl", engine="vllm",

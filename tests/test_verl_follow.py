@@ -32,8 +32,8 @@ def store(tmp_path):
 
 
 def fake_job(store, verl_python, cfg, tmp_path):
-    job = prepare(store, "pg-seq-is", Precision.parse("fp16"), cfg, None, None, verl_python, root=tmp_path / "verl",
-                  entry="fake_main_ppo")
+    job = prepare(store, "pg-seq-is", Precision.parse("fp16"), cfg, None, None, verl_python,
+                  root=tmp_path / "verl" / "run1", entry="fake_main_ppo")
     job["env"]["PYTHONPATH"] = str(ROOT / "tests" / "verl_side")
     return job
 
@@ -47,13 +47,14 @@ def test_ingests_verls_file_and_stops_verl_when_converged(store, verl_python, tm
     cfg = get_preset("tiny", eval_every=5, max_steps=300, checkpoint_every=5)
     job = fake_job(store, verl_python, cfg, tmp_path)
     run_id = start_verl_run(store, "pg-seq-is", Precision.parse("fp16"), cfg, "tiny", job)
+    assert run_id == "run1"
     with session(store) as s:
         run = s.get(Run, run_id)
         assert (run.trainer, run.status, run.step) == ("verl", "converged", 30)   # ≥ 0.95 at the evals of 25 and 30
         assert run.peak_accuracy == pytest.approx(1.0) and run.steps_to_target == 25
         evals = {(e.step, e.benchmark): (e.n, e.score) for e in s.scalars(select(Eval).where(Eval.run_id == run_id))}
     # everything verl wrote is in the store, under bench's names, and verl was stopped at 30 of 300
-    lines = [json.loads(x) for x in (tmp_path / "verl" / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(x) for x in (tmp_path / "verl" / "run1" / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines[:31]] == list(range(31)) and len(lines) < 100   # stopped within a few steps
     steps = steps_of(store, run_id)
     assert sorted(steps) == list(range(31))                                          # nothing after the verdict
@@ -88,9 +89,9 @@ def test_a_crashed_verl_run_fails_then_resumes_from_its_checkpoint(store, verl_p
         run = s.get(Run, run_id)
         assert (run.status, run.step, run.steps_to_target) == ("converged", 30, 25)
     assert sorted(steps_of(store, run_id)) == list(range(31))
-    first = (tmp_path / "verl" / "metrics.0.jsonl").read_text().splitlines()       # kept: verl truncates on start
+    first = (tmp_path / "verl" / "run1" / "metrics.0.jsonl").read_text().splitlines()       # kept: verl truncates on start
     assert json.loads(first[-1])["step"] == 11
-    assert json.loads((tmp_path / "verl" / "metrics.jsonl").read_text().splitlines()[0])["step"] == 11
+    assert json.loads((tmp_path / "verl" / "run1" / "metrics.jsonl").read_text().splitlines()[0])["step"] == 11
 
 
 def test_metrics_tail_waits_for_whole_lines_and_follows_truncation(tmp_path):

@@ -126,47 +126,72 @@ def test_dry_run_is_validated_by_verl(tmp_path, verl_python):
     assert r.exit_code == 2 and "validate_config rejects" in r.output
 
 
+@pytest.fixture(scope="module")
+def dry_run_cells(tmp_path_factory):
+    """What `bench run --trainer verl --preset paper --dry-run` prints for each of the 63 cells,
+    split back into the overrides (env assignment and `python -m verl.trainer.main_ppo` dropped)."""
+    import shlex
+
+    from bench.cli import app
+
+    home = tmp_path_factory.mktemp("home")
+    url = f"sqlite:///{home / 's.db'}"
+    mp = pytest.MonkeyPatch()
+    mp.setenv("BENCH_HOME", str(home))
+    try:
+        r = CliRunner().invoke(app, ["build", "--limit", "16", "--k", "4", "--engine", "torch", "--band", "0",
+                                     "--band", "1", "--db", url])
+        assert r.exit_code == 0, r.output
+        cells = {}
+        for a in REGISTRY:
+            for p in ALL_PAIRS:
+                r = CliRunner().invoke(app, ["run", "--trainer", "verl", "--algo", a, "--dtype",
+                                             f"rollout={p.rollout},train={p.train}", "--preset", "paper", "--dry-run",
+                                             "--db", url])
+                assert r.exit_code == 0, r.output
+                words = shlex.split(r.stdout)
+                assert words[0].startswith("VERL_FILE_LOGGER_PATH=") and words[2:4] == ["-m", "verl.trainer.main_ppo"]
+                cells[(a, p.name)] = words[4:]
+    finally:
+        mp.undo()
+    return cells
+
+
 @pytest.mark.verl
 @pytest.mark.integration
-def test_every_cell_passes_verls_validate_config(tmp_path, verl_python):
+def test_every_dry_run_passes_verls_validate_config(dry_run_cells, verl_python):
     """Hydra compose + `validate_config` + the config dataclasses, as main_ppo runs them before
-    Ray starts, for all 7 algorithms × 9 precision pairs; and a broken override is caught."""
-    job = VerlJob("/tmp/model", tmp_path / "t.parquet", tmp_path / "v.parquet", tmp_path / "r.py",
-                  tmp_path / "m.jsonl", "p", "e")
-    cells = [(a, p) for a in REGISTRY for p in ALL_PAIRS]
-    overrides = [verl_command(a, p, get_preset("paper"), job)[0][3:] for a, p in cells]
+    Ray starts, on the printed --dry-run command of all 7 algorithms × 9 precision pairs; and a
+    broken override is caught."""
+    cells = list(dry_run_cells)
+    overrides = [dry_run_cells[c] for c in cells]
     bad = [o for o in overrides[0] if "ppo_mini_batch_size=" not in o] + ["actor_rollout_ref.actor.ppo_mini_batch_size=128"]
     errors = validate_cells(verl_python, overrides + [bad])
-    assert [(a, p.name, e) for (a, p), e in zip(cells, errors) if e] == []
+    assert len(cells) == 63 and [(c, e) for c, e in zip(cells, errors) if e] == []
     assert errors[-1] == "ValueError: train_batch_size (64) must be >= actor.ppo_mini_batch_size (128)"
 
 
 @pytest.mark.verl
 @pytest.mark.integration
-def test_every_cell_composes_with_verls_own_hydra(tmp_path, verl_python):
-    """`python -m verl.trainer.main_ppo --cfg job <overrides>` in verl's own environment
-    (./bench.sh test makes .venv-verl) for all 7 algorithms × 9 precision pairs."""
+def test_every_dry_run_composes_with_verls_own_main_ppo(dry_run_cells, verl_python):
+    """`python -m verl.trainer.main_ppo --cfg job <printed overrides>` exits 0 in verl's own
+    environment (./bench.sh test makes .venv-verl) for all 63 cells."""
     import subprocess
     from concurrent.futures import ThreadPoolExecutor
 
-    py = verl_python
-    job = VerlJob("/tmp/model", tmp_path / "t.parquet", tmp_path / "v.parquet", tmp_path / "r.py",
-                  tmp_path / "m.jsonl", "p", "e")
-    cfg = get_preset("paper")
-
     def compose(cell):
-        algo, p = cell
-        argv, _ = verl_command(algo, p, cfg, job, python=py)
-        r = subprocess.run([*argv, "--cfg", "job"], capture_output=True, text=True, timeout=300)
+        r = subprocess.run([verl_python, "-m", "verl.trainer.main_ppo", *dry_run_cells[cell], "--cfg", "job"],
+                           capture_output=True, text=True, timeout=300)
         return cell, r.returncode, r.stdout, r.stderr[-500:]
 
     with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(compose, [(a, p) for a in REGISTRY for p in ALL_PAIRS]))
-    assert [(a, p.name, err) for (a, p), rc, _, err in results if rc != 0] == []
-    out = {(a, p.name): o for (a, p), _, o, _ in results}
+        results = list(pool.map(compose, dry_run_cells))
+    assert [(cell, err) for cell, rc, _, err in results if rc != 0] == []
+    out = {cell: o for cell, _, o, _ in results}
     assert "rollout_is_threshold: '1e-9_3'" in out[("pg-seq-mis", "fp16")]
     assert "loss_mode: bypass_mode" in out[("pg-seq-is", "bf16")]
     assert "loss_mode: gspo" in out[("gspo", "fp32")]
+    assert "adv_estimator: rloo" in out[("grpo", "bf16")]
 
 
 @pytest.mark.verl
