@@ -265,6 +265,8 @@ def prepare(store, algo: str, precision, cfg: RunConfig, build_id: str | None, m
     model_path = str(Path(ref.path).resolve()) if Path(ref.path).exists() else ref.path    # verl runs in root
     job = VerlJob(model_path, train, val, reward, root / "metrics.jsonl", "bench", root.name,
                   checkpoint_dir=root / "checkpoints", gpus=gpus, nodes=nodes)
+    if os.sep in python:                        # verl runs in root: a relative interpreter path would break
+        python = str(Path(python).absolute())
     argv, env = verl_command(algo, precision, cfg, job, python=python, entry=entry)
     return {"build_id": build.id, "model_id": model_id, "split_size": len(split), "argv": argv, "env": env,
             "root": str(root), "run_id": root.name}

@@ -111,8 +111,11 @@ def test_reward_module_runs_in_verls_environment(store, verl_python, tmp_path):
     """The copied reward.py is what verl's reward workers import: it must grade there."""
     import subprocess
 
-    job = prepare(store, "grpo", Precision.parse("bf16"), get_preset("tiny"), None, None, verl_python,
+    import os
+
+    job = prepare(store, "grpo", Precision.parse("bf16"), get_preset("tiny"), None, None, os.path.relpath(verl_python),
                   root=tmp_path / "v")
+    assert job["argv"][0] == verl_python                  # verl runs in its run directory: paths made absolute
     code = ("import importlib.util as u, json; s = u.spec_from_file_location('r', 'REWARD'); m = u.module_from_spec(s); "
             "s.loader.exec_module(m); print(json.dumps([m.compute_score('split', 'so \\\\boxed{\\\\frac{1}{2}}', '0.5'), "
             "m.compute_score('split', 'no idea', '0.5')]))").replace("REWARD", str(Path(job["root"]) / "reward.py"))
