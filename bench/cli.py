@@ -331,6 +331,8 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
                                      "print the command, launch nothing."),
         verl_python: str = typer.Option("python", help="Interpreter of the environment that has verl."),
         preset: str = typer.Option("tiny", help="tiny | paper"),
+        benchmark: Optional[str] = typer.Option(None, help="Problem source of the preset's benchmark (paper: AIME24 "
+                                                "from the hub; offline, a .jsonl such as the paper's aime24.jsonl)."),
         max_steps: Optional[int] = typer.Option(None), lr: Optional[float] = typer.Option(None),
         prompts_per_step: Optional[int] = typer.Option(None, help="B: prompts per step."),
         samples_per_prompt: Optional[int] = typer.Option(None, help="G: responses per prompt."),
@@ -352,7 +354,7 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
         for name, desc in DESCRIPTIONS.items():
             out.print(f"{name:16s} {desc}", highlight=False)
         return
-    overrides = dict(max_steps=max_steps, lr=lr, prompts_per_step=prompts_per_step,
+    overrides = dict(benchmark=benchmark, max_steps=max_steps, lr=lr, prompts_per_step=prompts_per_step,
                      samples_per_prompt=samples_per_prompt, updates_per_batch=updates_per_batch,
                      eval_every=eval_every, checkpoint_every=checkpoint_every, eval_split_m=eval_split_m,
                      seed=seed, threads=threads)
@@ -487,6 +489,7 @@ def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or a
                                     "or pairs separated by ';'."),
           build_id: Optional[str] = typer.Option(None, "--build"),
           engine: str = typer.Option("torch"), preset: str = typer.Option("tiny"),
+          benchmark: Optional[str] = typer.Option(None, help="Problem source of the preset's benchmark."),
           max_steps: Optional[int] = typer.Option(None), eval_every: Optional[int] = typer.Option(None),
           prompts_per_step: Optional[int] = typer.Option(None), samples_per_prompt: Optional[int] = typer.Option(None),
           jobs: int = typer.Option(1, help="Cells run in parallel processes."),
@@ -506,7 +509,7 @@ def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or a
     except _user_errors() as e:
         fail(str(e))
     store = _store(db)
-    overrides = {"max_steps": max_steps, "eval_every": eval_every, "prompts_per_step": prompts_per_step,
+    overrides = {"benchmark": benchmark, "max_steps": max_steps, "eval_every": eval_every, "prompts_per_step": prompts_per_step,
                  "samples_per_prompt": samples_per_prompt, "threads": threads}
     try:
         results = run_grid(store, db, algos, pairs, build_id, engine, preset,

@@ -141,6 +141,7 @@ HUB_ALIASES = {
     "math": ("EleutherAI/hendrycks_math", ["algebra", "counting_and_probability", "geometry",
                                             "intermediate_algebra", "number_theory",
                                             "prealgebra", "precalculus"], "test"),
+    "aime24": ("HuggingFaceH4/aime_2024", [None], "train"),     # the paper's AIME24 (30 problems)
 }
 
 
@@ -201,7 +202,8 @@ def _rows_from_hub(name: str) -> list[dict]:
             ds = datasets.load_dataset(repo, subset, split=split or "test")
             rows.extend(ds.to_list())
     except Exception as e:  # network, auth, unknown id: one readable message
-        raise SourceError(f"cannot load hub dataset {name!r}: {type(e).__name__}: {e}") from None
+        raise SourceError(f"cannot load hub dataset {name!r} ({type(e).__name__}: {e}); offline, give a local "
+                          "file or `datasets` directory instead") from None
     return rows
 
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .algos import AlgoConfig
 from .stop import StopConfig
@@ -56,22 +56,28 @@ def tiny() -> RunConfig:
 def paper() -> RunConfig:
     """The paper's sanity recipe (Oat scripts): 64 prompts × 8, 4 updates per rollout batch,
     lr 1e-6, T=1, top-p 1, 8,192 tokens, AIME24 avg@32 at T=0.6 / top-p 0.95 every 32 steps,
-    clip-higher 0.28, C=3."""
+    clip-higher 0.28, C=3. AIME24 comes from the hub (`aime24`); offline, pass a file with
+    `--benchmark`, e.g. the paper repository's aime24.jsonl."""
     return RunConfig(prompts_per_step=64, samples_per_prompt=8, updates_per_batch=4, lr=1e-6,
                      max_tokens=8192, max_steps=1000, eval_every=32, eval_split_m=1, checkpoint_every=32,
-                     threads=None, benchmarks=[Benchmark("aime24", "../shared/data/aime24.jsonl", n=32)],
+                     threads=None, benchmarks=[Benchmark("aime24", "aime24", n=32)],
                      algo=AlgoConfig(max_len=8192, C=3.0, eps_lo=0.2, eps_hi=0.28))
 
 
 PRESETS = {"tiny": tiny, "paper": paper}
 
 
-def get_preset(name: str, **overrides) -> RunConfig:
-    """The preset with the given RunConfig fields replaced (None values are ignored); the
-    Dr.GRPO normaliser follows max_tokens."""
+def get_preset(name: str, benchmark: str | None = None, **overrides) -> RunConfig:
+    """The preset with the given RunConfig fields replaced (None values are ignored) and its
+    first benchmark read from `benchmark` (a problem source) when given; the Dr.GRPO
+    normaliser follows max_tokens."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     cfg = PRESETS[name]()
+    if benchmark is not None:
+        if not cfg.benchmarks:
+            raise ValueError(f"preset {name!r} has no benchmark to replace")
+        cfg.benchmarks[0] = replace(cfg.benchmarks[0], source=benchmark)
     for key, value in overrides.items():
         if value is not None:
             setattr(cfg, key, value)

@@ -4,6 +4,7 @@ verl's own checks (Hydra compose, `validate_config`, `main_ppo --cfg job`) run i
 environment; the losses are checked against verl's in test_verl_crosscheck.py."""
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -127,13 +128,14 @@ def test_dry_run_is_validated_by_verl(tmp_path, verl_python):
 
 
 @pytest.fixture(scope="module")
-def dry_run_cells(tmp_path_factory):
+def dry_run_cells(tmp_path_factory, shared_data):
     """What `bench run --trainer verl --preset paper --dry-run` prints for each of the 63 cells,
     split back into the overrides (env assignment and `python -m verl.trainer.main_ppo` dropped)."""
     import shlex
 
     from bench.cli import app
 
+    shared = Path(shared_data)
     home = tmp_path_factory.mktemp("home")
     url = f"sqlite:///{home / 's.db'}"
     mp = pytest.MonkeyPatch()
@@ -147,11 +149,13 @@ def dry_run_cells(tmp_path_factory):
             for p in ALL_PAIRS:
                 r = CliRunner().invoke(app, ["run", "--trainer", "verl", "--algo", a, "--dtype",
                                              f"rollout={p.rollout},train={p.train}", "--preset", "paper", "--dry-run",
-                                             "--db", url])
+                                             "--benchmark", str(shared / "aime24.jsonl"), "--db", url])
                 assert r.exit_code == 0, r.output
                 words = shlex.split(r.stdout)
                 assert words[0].startswith("VERL_FILE_LOGGER_PATH=") and words[2:4] == ["-m", "verl.trainer.main_ppo"]
                 cells[(a, p.name)] = words[4:]
+        vals = list(home.glob("verl/dry-run/*/val.parquet"))
+        assert len(vals) == 63 and len(pd.read_parquet(vals[0])) == 30            # AIME24 from --benchmark
     finally:
         mp.undo()
     return cells
@@ -209,3 +213,11 @@ def test_launch_refuses_a_verl_without_its_trainer_dependencies(tmp_path, verl_p
     assert r.exit_code == 2 and "TransferQueue" in r.output and "verl[vllm]" in " ".join(r.output.split())
     with session(open_store(url)) as s:
         assert s.scalars(select(Run)).all() == []
+
+
+def test_the_preset_benchmark_can_be_pointed_at_a_file():
+    assert get_preset("paper").benchmarks[0].source == "aime24"           # the hub alias
+    b = get_preset("paper", benchmark="/data/aime24.jsonl").benchmarks[0]
+    assert (b.name, b.source, b.n, b.temperature, b.top_p) == ("aime24", "/data/aime24.jsonl", 32, 0.6, 0.95)
+    with pytest.raises(ValueError, match="unknown preset"):
+        get_preset("nope", benchmark="x")
