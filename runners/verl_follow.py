@@ -33,7 +33,6 @@ from .presets import RunConfig
 from .verl_runner import map_metrics
 
 
-
 class MetricsTail:
     """New complete lines of verl's metrics file since the last read. verl opens the file
     "wb" on every (re)start, so a file shorter than what was read means start over."""
@@ -102,7 +101,10 @@ class Follower:
                 m["eval/split"] = sum(self.rewards) / len(self.rewards)
                 verdict = stop_rules.after_eval(self.state, self.cfg.stop, step, m["eval/split"])
         m["wall_s"] = self.wall
-        evals = {src: (int(n), v) for k, v in data.items() if (src_n := _val_key(k)) for src, n in [src_n]}
+        evals = {}
+        for k, v in data.items():
+            if key := _val_key(k):
+                evals[key[0]] = (int(key[1]), v)
         if "eval/split" in m:
             evals["split"] = (len(self.rewards) * self.cfg.prompts_per_step * self.cfg.samples_per_prompt,
                               m["eval/split"])
