@@ -626,8 +626,6 @@ def leaderboard(db: Optional[str] = DB_OPT, port: int = typer.Option(8501, help=
                 address: str = typer.Option("127.0.0.1", help="Address to bind."),
                 headless: bool = typer.Option(True, help="Do not open a browser.")):
     """Serve the Streamlit leaderboard over the store (read-only)."""
-    import subprocess
-
     import leaderboard as lb
 
     from bench.store import default_url
@@ -639,7 +637,9 @@ def leaderboard(db: Optional[str] = DB_OPT, port: int = typer.Option(8501, help=
            "--server.address", address, "--server.headless", str(headless).lower(),
            "--browser.gatherUsageStats", "false", "--", "--db", url]
     console.print(f"leaderboard on http://{address}:{port} (store {url})", highlight=False)
-    raise typer.Exit(subprocess.call(cmd))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, cmd)                 # bench becomes Streamlit: a kill of bench stops the server
 
 
 @app.command()
