@@ -494,6 +494,10 @@ def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or a
           prompts_per_step: Optional[int] = typer.Option(None), samples_per_prompt: Optional[int] = typer.Option(None),
           jobs: int = typer.Option(1, help="Cells run in parallel processes."),
           threads: Optional[int] = typer.Option(None),
+          trainer: str = typer.Option("native", help="native, or verl (cells one after another on the cluster)."),
+          verl_python: str = typer.Option("python", help="With --trainer verl: verl's interpreter."),
+          gpus: int = typer.Option(1, help="With --trainer verl: GPUs per node."),
+          nodes: int = typer.Option(1, help="With --trainer verl: nodes."),
           db: Optional[str] = DB_OPT):
     """Run the algorithm × precision grid on one build, skipping cells already finished."""
     from runners.algos import REGISTRY
@@ -512,9 +516,13 @@ def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or a
     overrides = {"benchmark": benchmark, "max_steps": max_steps, "eval_every": eval_every, "prompts_per_step": prompts_per_step,
                  "samples_per_prompt": samples_per_prompt, "threads": threads}
     try:
+        if trainer not in ("native", "verl"):
+            raise ValueError(f"unknown trainer {trainer!r}; choose native or verl")
+        verl_args = None if trainer == "native" else ["--verl-python", verl_python, "--gpus", str(gpus),
+                                                       "--nodes", str(nodes)]
         results = run_grid(store, db, algos, pairs, build_id, engine, preset,
                            {k: v for k, v in overrides.items() if v is not None}, jobs,
-                           log=lambda msg: console.print(msg, highlight=False))
+                           log=lambda msg: console.print(msg, highlight=False, markup=False), verl_args=verl_args)
     except _user_errors() as e:
         fail(str(e))
     t = Table("algo", "precision", "status", "peak", "steps", "run")

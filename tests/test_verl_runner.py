@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from bench.precision import ALL_PAIRS
 from bench.problems import Problem
-from bench.store import Run, open_store, session
+from bench.store import Build, Run, open_store, session
 from runners.algos import REGISTRY
 from runners.presets import get_preset
 from runners.verl_runner import (VerlError, VerlJob, algo_overrides, check_verl_version, export_parquet,
@@ -221,3 +221,33 @@ def test_the_preset_benchmark_can_be_pointed_at_a_file():
     assert (b.name, b.source, b.n, b.temperature, b.top_p) == ("aime24", "/data/aime24.jsonl", 32, 0.6, 0.95)
     with pytest.raises(ValueError, match="unknown preset"):
         get_preset("nope", benchmark="x")
+
+
+@pytest.mark.verl
+@pytest.mark.integration
+def test_sweep_with_verl_runs_each_cell_through_bench_run(tmp_path, verl_python):
+    """`bench sweep --trainer verl` runs the cells one by one through `bench run --trainer verl`;
+    a cell finished by the native trainer is not taken for a verl result. Here every cell is
+    refused before launch (this verl lacks TransferQueue) and the grid says why, per cell."""
+    from bench.cli import app
+    from bench.precision import Precision
+    from runners.sweep import _finished_run
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    r = CliRunner().invoke(app, ["build", "--limit", "8", "--k", "2", "--engine", "torch", "--band", "0", "--band", "1",
+                                 "--db", url])
+    assert r.exit_code == 0, r.output
+    store = open_store(url)
+    r = CliRunner().invoke(app, ["sweep", "--algo", "grpo,gspo", "--dtype", "bf16", "--trainer", "verl",
+                                 "--verl-python", verl_python, "--gpus", "2", "--db", url])
+    assert r.exit_code == 1
+    text = " ".join(r.output.split())
+    assert text.count("has verl but not TransferQueue") == 2 and "grpo bf16 failed" in text and "gspo bf16 failed" in text
+    with session(store) as s:
+        assert s.scalars(select(Run)).all() == []
+        b = s.scalars(select(Build)).one()
+        s.add(Run(id="n1", model_id=b.model_id, build_id=b.id, algo="grpo", rollout_dtype="bf16", train_dtype="bf16",
+                  trainer="native", engine="torch", config={}, status="converged"))
+    with session(store) as s:
+        p = Precision.parse("bf16")
+        assert _finished_run(s, b.id, "grpo", p).id == "n1" and _finished_run(s, b.id, "grpo", p, "verl") is None
