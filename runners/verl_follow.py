@@ -75,12 +75,24 @@ class Follower:
     cfg: RunConfig
     split_size: int
     state: stop_rules.StopState = field(default_factory=stop_rules.StopState)
-    rewards: deque = field(default_factory=deque)
     wall: float = 0.0
+    rewards: deque = field(init=False)      # the training rewards of the last pass over the split
 
-    @property
-    def window(self) -> int:
-        return max(1, math.ceil(self.split_size / self.cfg.prompts_per_step))
+    def __post_init__(self):
+        self.rewards = deque(maxlen=max(1, math.ceil(self.split_size / self.cfg.prompts_per_step)))
+
+    def track(self, step: int, m: dict, split_acc: float | None = None, may_eval: bool = True):
+        """Feed one training step's (bench-named) metrics to the stop rules; returns a verdict.
+        The split accuracy is computed when an evaluation is due (and `may_eval`), or given
+        (a step replayed from the store)."""
+        if m.get("reward") is not None:
+            self.rewards.append(m["reward"])
+        if _finite(m.get("kl_k3")) is not None and stop_rules.after_step(self.state, self.cfg.stop, step, m["kl_k3"]):
+            m["kl_warning"] = 1.0
+        due = step % self.cfg.eval_every == 0 or step >= self.cfg.max_steps
+        if split_acc is None and may_eval and due and len(self.rewards) == self.rewards.maxlen:
+            split_acc = m["eval/split"] = sum(self.rewards) / len(self.rewards)
+        return None if split_acc is None else stop_rules.after_eval(self.state, self.cfg.stop, step, split_acc)
 
     def ingest(self, step: int, data: dict) -> tuple[str, str] | None:
         """One log line; returns (status, reason) when a stop rule fires."""
@@ -89,17 +101,10 @@ class Follower:
         self.wall += _finite(data.get("timing_s/step")) or 0.0
         if step > 0:
             if "actor/pg_loss" in data and _finite(data["actor/pg_loss"]) is None:
+                self.track(step, m, may_eval=False)
                 verdict = (stop_rules.DIVERGED, f"non-finite loss at step {step}")
-            if m.get("reward") is not None:
-                self.rewards.append(m["reward"])
-                while len(self.rewards) > self.window:
-                    self.rewards.popleft()
-            if _finite(m.get("kl_k3")) is not None and stop_rules.after_step(self.state, self.cfg.stop, step, m["kl_k3"]):
-                m["kl_warning"] = 1.0
-            due = step % self.cfg.eval_every == 0 or step >= self.cfg.max_steps
-            if due and len(self.rewards) == self.window and verdict is None:
-                m["eval/split"] = sum(self.rewards) / len(self.rewards)
-                verdict = stop_rules.after_eval(self.state, self.cfg.stop, step, m["eval/split"])
+            else:
+                verdict = self.track(step, m)
         m["wall_s"] = self.wall
         evals = {}
         for k, v in data.items():
@@ -223,16 +228,8 @@ def replay_for_resume(follower: Follower, ckpt_step: int) -> None:
         s.get(Run, follower.run_id).step = ckpt_step
     for step, m in kept:
         follower.wall = m.get("wall_s") or follower.wall
-        if step == 0:
-            continue
-        if m.get("reward") is not None:
-            follower.rewards.append(m["reward"])
-            while len(follower.rewards) > follower.window:
-                follower.rewards.popleft()
-        if m.get("kl_k3") is not None:
-            stop_rules.after_step(follower.state, follower.cfg.stop, step, m["kl_k3"])
-        if m.get("eval/split") is not None:
-            stop_rules.after_eval(follower.state, follower.cfg.stop, step, m["eval/split"])
+        if step > 0:
+            follower.track(step, m, split_acc=m.get("eval/split"), may_eval=False)
 
 
 # ------------------------------------------------------------------ entry points
