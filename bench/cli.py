@@ -391,7 +391,7 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
 def _resume_verl(run_id, db, as_json) -> bool:
     """Resume `run_id` if verl ran it (False for a native run)."""
     from bench.store import Run, session
-    from runners.trainer import config_from_dict
+    from runners.trainer import RunError
     from runners.verl_follow import resume_verl_run
 
     store = _store(db)
@@ -399,12 +399,12 @@ def _resume_verl(run_id, db, as_json) -> bool:
         run = s.get(Run, run_id)
         if run is None or run.trainer != "verl":
             return False
-        if run.status not in ("running", "failed"):
-            fail(f"run {run_id} already ended ({run.status}: {run.stop_reason})")
-        cfg, job = config_from_dict(run.config), run.config["verl"]
-    with _progress("steps") as prog:
-        task = prog.add_task("steps", total=None, rate="")
-        resume_verl_run(store, run_id, cfg, job, progress=_verl_progress(prog, task))
+    try:
+        with _progress("steps") as prog:
+            task = prog.add_task("steps", total=None, rate="")
+            resume_verl_run(store, run_id, progress=_verl_progress(prog, task))
+    except RunError as e:
+        fail(str(e))
     _print_verl_end(run_id, store, as_json)
     return True
 

@@ -416,14 +416,34 @@ def config_from_dict(c: dict) -> RunConfig:
                         "benchmarks": [Benchmark(**b) for b in c["benchmarks"]]})
 
 
+def resumable_run(s, run_id: str) -> Run:
+    """The run `run_id` if it can be continued (killed or failed), else RunError."""
+    run = s.get(Run, run_id)
+    if run is None:
+        raise RunError(f"no run {run_id!r}; `bench runs` lists them")
+    if run.status not in ("running", "failed"):
+        raise RunError(f"run {run_id} already ended ({run.status}: {run.stop_reason})")
+    return run
+
+
+def record_failure(store, run_id: str, e: BaseException) -> None:
+    """Mark a run failed (resumable) by the exception that stopped it."""
+    with session(store) as s:
+        run = s.get(Run, run_id)
+        run.status = stop_rules.FAILED
+        run.stop_reason = "interrupted" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"[:1000]
+
+
+def record_end(store, run_id: str, status: str, reason: str) -> None:
+    with session(store) as s:
+        run = s.get(Run, run_id)
+        run.status, run.stop_reason, run.updated_at = status, reason[:4000], utcnow()
+
+
 def resume_run(store, run_id: str, progress=None) -> str:
     """Continue a killed or failed run from its last checkpoint."""
     with session(store) as s:
-        run = s.get(Run, run_id)
-        if run is None:
-            raise RunError(f"no run {run_id!r}; `bench runs` lists them")
-        if run.status not in ("running", "failed"):
-            raise RunError(f"run {run_id} already ended ({run.status}: {run.stop_reason})")
+        run = resumable_run(s, run_id)
         build, m, ref = resolve_inputs(s, run.build_id, None)
         split = load_split(s, build.id)
         cfg = config_from_dict(run.config)
@@ -441,14 +461,9 @@ def _train(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, pr
         trainer.load_checkpoint()
         status, reason = trainer.fit()
     except BaseException as e:
-        with session(store) as s:
-            run = s.get(Run, run_id)
-            run.status = "failed"
-            run.stop_reason = "interrupted" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"[:1000]
+        record_failure(store, run_id, e)
         raise
     finally:
         if trainer is not None:
             trainer.close()
-    with session(store) as s:
-        run = s.get(Run, run_id)
-        run.status, run.stop_reason, run.updated_at = status, reason, utcnow()
+    record_end(store, run_id, status, reason)

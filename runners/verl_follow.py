@@ -271,20 +271,17 @@ def prepare(store, algo: str, precision, cfg: RunConfig, build_id: str | None, m
             "root": str(root), "run_id": root.name}
 
 
-def _follow(store, run_id: str, cfg: RunConfig, job: dict, follower: Follower, progress=None) -> None:
+def _follow(store, run_id: str, job: dict, follower: Follower, progress=None) -> None:
+    from .trainer import record_end, record_failure
+
     root = Path(job["root"])
     try:
         status, reason = launch_and_follow(follower, job["argv"], job["env"], root / "metrics.jsonl",
                                            root / "verl.log", progress=progress)
     except BaseException as e:
-        with session(store) as s:
-            run = s.get(Run, run_id)
-            run.status = stop_rules.FAILED
-            run.stop_reason = "interrupted" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"[:1000]
+        record_failure(store, run_id, e)
         raise
-    with session(store) as s:
-        run = s.get(Run, run_id)
-        run.status, run.stop_reason = status, reason[:4000]
+    record_end(store, run_id, status, reason)
 
 
 def start_verl_run(store, algo: str, precision, cfg: RunConfig, preset: str, job: dict, progress=None) -> str:
@@ -301,14 +298,19 @@ def start_verl_run(store, algo: str, precision, cfg: RunConfig, preset: str, job
                   rollout_dtype=precision.rollout, train_dtype=precision.train, trainer="verl", engine="vllm",
                   config={"preset": preset, **asdict(cfg), "verl": job}, status="running",
                   checkpoint_dir=str(Path(job["root"]) / "checkpoints")))
-    _follow(store, run_id, cfg, job, Follower(store, run_id, cfg, job["split_size"]), progress)
+    _follow(store, run_id, job, Follower(store, run_id, cfg, job["split_size"]), progress)
     return run_id
 
 
-def resume_verl_run(store, run_id: str, cfg: RunConfig, job: dict, progress=None) -> str:
+def resume_verl_run(store, run_id: str, progress=None) -> str:
     """Relaunch verl with the run's command (`trainer.resume_mode=auto`: it continues from its
     latest checkpoint); steps logged after that checkpoint are replaced. verl truncates its
     metrics file on start, so the previous one is kept as metrics.<n>.jsonl."""
+    from .trainer import config_from_dict, resumable_run
+
+    with session(store) as s:
+        run = resumable_run(s, run_id)
+        cfg, job = config_from_dict(run.config), run.config["verl"]
     root = Path(job["root"])
     old = root / "metrics.jsonl"
     if old.exists():
@@ -319,5 +321,5 @@ def resume_verl_run(store, run_id: str, cfg: RunConfig, job: dict, progress=None
     with session(store) as s:
         run = s.get(Run, run_id)
         run.status, run.stop_reason = "running", None
-    _follow(store, run_id, cfg, job, follower, progress)
+    _follow(store, run_id, job, follower, progress)
     return run_id

@@ -79,12 +79,7 @@ def test_a_crashed_verl_run_fails_then_resumes_from_its_checkpoint(store, verl_p
         assert run.status == "failed" and "exited with code 3 at step 11" in run.stop_reason
     assert sorted(steps_of(store, run_id)) == list(range(12))
     monkeypatch.delenv("FAKE_VERL_CRASH_AT")
-    with session(store) as s:
-        run = s.get(Run, run_id)
-        from runners.trainer import config_from_dict
-
-        cfg2, job2 = config_from_dict(run.config), run.config["verl"]
-    resume_verl_run(store, run_id, cfg2, job2)
+    resume_verl_run(store, run_id)
     with session(store) as s:
         run = s.get(Run, run_id)
         assert (run.status, run.step, run.steps_to_target) == ("converged", 30, 25)
