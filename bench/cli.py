@@ -308,13 +308,24 @@ def _run_progress(prog, task):
     return cb
 
 
-def _print_run_end(run_id: str, store) -> None:
+def _print_run_end(run_id: str, store, as_json: bool = False) -> None:
+    """The ended run as JSON, or its summary line (exit 1 when it failed: a verl run that
+    failed returns here rather than raising)."""
+    if as_json:
+        out.print_json(json.dumps(_run_info(store, run_id), default=str))
+        return
+    from rich.markup import escape
+
     from bench.store import Run, session
 
     with session(store) as s:
         r = s.get(Run, run_id)
-        out.print(f"run [bold]{r.id}[/] {r.algo} {r.rollout_dtype}/{r.train_dtype}: {r.status} after {r.step} steps "
-                  f"({r.wall_s:.0f}s); peak split accuracy {r.peak_accuracy:.3f}; {r.stop_reason}", highlight=False)
+        peak = "-" if r.peak_accuracy is None else f"{r.peak_accuracy:.3f}"
+        via = " (verl)" if r.trainer == "verl" else ""
+        out.print(f"run [bold]{r.id}[/]{via} {r.algo} {r.rollout_dtype}/{r.train_dtype}: {r.status} after {r.step} "
+                  f"steps ({r.wall_s:.0f}s); peak split accuracy {peak}; {escape(r.stop_reason or '')}", highlight=False)
+    if r.status == "failed":
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -382,10 +393,7 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
                                    progress=_run_progress(prog, task))
     except (RunError, *_user_errors()) as e:
         fail(str(e))
-    if as_json:
-        out.print_json(json.dumps(_run_info(store, run_id), default=str))
-    else:
-        _print_run_end(run_id, store)
+    _print_run_end(run_id, store, as_json)
 
 
 def _resume_verl(run_id, db, as_json) -> bool:
@@ -405,7 +413,7 @@ def _resume_verl(run_id, db, as_json) -> bool:
             resume_verl_run(store, run_id, progress=_verl_progress(prog, task))
     except RunError as e:
         fail(str(e))
-    _print_verl_end(run_id, store, as_json)
+    _print_run_end(run_id, store, as_json)
     return True
 
 
@@ -428,18 +436,17 @@ def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, 
         p = Precision.parse(dtype)
         cfg = get_preset(preset, **overrides)
         version = installed_verl_version(verl_python)
-        if not dry_run:
+        if version is not None or not dry_run:          # a dry run without verl prints the command unchecked
             check_verl_version(version)
+        if not dry_run:
             missing = missing_launch_modules(verl_python)
             if missing:
                 raise VerlError(f"{verl_python} has verl but not {' or '.join(missing)}, which main_ppo needs to "
                                 "train: pip install 'verl[vllm]==0.9.1' there (a GPU machine); --dry-run works without")
-        run_id = uuid.uuid4().hex[:12]
-        root = bench_home() / "verl" / ("dry-run" if dry_run else run_id)
-        job = prepare(store, algo, p, cfg, build_id, model, verl_python, root=root / f"{algo}-{p.rollout}-{p.train}"
-                      if dry_run else root, gpus=gpus, nodes=nodes)
+        # one directory per run (its name is the run id); dry runs share one per cell
+        root = bench_home() / "verl" / (f"dry-run/{algo}-{p.rollout}-{p.train}" if dry_run else uuid.uuid4().hex[:12])
+        job = prepare(store, algo, p, cfg, build_id, model, verl_python, root=root, gpus=gpus, nodes=nodes)
         if version is not None:
-            check_verl_version(version)
             (error,) = validate_cells(verl_python, [job["argv"][3:]])
             if error:
                 if not dry_run:
@@ -458,7 +465,7 @@ def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, 
     with _progress("steps") as prog:
         task = prog.add_task("steps", total=None, rate="")
         run_id = start_verl_run(store, algo, p, cfg, preset, job, progress=_verl_progress(prog, task))
-    _print_verl_end(run_id, store, as_json)
+    _print_run_end(run_id, store, as_json)
 
 
 def _verl_progress(prog, task):
@@ -466,21 +473,6 @@ def _verl_progress(prog, task):
         score = data.get("critic/score/mean")
         prog.update(task, completed=step, total=total, rate=f"reward {score:.2f}" if isinstance(score, float) else "")
     return cb
-
-
-def _print_verl_end(run_id, store, as_json) -> None:
-    if as_json:
-        out.print_json(json.dumps(_run_info(store, run_id), default=str))
-        return
-    from bench.store import Run, session
-
-    with session(store) as s:
-        r = s.get(Run, run_id)
-        out.print(f"run [bold]{r.id}[/] (verl) {r.algo} {r.rollout_dtype}/{r.train_dtype}: {r.status} after {r.step} "
-                  f"steps; peak split accuracy {r.peak_accuracy if r.peak_accuracy is not None else float('nan'):.3f}; "
-                  f"{r.stop_reason}", highlight=False, markup=False)
-    if r.status == "failed":
-        raise typer.Exit(1)
 
 
 @app.command()
