@@ -1,5 +1,6 @@
-"""Problem sources: JSONL / parquet / CSV files, `datasets` saved to disk, hub ids, and the
-synthetic MATH-style generator behind the embedded `tiny-math` model.
+"""Problem sources: JSONL / parquet / CSV files, `datasets` saved to disk, the paper's data
+shipped in bench/data (by name, offline), hub ids, and the synthetic MATH-style generator
+behind the embedded `tiny-math` model.
 
 Every source yields `Problem(id, problem, answer)`. Ids are stable: the source's own id
 column when it has one, else a hash of the problem text.
@@ -136,20 +137,48 @@ def synthetic_examples(split: str, n: int, seed: int = 0, test_fraction: float =
 
 # ---------------------------------------------------------------- loading
 
-# Hub ids that need a subset list (MATH is split by subject on EleutherAI's mirror).
+# The paper's data, shipped in bench/data (MIT, from sail-sg/Precision-RL; see LICENSE and
+# SOURCE.md there): name -> file. These names load offline; a local path of the same name wins.
+DATA_DIR = Path(__file__).parent / "data"
+PACKAGED_SOURCES = {
+    "sanity-r1d-1.5b": "sanity_r1d_1p5b.jsonl",   # the paper's perfectible split for R1-Distill-Qwen-1.5B (1,460)
+    "aime24": "aime24.jsonl",                     # AIME 2024 (30), the paper's evaluation set
+    "amc23": "amc23.jsonl",                       # AMC 2023 (83)
+    "math500": "math500.jsonl",                   # MATH-500 (500)
+}
+
+# Hub ids that need a subset list (MATH is split by subject on EleutherAI's mirror). AIME24 is
+# packaged above; its hub copy is `HuggingFaceH4/aime_2024:train`.
 HUB_ALIASES = {
     "math": ("EleutherAI/hendrycks_math", ["algebra", "counting_and_probability", "geometry",
                                             "intermediate_algebra", "number_theory",
                                             "prealgebra", "precalculus"], "test"),
-    "aime24": ("HuggingFaceH4/aime_2024", [None], "train"),     # the paper's AIME24 (30 problems)
 }
+
+
+def packaged_data_path(name: str) -> Path:
+    """The shipped file behind a packaged source name (`aime24`, `amc23`, `math500`,
+    `sanity-r1d-1.5b`; case-insensitive). Raises SourceError for any other name."""
+    try:
+        return DATA_DIR / PACKAGED_SOURCES[name.lower()]
+    except KeyError:
+        raise SourceError(f"no packaged source {name!r}; packaged: {', '.join(PACKAGED_SOURCES)}") from None
+
+
+def paper_reference() -> dict:
+    """The paper's published results (runs per algorithm and precision pair, offline mismatch,
+    inference-only accuracy) and the seeds' QuRL / Jet-RL figures, as shipped in
+    bench/data/paper_reference.json."""
+    return json.loads((DATA_DIR / "paper_reference.json").read_text(encoding="utf-8"))
 
 
 @dataclass
 class SourceSpec:
     """Where problems come from. `source` is a file path (.jsonl/.json/.parquet/.csv), a
-    directory written by `datasets.save_to_disk`, `synthetic[:split]`, `math`, or a hub id
-    (`owner/name`, optionally `owner/name:split`)."""
+    directory written by `datasets.save_to_disk`, `synthetic[:split]`, a packaged name
+    (`sanity-r1d-1.5b`, `aime24`, `amc23`, `math500`: offline), `math`, or a hub id
+    (`owner/name`, optionally `owner/name:split`). A local path wins over a packaged name of the
+    same spelling, and a packaged name over the hub."""
 
     source: str
     columns: ColumnMap = field(default_factory=ColumnMap)
@@ -256,11 +285,14 @@ def load_problems(spec: SourceSpec) -> list[Problem]:
         rows = ds.to_list()
     elif path.exists():
         rows = _rows_from_file(path)
+    elif src.lower() in PACKAGED_SOURCES:
+        rows = _rows_from_file(packaged_data_path(src))
     elif src.lower() in HUB_ALIASES or (re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+(:\w+)?", src)
                                         and path.suffix.lower() not in FILE_SUFFIXES):
         rows = _rows_from_hub(src)
     else:
-        raise SourceError(f"unknown source {src!r}: not a file, a dataset directory, 'synthetic' or a hub id")
+        raise SourceError(f"unknown source {src!r}: not a file, a dataset directory, 'synthetic', a packaged name "
+                          f"({', '.join(PACKAGED_SOURCES)}) or a hub id")
     problems = _to_problems(rows, spec.columns, src)
     return problems[: spec.limit] if spec.limit else problems
 

@@ -14,7 +14,7 @@ class Benchmark:
     """An evaluation set scored avg@n with its own sampling."""
 
     name: str                   # shown in the store, e.g. "synthetic-hard" or "aime24"
-    source: str                 # a problem source (path, hub id, synthetic-hard)
+    source: str                 # a problem source (path, packaged name, hub id, synthetic-hard)
     n: int = 4                  # samples per problem (avg@n)
     temperature: float = 0.6
     top_p: float = 0.95
@@ -56,8 +56,9 @@ def tiny() -> RunConfig:
 def paper() -> RunConfig:
     """The paper's sanity recipe (Oat scripts): 64 prompts × 8, 4 updates per rollout batch,
     lr 1e-6, T=1, top-p 1, 8,192 tokens, AIME24 avg@32 at T=0.6 / top-p 0.95 every 32 steps,
-    clip-higher 0.28, C=3. AIME24 comes from the hub (`aime24`); offline, pass a file with
-    `--benchmark`, e.g. the paper repository's aime24.jsonl."""
+    clip-higher 0.28, C=3. AIME24 is the packaged copy (`aime24`: bench/data, works offline);
+    `--benchmark` reads it from another source instead (a file, or the hub's
+    `HuggingFaceH4/aime_2024:train`)."""
     return RunConfig(prompts_per_step=64, samples_per_prompt=8, updates_per_batch=4, lr=1e-6,
                      max_tokens=8192, max_steps=1000, eval_every=32, eval_split_m=1, checkpoint_every=32,
                      threads=None, benchmarks=[Benchmark("aime24", "aime24", n=32)],

@@ -16,8 +16,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
-
 
 @pytest.fixture(autouse=True)
 def bench_home(tmp_path, monkeypatch):
@@ -75,10 +73,11 @@ def grader():
 
 @pytest.fixture(scope="session")
 def shared_data():
-    path = os.path.abspath(SHARED)
-    if not os.path.isdir(path):
-        pytest.fail(f"../shared/data not found at {path}")
-    return path
+    """The directory of the paper's data as bench ships it (bench/data: aime24.jsonl,
+    amc23.jsonl, math500.jsonl, sanity_r1d_1p5b.jsonl, paper_reference.json)."""
+    from bench.problems import DATA_DIR
+
+    return str(DATA_DIR)
 
 
 @pytest.fixture(scope="session")

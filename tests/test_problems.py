@@ -1,9 +1,10 @@
 import json
+from pathlib import Path
 
 import pytest
 
-from bench.problems import (ColumnMap, SourceError, SourceSpec, last_boxed, load_problems, problem_id,
-                            synthetic_examples)
+from bench.problems import (DATA_DIR, PACKAGED_SOURCES, ColumnMap, SourceError, SourceSpec, last_boxed,
+                            load_problems, packaged_data_path, paper_reference, problem_id, synthetic_examples)
 
 
 def test_last_boxed_takes_last_and_balances_braces():
@@ -75,3 +76,86 @@ def test_unknown_source_and_offline_hub_fail_readably():
 def test_shared_math500_loads(shared_data):
     probs = load_problems(SourceSpec(f"{shared_data}/math500.jsonl"))
     assert len(probs) == 500 and all(p.answer for p in probs)
+
+
+@pytest.mark.parametrize("name,count,prefix", [
+    ("sanity-r1d-1.5b", 1460, "sanity_r1d_1p5b-"),
+    ("aime24", 30, "aime24-"),
+    ("amc23", 83, "amc23-"),
+    ("math500", 500, "math500-"),
+])
+def test_packaged_sources_load_by_name_offline(name, count, prefix, monkeypatch, tmp_path):
+    import datasets
+
+    def no_hub(*a, **k):
+        raise AssertionError("a packaged source reached for the hub")
+
+    monkeypatch.setattr(datasets, "load_dataset", no_hub)
+    monkeypatch.chdir(tmp_path)                                 # no local file of that name
+    probs = load_problems(SourceSpec(name))
+    assert len(probs) == count and len({p.problem for p in probs}) == count
+    assert all(p.id.startswith(prefix) and p.problem.strip() and p.answer.strip() for p in probs)
+    assert load_problems(SourceSpec(name.upper(), limit=5)) == probs[:5]
+    assert packaged_data_path(name) == DATA_DIR / PACKAGED_SOURCES[name] and packaged_data_path(name).is_file()
+
+
+def test_local_path_named_like_a_packaged_source_wins(tmp_path, monkeypatch):
+    import datasets
+
+    monkeypatch.chdir(tmp_path)
+    datasets.Dataset.from_list([{"id": "mine", "problem": "1+1?", "answer": "2"}]).save_to_disk("aime24")
+    (p,) = load_problems(SourceSpec("aime24"))                  # ./aime24, not the packaged AIME24
+    assert p.id == "mine"
+    (tmp_path / "math500").write_text('{"id": "m", "problem": "2+2?", "answer": "4"}\n')
+    with pytest.raises(SourceError, match="unsupported file type"):   # ./math500 is read, and has no suffix
+        load_problems(SourceSpec("math500"))
+    (tmp_path / "math500").unlink()
+    assert len(load_problems(SourceSpec("math500"))) == 500     # gone: the packaged copy again
+
+
+def test_unknown_name_gives_one_message_listing_packaged_names(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SourceError, match="unknown source 'aime25'") as e:
+        load_problems(SourceSpec("aime25"))
+    assert "\n" not in str(e.value) and all(n in str(e.value) for n in PACKAGED_SOURCES)
+    with pytest.raises(SourceError, match="no packaged source 'math'"):
+        packaged_data_path("math")                              # a hub alias, not packaged
+
+
+def test_licence_and_provenance_ship_beside_the_data():
+    from importlib.resources import files
+
+    assert Path(str(files("bench.data"))) == DATA_DIR
+    licence = (DATA_DIR / "LICENSE").read_text()
+    assert "MIT License" in licence and "sail-sg/Precision-RL" in licence
+    assert "Permission is hereby granted, free of charge" in licence
+    source = (DATA_DIR / "SOURCE.md").read_text()
+    assert all(f in source for f in [*PACKAGED_SOURCES.values(), "paper_reference.json"])
+    import tomllib
+
+    cfg = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "bench.data" in cfg["packages"]
+    assert {"*.jsonl", "*.json", "LICENSE", "SOURCE.md"} <= set(cfg["package-data"]["bench.data"])
+
+
+def test_paper_reference_is_the_published_results():
+    ref = paper_reference()
+    assert ref["sanity_setup"]["model"] == "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"
+    assert ref["sanity_setup"]["pass_threshold"] == 0.95
+    fp16 = [r for r in ref["runs"] if (r["algo"], r["rollout"], r["train"]) == ("pg-seq-is", "fp16", "fp16")]
+    assert fp16 and fp16[0]["peak_train_acc"] == 0.99
+    assert ref["inference_only_accuracy"]["fp16"] == 0.3094
+    assert any("QuRL" in r["setup"] for r in ref["other_results_from_the_seeds"])
+
+
+def test_no_code_reads_data_outside_the_repository():
+    """The paper's data ships in bench/data: no code or test reads it from the team's shared
+    data directory beside the repository (a fresh clone has none). Mentions of the shared
+    reference notes are documentation, not data, and are allowed."""
+    root = Path(__file__).parent.parent
+    needles = ["shared" + "/data", '"shared", ' + '"data"', "'shared', " + "'data'"]
+    hits = [f"{f.relative_to(root)}:{i}" for d in ("bench", "runners", "datasets_build", "leaderboard", "tests")
+            for f in sorted((root / d).rglob("*.py"))
+            for i, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1)
+            if any(n in line for n in needles)]
+    assert hits == []
