@@ -76,7 +76,10 @@ def parse_list(text: str) -> list[Precision]:
 class LossScaler:
     """Dynamic loss scaling for fp16 training: multiply the loss by `scale` before backward;
     on non-finite gradients skip the step and multiply the scale by `backoff`; after
-    `growth_interval` finite steps in a row double it. Disabled (scale 1) for fp32/bf16."""
+    `growth_interval` finite steps in a row double it. Disabled (scale 1, never changed) for
+    fp32/bf16, where a non-finite step is still skipped and counted: `skipped` and
+    `skipped_in_a_row` count for every dtype (the paper's GSPO-in-BF16 failure is a NaN grad
+    norm, which must end the run as `diverged`, not pass silently)."""
 
     enabled: bool
     scale: float = 2.0 ** 16
@@ -91,18 +94,18 @@ class LossScaler:
             self.scale = 1.0
 
     def update(self, finite: bool) -> None:
-        if not self.enabled:
-            return
+        """Record one optimizer step: applied (`finite`) or skipped for non-finite gradients."""
         if finite:
             self.skipped_in_a_row = 0
             self.good_steps += 1
-            if self.good_steps % self.growth_interval == 0:
+            if self.enabled and self.good_steps % self.growth_interval == 0:
                 self.scale *= 2.0
         else:
             self.skipped += 1
             self.skipped_in_a_row += 1
             self.good_steps = 0
-            self.scale = max(self.scale * self.backoff, 1.0)
+            if self.enabled:
+                self.scale = max(self.scale * self.backoff, 1.0)
 
     def state_dict(self) -> dict:
         return {k: getattr(self, k) for k in ("enabled", "scale", "growth_interval", "backoff", "good_steps",
@@ -185,9 +188,24 @@ def upcast_matmuls(model) -> int:
     return n
 
 
+def cast_parameters(model, dtype: str):
+    """Cast the parameters of `model` to `dtype` in place; buffers keep their dtype.
+
+    `model.to(dtype)` would also round floating buffers such as RoPE's `inv_freq` and
+    `original_inv_freq` to 16 bits, a distortion that grows with position. FSDP's mixed
+    precision and vLLM keep those buffers in fp32, so every engine here casts parameters
+    only. Tied parameters stay tied (the one Parameter object is cast once)."""
+    target = torch_dtype(dtype)
+    for p in model.parameters():
+        if p.is_floating_point() and p.dtype != target:
+            p.data = p.data.to(target)
+    return model
+
+
 def prepare_compute_model(model, dtype: str, device: str = "cpu"):
-    """Cast `model` to `dtype` and, where the CPU lacks 16-bit GEMM, upcast its matmuls."""
-    model = model.to(torch_dtype(dtype))
+    """Cast the parameters of `model` to `dtype` (buffers stay fp32) and, where the CPU lacks
+    16-bit GEMM, upcast its matmuls."""
+    model = cast_parameters(model, dtype)
     if should_upcast(dtype, device):
         upcast_matmuls(model)
     return model

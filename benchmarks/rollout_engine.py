@@ -14,7 +14,6 @@ import torch
 
 from bench.engines import Sampling, make_engine
 from bench.models import PLAIN_TEMPLATE, TINY_MATH_DIR
-from bench.precision import torch_dtype
 from bench.problems import synthetic_examples
 
 
@@ -57,7 +56,7 @@ def main() -> None:
     out = ours.generate(prompts, a.n, sp)
     t_ours = time.perf_counter() - t0
     tok_ours = sum(len(s.token_ids) for r in out for s in r)
-    model = ours.model.to(torch_dtype(a.dtype))
+    model = ours.model                     # already in a.dtype (parameters; RoPE buffers fp32)
     model.generation_config.top_k = None
     hf_generate(model, ours.tokenizer, prompts[:4], 2, sp, a.batch)
     t0 = time.perf_counter()

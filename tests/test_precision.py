@@ -43,3 +43,45 @@ def test_upcast_matmul_rounds_like_a_16bit_gemm():
     s.update(False)
     assert s.scale == 8.0 and s.skipped == 1
     assert LossScaler(False).scale == 1.0
+
+
+def _rope_buffers(model):
+    return {n: b for n, b in model.named_buffers() if "inv_freq" in n}
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_casting_keeps_rope_buffers_fp32(dtype):
+    """Only parameters change dtype: RoPE's inv_freq / original_inv_freq stay fp32 and exact
+    in the training engine and the built-in rollout engine, as FSDP and vLLM keep them."""
+    import copy
+
+    import torch
+
+    from bench.engines.torch_engine import TorchEngine
+    from bench.models import load_model, load_tokenizer, resolve_model
+    from bench.precision import prepare_compute_model, torch_dtype
+
+    ref = resolve_model("tiny-math")
+    master = load_model(ref, torch.float32)
+    before = {n: b.clone() for n, b in _rope_buffers(master).items()}
+    assert before, "the tiny model has RoPE buffers"
+    compute = prepare_compute_model(copy.deepcopy(master), dtype)
+    engine = TorchEngine(ref.path, dtype, model=copy.deepcopy(master), tokenizer=load_tokenizer(ref))
+    for model in (compute, engine.model):
+        assert all(p.dtype == torch_dtype(dtype) for p in model.parameters())
+        for n, b in _rope_buffers(model).items():
+            assert b.dtype == torch.float32 and torch.equal(b, before[n]), n
+    # tied embeddings stay tied
+    assert compute.lm_head.weight is compute.model.embed_tokens.weight
+
+
+def test_non_finite_steps_are_counted_for_every_dtype():
+    from bench.precision import LossScaler
+
+    for enabled in (False, True):
+        s = LossScaler(enabled, scale=8.0)
+        s.update(False), s.update(False)
+        assert (s.skipped, s.skipped_in_a_row) == (2, 2)
+        s.update(True)
+        assert (s.skipped, s.skipped_in_a_row) == (2, 0)
+        assert s.scale == (2.0 if enabled else 1.0)

@@ -13,7 +13,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from ..precision import torch_dtype
+from ..precision import cast_parameters, torch_dtype
 from . import Sample, Sampling, row_seed
 
 
@@ -50,7 +50,8 @@ class TorchEngine:
         self.dtype = torch_dtype(dtype)
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_path)
         self.model = model if model is not None else AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-        self.model = self.model.to(self.dtype).eval()   # torch's own 16-bit kernels: see bench/precision.py
+        # parameters only (RoPE buffers stay fp32); torch's own 16-bit kernels: see bench/precision.py
+        self.model = cast_parameters(self.model, dtype).eval()
         self.max_batch = max_batch
         self.eos = self.tokenizer.eos_token_id
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
