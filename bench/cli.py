@@ -568,6 +568,7 @@ def _run_info(store, run_id: str) -> dict:
                 "stop_reason": r.stop_reason, "steps": r.step, "wall_s": r.wall_s, "peak_accuracy": r.peak_accuracy,
                 "final_accuracy": r.final_accuracy, "steps_to_target": r.steps_to_target,
                 "wall_to_target": r.wall_to_target, "kl_warning_step": r.kl_warning_step, "config": r.config,
+                "calibration": r.calibration, "provenance": r.provenance,
                 "last_step": last.metrics if last else None,
                 "evals": [{"step": e.step, "benchmark": e.benchmark, "n": e.n, "score": e.score} for e in evals]}
 
@@ -581,8 +582,21 @@ def runs_show(ctx: typer.Context, run_id: str, as_json: bool = typer.Option(Fals
         out.print_json(json.dumps(info, default=str))
         return
     for k, v in info.items():
-        if k not in ("config", "last_step", "evals"):
+        if k not in ("config", "last_step", "evals", "calibration", "provenance"):
             out.print(f"[bold]{k}[/]: {v}", highlight=False)
+    cal = info["calibration"]
+    if cal:
+        verdict = "ok" if cal["ok"] else "FAILED"
+        out.print(f"[bold]calibration[/] ({cal['pair']}, step 0): {verdict}; mean |Δlog p| "
+                  f"{cal['abs_logp_diff_mean']:.3g}, max {cal['abs_logp_diff_max']:.3g}, k3 {cal['k3']:.3g}",
+                  highlight=False)
+    prov = info["provenance"] or {}
+    if prov:
+        versions = ", ".join(f"{k} {v}" for k, v in (prov.get("versions") or {}).items() if v)
+        out.print(f"[bold]provenance[/]: {prov.get('device_name')} · {versions} · bench "
+                  f"{(prov.get('bench') or {}).get('commit') or '?'}", highlight=False)
+        if prov.get("split_accuracy_estimator"):
+            out.print(f"[bold]split accuracy[/]: {prov['split_accuracy_estimator']}", highlight=False)
     for e in info["evals"]:
         out.print(f"  eval step {e['step']}: {e['benchmark']} avg@{e['n']} = {e['score']:.3f}", highlight=False)
 

@@ -31,8 +31,8 @@ class RunConfig:
     lr: float = 5e-4                    # AdamW, constant
     weight_decay: float = 0.0
     grad_clip: float = 1.0
-    temperature: float = 1.0            # rollout sampling (1.0 / 1.0 keeps μ the raw softmax)
-    top_p: float = 1.0
+    temperature: float = 1.0            # rollout sampling: must stay 1.0 / 1.0 (μ the raw softmax, as π);
+    top_p: float = 1.0                  #   check_run_config refuses anything else
     max_tokens: int = 64                # max response length; also Dr.GRPO's normaliser L
     max_steps: int = 300
     eval_every: int = 10                # steps between evaluations (split avg@m + benchmarks)
@@ -44,6 +44,9 @@ class RunConfig:
     loss_scale_init: float = 2.0 ** 16  # fp16 dynamic loss scaling
     loss_scale_growth_interval: int = 400
     loss_scale_backoff: float = 0.5
+    max_nonfinite_in_a_row: int = 20    # diverged: this many optimizer steps in a row skipped for a
+                                        #   non-finite loss or gradient (any dtype; fp16's scale backs
+                                        #   off 2^16 -> 1 in 16 skips)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     stop: StopConfig = field(default_factory=StopConfig)
 
@@ -68,6 +71,19 @@ def paper() -> RunConfig:
 PRESETS = {"tiny": tiny, "paper": paper}
 
 
+def check_run_config(cfg: RunConfig) -> RunConfig:
+    """Refuse settings that make the run measure something other than what it reports."""
+    if cfg.temperature != 1.0 or cfg.top_p != 1.0:
+        raise ValueError(
+            f"training rollouts sample at temperature 1 and top-p 1 only (got temperature={cfg.temperature:g}, "
+            f"top_p={cfg.top_p:g}): otherwise μ is the log-probability of the processed distribution while π is "
+            "the raw softmax, and every mismatch metric and importance weight measures that difference instead "
+            "of precision (benchmarks keep their own sampling)")
+    if cfg.max_nonfinite_in_a_row < 1:
+        raise ValueError("max_nonfinite_in_a_row must be >= 1")
+    return cfg
+
+
 def get_preset(name: str, benchmark: str | None = None, **overrides) -> RunConfig:
     """The preset with the given RunConfig fields replaced (None values are ignored) and its
     first benchmark read from `benchmark` (a problem source) when given; the Dr.GRPO
@@ -83,4 +99,4 @@ def get_preset(name: str, benchmark: str | None = None, **overrides) -> RunConfi
         if value is not None:
             setattr(cfg, key, value)
     cfg.algo.max_len = cfg.max_tokens
-    return cfg
+    return check_run_config(cfg)

@@ -12,6 +12,7 @@ with no gap and no duplicate step.
 from __future__ import annotations
 
 import copy
+import math
 import os
 import random
 import time
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch
 from sqlalchemy import delete, select
 
+from bench import calibration, provenance
 from bench.engines import Sampling, make_engine, resolve_engine
 from bench.grading import Grader
 from bench.mismatch import mismatch_metrics
@@ -33,7 +35,7 @@ from bench.store.schema import BuildProblem, utcnow
 
 from . import stop as stop_rules
 from .algos import AlgoConfig, LossInputs, get_loss, leave_one_out_advantages
-from .presets import Benchmark, RunConfig
+from .presets import Benchmark, RunConfig, check_run_config
 
 
 class RunError(ValueError):
@@ -109,6 +111,11 @@ def response_logprobs(model, ids, attn, tok, pos) -> torch.Tensor:
     logits = model(input_ids=ids, attention_mask=attn).logits
     logits = logits.gather(1, pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
     return torch.log_softmax(logits.float(), dim=-1).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+
+
+def _norm_order(x: float) -> float:
+    """Sort key that puts a non-finite grad norm above every finite one (the step's worst)."""
+    return math.inf if not math.isfinite(x) else x
 
 
 # ------------------------------------------------------------------ the trainer
@@ -243,12 +250,13 @@ class NativeTrainer:
                 if p.grad is not None:
                     p.grad /= self.scaler.scale
         grads = [p.grad for p in self.master.parameters() if p.grad is not None]
-        finite = bool(torch.isfinite(loss)) and all(torch.isfinite(g).all() for g in grads)
-        grad_norm = float("nan")
+        # the norm is computed (and logged) even when it is inf/nan: that is the divergence signal
+        grad_norm = torch.nn.utils.get_total_norm(grads).item() if grads else float("nan")
+        finite = bool(torch.isfinite(loss)) and math.isfinite(grad_norm)
         if finite:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.master.parameters(), self.cfg.grad_clip).item()
+            torch.nn.utils.clip_grads_with_norm_(self.master.parameters(), self.cfg.grad_clip, torch.tensor(grad_norm))
             self.opt.step()
-        self.scaler.update(finite)
+        self.scaler.update(finite)      # a skipped step is counted for every dtype
         return loss.item(), grad_norm, metrics, finite
 
     # ---------------------------------------------------------- one step
@@ -299,9 +307,9 @@ class NativeTrainer:
             "reward": rewards.mean().item(), "response_len": lengths.mean().item(),
             "response_len_max": lengths.max().item(),
             "truncated_frac": sum(s.finish_reason == "length" for s in flat) / len(flat),
-            "loss": sum(losses) / len(losses), "grad_norm": max(norms) if norms else float("nan"),
+            "loss": sum(losses) / len(losses), "grad_norm": max(norms, key=_norm_order) if norms else float("nan"),
             "loss_scale": self.scaler.scale, "skipped_steps": self.scaler.skipped,
-            "updates_applied": applied,
+            "updates_applied": applied, "updates_nonfinite": len(norms) - applied,
             **mismatch_metrics(logp_rollout, logp_old, mask),
             **{f"loss/{k}": v for k, v in loss_metrics.items()},
             "time_rollout": t1 - t0, "time_scoring": t2 - t1, "time_update": t3 - t2,
@@ -314,20 +322,22 @@ class NativeTrainer:
         """Train until a stop rule fires; returns (status, reason)."""
         cfg = self.cfg
         if self.step == 0:
+            cal = self.calibrate()
+            if not cal["ok"]:
+                return stop_rules.FAILED, cal["message"]
             acc = self._eval_and_record()
-            stop_rules.after_eval(self.stop_state, cfg.stop, 0, acc["split"])
+            stop_rules.after_eval(self.stop_state, cfg.stop, 0, acc["split"], len(self.split) * cfg.eval_split_m)
         while True:
             if self.step >= cfg.max_steps:
                 return stop_rules.MAX_STEPS, f"reached max_steps={cfg.max_steps}"
             t0 = time.time()
             metrics = self.train_step()
             self.step += 1
-            if stop_rules.non_finite(metrics["loss"]) and self.scaler.enabled is False:
+            if self.scaler.skipped_in_a_row >= cfg.max_nonfinite_in_a_row:
                 self._record(metrics, time.time() - t0)
-                return stop_rules.DIVERGED, f"non-finite loss at step {self.step}"
-            if self.scaler.skipped_in_a_row >= 50:
-                self._record(metrics, time.time() - t0)
-                return stop_rules.DIVERGED, f"50 fp16 steps in a row had non-finite gradients (step {self.step})"
+                return stop_rules.DIVERGED, (f"{self.scaler.skipped_in_a_row} optimizer steps in a row skipped for a "
+                                             f"non-finite loss or gradient (loss {metrics['loss']:.4g}, grad norm "
+                                             f"{metrics['grad_norm']:.4g} at step {self.step})")
             if any(not torch.isfinite(p).all() for p in self.master.parameters()):
                 self._record(metrics, time.time() - t0)
                 return stop_rules.DIVERGED, f"non-finite weights at step {self.step}"
@@ -339,7 +349,8 @@ class NativeTrainer:
                 acc = self._eval_and_record()
                 metrics.update({f"eval/{k}": v for k, v in acc.items()})
                 metrics["time_eval"] = time.time() - te
-                verdict = stop_rules.after_eval(self.stop_state, cfg.stop, self.step, acc["split"])
+                verdict = stop_rules.after_eval(self.stop_state, cfg.stop, self.step, acc["split"],
+                                                len(self.split) * cfg.eval_split_m)
             self._record(metrics, time.time() - t0)
             if self.step % cfg.checkpoint_every == 0 or verdict:
                 self.save_checkpoint()
@@ -347,6 +358,27 @@ class NativeTrainer:
                 self.progress(self.step, cfg.max_steps, metrics)
             if verdict:
                 return verdict
+
+    def calibrate(self) -> dict:
+        """The step-0 gate (bench/calibration.py): one batch of B × G rollouts scored by both
+        engines at the identical starting weights, stored as the run's `calibration`."""
+        cfg, g = self.cfg, self.cfg.samples_per_prompt
+        idx = self._step_prompts(0)
+        sp = Sampling(cfg.temperature, cfg.top_p, cfg.max_tokens, seed=30_000_001 + cfg.seed)
+        flat = [s for row in self.engine.generate([self.prompts[i] for i in idx], g, sp) for s in row]
+        ids, attn, tok, pos, mask = pack([self.prompt_ids[i] for i in idx for _ in range(g)],
+                                         [s.token_ids for s in flat], self.tok.pad_token_id)
+        logp_mu = torch.zeros_like(mask)
+        for i, s in enumerate(flat):
+            logp_mu[i, :len(s.logprobs)] = torch.tensor(s.logprobs)
+        self._sync_compute()
+        with torch.no_grad():
+            logp_pi = response_logprobs(self.compute, ids, attn, tok, pos) * mask
+        result = calibration.judge(calibration.calibration_metrics(logp_mu, logp_pi, mask),
+                                   self.precision.rollout, self.precision.train)
+        with session(self.store) as s:
+            s.get(Run, self.run_id).calibration = result
+        return result
 
     def _eval_and_record(self) -> dict[str, float]:
         acc = self.evaluate()
@@ -372,6 +404,9 @@ class NativeTrainer:
 
 # ------------------------------------------------------------------ entry points
 
+SPLIT_ESTIMATOR = "avg@{m} of fresh rollout-engine samples over every split problem (native)"
+
+
 def _check_ckpt_dir(path: Path) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -387,6 +422,7 @@ def start_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: 
               preset: str = "tiny", progress=None, rollout_engine=None) -> str:
     """Validate everything, create the run row, train; returns the run id."""
     get_loss(algo)
+    check_run_config(cfg)
     engine = resolve_engine(engine)
     for d in {precision.rollout, precision.train}:
         if not device_supports(d):
@@ -402,9 +438,11 @@ def start_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: 
         ckpt_dir = Path(ckpt_root or bench_home() / "runs") / run_id
         _check_ckpt_dir(ckpt_dir)
         config = {"preset": preset, **asdict(cfg)}
+        facts = provenance.collect("cpu", precision.train, split_accuracy_estimator=SPLIT_ESTIMATOR.format(
+            m=cfg.eval_split_m))
         s.add(Run(id=run_id, model_id=m.id, build_id=build.id, algo=algo, rollout_dtype=precision.rollout,
                   train_dtype=precision.train, trainer="native", engine=engine, config=config, status="running",
-                  checkpoint_dir=str(ckpt_dir)))
+                  checkpoint_dir=str(ckpt_dir), provenance=facts))
     _train(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress, rollout_engine)
     return run_id
 

@@ -149,3 +149,16 @@ def test_length_one_responses(name):
 def test_unknown_algorithm_lists_the_valid_ones():
     with pytest.raises(ValueError, match="pg-seq-is"):
         get_loss("ppo")
+
+
+def test_the_apps_algorithm_list_is_the_registry():
+    """The leaderboard takes the names from bench.algorithms, never from runners/."""
+    import pathlib
+
+    from bench.algorithms import ALGORITHMS
+
+    assert list(ALGORITHMS) == list(REGISTRY)
+    app = pathlib.Path(__file__).parent.parent / "leaderboard"
+    offenders = [str(p) for p in app.rglob("*.py")
+                 if "from runners" in p.read_text() or "import runners" in p.read_text()]
+    assert not offenders, f"the app imports the trainer's modules: {offenders}"

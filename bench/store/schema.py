@@ -108,6 +108,10 @@ class Run(Base):
     kl_warning_step: Mapped[int | None] = mapped_column(Integer)
     wall_s: Mapped[float] = mapped_column(Float, default=0.0)
     checkpoint_dir: Mapped[str | None] = mapped_column(Text)
+    # the step-0 gate (bench/calibration.py): μ vs π at identical weights, its band and verdict
+    calibration: Mapped[dict | None] = mapped_column(JSON)
+    # versions, hardware, 16-bit matmul mode, bench's commit, the split-accuracy estimator
+    provenance: Mapped[dict | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
     __table_args__ = (Index("ix_runs_build_cell", "build_id", "algo", "rollout_dtype", "train_dtype"),)

@@ -29,6 +29,17 @@ if info["stop_reason"]:
 if info.get("kl_warning_step"):
     st.warning(f"Mismatch early warning: KL rose steadily up to step {int(info['kl_warning_step'])}.")
 
+cal = info.get("calibration")
+if isinstance(cal, dict):
+    text = (f"step-0 calibration ({cal.get('pair')}, identical weights): mean |Δlog p| "
+            f"{cal.get('abs_logp_diff_mean', float('nan')):.3g}, max {cal.get('abs_logp_diff_max', float('nan')):.3g}, "
+            f"k3 {cal.get('k3', float('nan')):.3g}, IS ratio {cal.get('is_ratio_min', float('nan')):.3g}–"
+            f"{cal.get('is_ratio_max', float('nan')):.3g}")
+    (st.caption if cal.get("ok") else st.error)(text if cal.get("ok") else f"{text}. {cal.get('message', '')}")
+prov = info.get("provenance")
+if isinstance(prov, dict) and prov.get("split_accuracy_estimator"):
+    st.caption(f"split accuracy: {prov['split_accuracy_estimator']}")
+
 smooth = st.slider("Smoothing (moving average, steps)", 1, 50, 1)
 live = info["status"] == "running" and st.toggle("Live refresh while running", value=True)
 
@@ -74,3 +85,6 @@ def charts():
 charts()
 with st.expander("Config"):
     st.json(info["config"])
+if isinstance(prov, dict):
+    with st.expander("Provenance (versions, device, 16-bit matmuls, bench commit)"):
+        st.json(prov)

