@@ -9,7 +9,13 @@ from sqlalchemy.engine import Engine
 
 from bench.store import Build, BuildProblem, Eval, MismatchReport, Model, Run, RunStep
 
-PASS_THRESHOLD = 0.95
+
+def sanity(status: str | None) -> str:
+    """The sanity verdict is the stop rule's: PASS only for a run the rule called converged
+    (a confidence bound on the split accuracy pooled over its last evaluations reached the
+    target, runners/stop.py), never on one noisy reading; RUNNING while the run goes on;
+    FAIL for every other end (max_steps, plateaued, collapsed, diverged, failed)."""
+    return {"converged": "PASS", "running": "RUNNING"}.get(status, "FAIL")
 
 
 def read_only(engine: Engine) -> Engine:
@@ -70,7 +76,7 @@ def runs_frame(engine: Engine, build_id: str | None = None) -> pd.DataFrame:
                   .where(Eval.benchmark != "split").group_by(Eval.run_id))
     runs = runs.merge(best, on="run", how="left").merge(lastv, on="run", how="left")
     runs["precision"] = [r if r == t else f"{r}→{t}" for r, t in zip(runs.rollout_dtype, runs.train_dtype)]
-    runs["sanity"] = ["PASS" if p >= PASS_THRESHOLD else "FAIL" for p in runs.peak_accuracy.fillna(0)]
+    runs["sanity"] = [sanity(st) for st in runs.status]
     return runs
 
 
@@ -81,13 +87,16 @@ def report_columns() -> list[str]:
 
 
 def ranked(runs: pd.DataFrame) -> pd.DataFrame:
-    """Best first: passing runs by steps to target, then the rest by peak accuracy."""
+    """Best first: passing (converged) runs by steps to target, then the rest (running or
+    ended otherwise) by peak accuracy; a single reading >= target (steps_to_target) does not
+    rank a run that did not pass."""
     if runs.empty:
         return runs
     r = runs.copy()
     r["_pass"] = r.sanity == "PASS"
-    r = r.sort_values(["_pass", "steps_to_target", "peak_accuracy"], ascending=[False, True, False], na_position="last")
-    return r.drop(columns="_pass").reset_index(drop=True)
+    r["_to_target"] = r.steps_to_target.where(r._pass)
+    r = r.sort_values(["_pass", "_to_target", "peak_accuracy"], ascending=[False, True, False], na_position="last")
+    return r.drop(columns=["_pass", "_to_target"]).reset_index(drop=True)
 
 
 def run_info(engine: Engine, run_id: str) -> dict | None:

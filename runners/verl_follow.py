@@ -92,7 +92,8 @@ class Follower:
         due = step % self.cfg.eval_every == 0 or step >= self.cfg.max_steps
         if split_acc is None and may_eval and due and len(self.rewards) == self.rewards.maxlen:
             split_acc = m["eval/split"] = sum(self.rewards) / len(self.rewards)
-        return None if split_acc is None else stop_rules.after_eval(self.state, self.cfg.stop, step, split_acc)
+        n = len(self.rewards) * self.cfg.prompts_per_step * self.cfg.samples_per_prompt    # graded responses
+        return None if split_acc is None else stop_rules.after_eval(self.state, self.cfg.stop, step, split_acc, n)
 
     def ingest(self, step: int, data: dict) -> tuple[str, str] | None:
         """One log line; returns (status, reason) when a stop rule fires."""

@@ -64,10 +64,40 @@ def test_every_page_renders_on_real_runs(store):
     assert at.title[0].value == "Leaderboard"
     df = at.dataframe[0].value
     assert len(df) == 4 and set(df.algo) == {"pg-seq-is", "grpo"} and set(df.precision) == {"fp32", "bf16"}
-    assert set(df.sanity) <= {"PASS", "FAIL"}
+    assert list(df.sanity) == ["PASS" if st == "converged" else "FAIL" for st in df.status]   # the stop rule's verdict
     for p in PAGES[1:]:
         at = page(url, p)
         assert at.title[0].value
+
+
+def test_pass_is_the_stop_rules_verdict_not_one_noisy_reading(tmp_path):
+    """A run whose readings were 0.954, 0.943, 0.955 and that ended at max_steps did not pass;
+    only a converged run passes; a run still going is RUNNING; passing runs rank first."""
+    from leaderboard.queries import ranked, runs_frame
+    from bench.store import Build, Eval, Model
+
+    engine = open_store(f"sqlite:///{tmp_path / 's.db'}")
+    with session(engine) as s:
+        m = Model(name="tiny-math", path="/x", weights_hash="h")
+        s.add(m)
+        s.flush()
+        s.add(Build(id="b0", model_id=m.id, source="synthetic", engine="torch", dtype="fp32", k=8, lo=0.2, hi=0.8,
+                    seed=0, settings_hash="h", status="complete", n_problems=200, n_kept=120))
+        s.flush()
+        runs = {"noisy": ("max_steps", 0.955, 10), "conv": ("converged", 0.97, 120), "live": ("running", 0.96, 20),
+                "conv-fast": ("converged", 0.99, 60), "low": ("plateaued", 0.6, None)}
+        for rid, (status, peak, to_target) in runs.items():
+            s.add(Run(id=rid, model_id=m.id, build_id="b0", algo="grpo", rollout_dtype="fp32", train_dtype="fp32",
+                      trainer="native", engine="torch", config={}, status=status, peak_accuracy=peak,
+                      steps_to_target=to_target))
+        s.flush()
+        for step, score in ((10, 0.954), (20, 0.943), (30, 0.955)):
+            s.add(Eval(run_id="noisy", step=step, benchmark="split", n=4, score=score))
+    df = runs_frame(engine).set_index("run")
+    assert df.sanity.to_dict() == {"noisy": "FAIL", "conv": "PASS", "live": "RUNNING", "conv-fast": "PASS",
+                                   "low": "FAIL"}
+    # converged runs by steps to target; then by peak, a single reading >= 0.95 earning nothing
+    assert list(ranked(df.reset_index()).run) == ["conv-fast", "conv", "live", "noisy", "low"]
 
 
 def test_leaderboard_filters(store):

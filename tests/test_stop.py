@@ -1,0 +1,143 @@
+"""The stop rules decide on bounds, not on single noisy readings: the convergence bound itself
+(computed by hand), simulated runs at a true accuracy just below and just above the target on
+the tiny preset's budget, the noise-robust peak, and the state a checkpoint carries."""
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from runners.presets import tiny
+from runners.stop import (COLLAPSED, CONVERGED, PLATEAUED, StopConfig, StopState, after_eval,
+                          wilson_lower)
+
+N = 120 * 4            # problems × avg@4 samples: the graded samples behind one tiny-preset reading
+
+
+def test_wilson_lower_bound_by_hand():
+    # 470/480 at 90% one-sided: z = Φ⁻¹(0.9) = 1.2815516, z² = 1.6423744, p̂ = 0.9791667
+    #   z²/n = 0.0034216, z²/2n = 0.0017108
+    #   p̂(1−p̂)/n = 0.9791667·0.0208333/480 = 4.24986e-5, z²/4n² = 1.7821e-6, sum 4.42807e-5,
+    #   √ = 0.0066544, ×z = 0.0085279
+    #   (0.9791667 + 0.0017108 − 0.0085279) / (1 + 0.0034216) = 0.9723496 / 1.0034216 = 0.969034
+    assert wilson_lower(470, 480, 0.9) == pytest.approx(0.969034, abs=2e-6)
+    # all correct: p̂ = 1 leaves n / (n + z²) = 480 / 481.6423744 = 0.996590
+    assert wilson_lower(480, 480, 0.9) == pytest.approx(0.996590, abs=2e-6)
+    # 50/100 at 95% one-sided: z = 1.6448536, z² = 2.7055434, z²/n = 0.0270554, z²/2n = 0.0135277
+    #   √(0.25/100 + z²/4n²) = √(0.0025 + 0.0000676) = 0.0506719, ×z = 0.0833478
+    #   (0.5 + 0.0135277 − 0.0833478) / 1.0270554 = 0.4301799 / 1.0270554 = 0.418848
+    assert wilson_lower(50, 100, 0.95) == pytest.approx(0.418848, abs=2e-6)
+    assert wilson_lower(0, 0, 0.9) == 0.0
+    assert wilson_lower(0, 480, 0.9) == 0.0
+
+
+def simulate(p: float, cfg: StopConfig, runs: int = 1000, seed: int = 0) -> tuple[float, list[int]]:
+    """`runs` runs at constant true accuracy p, read as Binomial(N, p)/N at every evaluation of
+    the tiny preset's budget (every 10 steps up to 300: 30 evaluations); each run ends at its
+    first verdict. Returns the converged fraction and the evaluation count at convergence."""
+    preset = tiny()
+    steps = range(preset.eval_every, preset.max_steps + 1, preset.eval_every)
+    assert len(steps) == 30
+    rng = np.random.default_rng(seed)
+    readings = rng.binomial(N, p, size=(runs, len(steps))) / N
+    when = []
+    for r in range(runs):
+        state = StopState()
+        for i, step in enumerate(steps):
+            verdict = after_eval(state, cfg, step, float(readings[r, i]), N)
+            if verdict:
+                if verdict[0] == CONVERGED:
+                    when.append(i + 1)
+                break
+    return len(when) / runs, when
+
+
+def test_a_run_truly_below_target_is_almost_never_converged():
+    cfg = tiny().stop
+    rate, _ = simulate(0.93, cfg)
+    assert rate <= 0.01, rate
+    # the worst case: no plateau ends the run, so every one of the 30 evaluations may pass on noise
+    rate_all, _ = simulate(0.93, replace(cfg, patience=10 ** 9), seed=1)
+    assert rate_all <= 0.01, rate_all
+
+
+def test_a_run_truly_above_target_converges_within_the_budget():
+    rate, when = simulate(0.97, tiny().stop)
+    assert rate >= 0.95, rate
+    assert np.median(when) <= tiny().stop.hold + 1, np.median(when)
+
+
+def test_noisy_readings_around_the_target_are_not_converged():
+    cfg = StopConfig()
+    state = StopState()
+    verdicts = [after_eval(state, cfg, s, a, N) for s, a in ((10, 0.954), (20, 0.943), (30, 0.955))]
+    assert verdicts == [None, None, None]               # pooled 0.950667 over 1,440: bound 0.942826
+    assert state.bound == pytest.approx(wilson_lower(0.950667 * 1440, 1440, 0.9), abs=1e-5)
+    assert state.first_at_target == 10 and state.best == 0.955   # for display only
+
+
+def test_converges_on_a_pooled_bound_and_needs_hold_evaluations():
+    cfg = StopConfig()
+    state = StopState()
+    assert after_eval(state, cfg, 10, 1.0, N) is None
+    assert after_eval(state, cfg, 20, 1.0, N) is None   # 2 < hold evaluations
+    status, reason = after_eval(state, cfg, 30, 1.0, N)
+    assert status == CONVERGED and "lower bound 0.999" in reason
+    # a small sample is not enough, however good: 3 × 8 graded samples, all correct, bound
+    # 24 / (24 + z²) = 24 / 25.6423744 = 0.935951 < 0.95
+    state = StopState()
+    assert [after_eval(state, cfg, s, 1.0, 8) for s in (10, 20, 30)] == [None, None, None]
+    assert state.bound == pytest.approx(0.935951, abs=2e-6)
+    # readings of different sizes pool by their samples: (0.9·128 + 128 + 128) / 384 = 0.966667,
+    # bound 0.952797 (the verl follower's test run: rewards 0.9, 1.0, 1.0 over 16 prompts × 8)
+    state = StopState()
+    assert after_eval(state, cfg, 20, 0.9, 128) is None and after_eval(state, cfg, 25, 1.0, 128) is None
+    assert after_eval(state, cfg, 30, 1.0, 128)[0] == CONVERGED
+    assert state.bound == pytest.approx(0.952797, abs=2e-6)
+
+
+def test_peak_moves_only_by_min_delta():
+    cfg = StopConfig(patience=4, min_delta=0.01)
+    state = StopState()
+    after_eval(state, cfg, 0, 0.50, N)
+    # creeping noise below min_delta: the raw best rises, the peak and the patience do not reset
+    verdicts = [after_eval(state, cfg, s, a, N) for s, a in ((10, 0.505), (20, 0.509), (30, 0.507))]
+    assert verdicts == [None, None, None]
+    assert (state.peak, state.peak_step, state.evals_since_peak) == (0.50, 0, 3)
+    assert (state.best, state.best_step) == (0.509, 20)
+    status, reason = after_eval(state, cfg, 40, 0.508, N)
+    assert status == PLATEAUED and "peak 0.500 at step 0" in reason
+    # a gain of min_delta moves the peak and resets the patience
+    state = StopState()
+    after_eval(state, cfg, 0, 0.50, N)
+    after_eval(state, cfg, 10, 0.505, N)
+    assert after_eval(state, cfg, 20, 0.51, N) is None
+    assert (state.peak, state.peak_step, state.evals_since_peak) == (0.51, 20, 0)
+
+
+def test_collapse_is_measured_from_the_robust_peak():
+    cfg = StopConfig(collapse_drop=0.3, min_delta=0.01)
+    state = StopState()
+    after_eval(state, cfg, 0, 0.60, N)
+    after_eval(state, cfg, 10, 0.609, N)                # noise: the peak stays 0.60
+    assert after_eval(state, cfg, 20, 0.305, N) is None  # 0.304 below the best reading, 0.295 below the peak
+    status, reason = after_eval(state, cfg, 30, 0.30, N)
+    assert status == COLLAPSED and "peak 0.600 (step 0)" in reason
+
+
+def test_state_round_trips_through_json_and_old_checkpoints_load():
+    cfg = StopConfig()
+    state = StopState()
+    for s, a in ((0, 0.5), (10, 0.7), (20, 0.96)):
+        after_eval(state, cfg, s, a, N)
+    back = StopState.from_dict(json.loads(json.dumps(state.to_dict())))
+    assert back == state and back.evals[-1] == (20, 0.96, N)
+    # a checkpoint written before n was recorded: 2-tuples, no `best`, an unknown key
+    old = {"evals": [[0, 0.5], [10, 0.96], [20, 0.97]], "peak": 0.97, "peak_step": 20, "evals_since_peak": 0,
+           "first_at_target": 10, "kl": [0.1], "kl_warning_step": None, "retired_field": 1}
+    s = StopState.from_dict(old)
+    assert s.evals == [(0, 0.5, 0), (10, 0.96, 0), (20, 0.97, 0)] and (s.best, s.best_step) == (0.97, 20)
+    # readings of unknown size cannot carry a convergence; three new ones can
+    assert after_eval(s, cfg, 30, 1.0, N) is None and after_eval(s, cfg, 40, 1.0, N) is None
+    assert after_eval(s, cfg, 50, 1.0, N)[0] == CONVERGED
