@@ -605,7 +605,8 @@ def runs_show(ctx: typer.Context, run_id: str, as_json: bool = typer.Option(Fals
 def report(csv: Optional[Path] = typer.Option(None, "--csv", help="Also write the table as CSV."),
            as_json: bool = typer.Option(False, "--json"), build_id: Optional[str] = typer.Option(None, "--build"),
            db: Optional[str] = DB_OPT):
-    """The leaderboard ranking in the terminal: PASS when peak split accuracy >= 0.95."""
+    """The leaderboard ranking in the terminal: PASS when the run converged (the lower confidence bound
+    of split accuracy, pooled over its last evaluations, reached 0.95)."""
     from leaderboard.queries import ranked, report_columns, runs_frame
 
     df = ranked(runs_frame(_store(db), build_id))
@@ -624,9 +625,9 @@ def report(csv: Optional[Path] = typer.Option(None, "--csv", help="Also write th
     if as_json:
         out.print_json(df.to_json(orient="records"))
         return
-    t = Table("#", "algo", "precision", "sanity", "status", "peak", "final", "steps→95%", "eval", "KL k3", "max|Δp|", "steps", "run")
+    t = Table("#", "algo", "precision", "sanity", "status", "peak", "final", "steps→pass", "eval", "KL k3", "max|Δp|", "steps", "run")
     for i, r in enumerate(df.itertuples(), 1):
-        t.add_row(str(i), r.algo, r.precision, "[green]PASS[/]" if r.sanity == "PASS" else "[red]FAIL[/]", r.status,
+        t.add_row(str(i), r.algo, r.precision, {"PASS": "[green]PASS[/]", "RUNNING": "[yellow]RUNNING[/]"}.get(r.sanity, "[red]FAIL[/]"), r.status,
                   _f(r.peak_accuracy), _f(r.final_accuracy),
                   "-" if r.steps_to_target != r.steps_to_target or r.steps_to_target is None else str(int(r.steps_to_target)),
                   _f(r.best_eval), "-" if r.mean_kl != r.mean_kl or r.mean_kl is None else f"{r.mean_kl:.2e}",

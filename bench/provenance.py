@@ -24,6 +24,19 @@ def package_versions(packages=PACKAGES) -> dict[str, str | None]:
     return out
 
 
+def package_versions_of(python: str, packages=PACKAGES) -> dict[str, str | None]:
+    """`package_versions` as seen by another interpreter (verl runs in its own environment)."""
+    import json
+
+    code = ("import json, importlib.metadata as m\nout = {}\nfor p in %r:\n    try: out[p] = m.version(p)\n"
+            "    except m.PackageNotFoundError: out[p] = None\nprint(json.dumps(out))" % (list(packages),))
+    try:
+        r = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+        return json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else {}
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return {}
+
+
 def git_commit(path: Path | None = None) -> dict[str, str | bool | None]:
     """bench's git commit and whether the work tree differs from it (None outside a checkout)."""
     where = str(path or Path(__file__).resolve().parent.parent)

@@ -351,7 +351,7 @@ class NativeTrainer:
                 metrics["time_eval"] = time.time() - te
                 verdict = stop_rules.after_eval(self.stop_state, cfg.stop, self.step, acc["split"],
                                                 len(self.split) * cfg.eval_split_m)
-            self._record(metrics, time.time() - t0)
+            self._record(metrics, time.time() - t0, converged=bool(verdict) and verdict[0] == stop_rules.CONVERGED)
             if self.step % cfg.checkpoint_every == 0 or verdict:
                 self.save_checkpoint()
             if self.progress:
@@ -387,11 +387,10 @@ class NativeTrainer:
             run.final_accuracy = acc["split"]
             if run.peak_accuracy is None or acc["split"] > run.peak_accuracy:
                 run.peak_accuracy = acc["split"]
-            if acc["split"] >= self.cfg.stop.target and run.steps_to_target is None:
-                run.steps_to_target, run.wall_to_target = self.step, self.wall
         return acc
 
-    def _record(self, metrics: dict, dt: float) -> None:
+    def _record(self, metrics: dict, dt: float, converged: bool = False) -> None:
+        """Store the step; `converged`: the stop rule's verdict at this step sets steps to target."""
         self.wall += dt
         metrics["wall_s"] = self.wall
         clean = {k: (float(v) if v == v and abs(v) != float("inf") else None) for k, v in metrics.items()}
@@ -400,6 +399,8 @@ class NativeTrainer:
             run = s.get(Run, self.run_id)
             run.step, run.wall_s = self.step, self.wall
             run.kl_warning_step = self.stop_state.kl_warning_step
+            if converged:
+                run.steps_to_target, run.wall_to_target = self.step, self.wall
 
 
 # ------------------------------------------------------------------ entry points

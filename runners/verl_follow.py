@@ -66,6 +66,10 @@ def _finite(v) -> float | None:
     return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
 
 
+SPLIT_ESTIMATOR = ("verl's training reward over the last pass over the split (ceil(split / B) steps of "
+                   "B x G rollouts, each graded once, the policy moving between steps)")
+
+
 @dataclass
 class Follower:
     """Turns verl's per-step metrics into bench's steps, evals and stop decisions."""
@@ -114,10 +118,10 @@ class Follower:
         if "eval/split" in m:
             evals["split"] = (len(self.rewards) * self.cfg.prompts_per_step * self.cfg.samples_per_prompt,
                               m["eval/split"])
-        self._write(step, m, evals)
+        self._write(step, m, evals, converged=bool(verdict) and verdict[0] == stop_rules.CONVERGED)
         return verdict
 
-    def _write(self, step: int, m: dict, evals: dict[str, tuple[int, float]]) -> None:
+    def _write(self, step: int, m: dict, evals: dict[str, tuple[int, float]], converged: bool = False) -> None:
         clean = {k: _finite(v) for k, v in m.items()}
         with session(self.store) as s:
             s.merge(RunStep.from_metrics(self.run_id, step, clean))
@@ -132,8 +136,8 @@ class Follower:
                 run.final_accuracy = acc
                 if run.peak_accuracy is None or acc > run.peak_accuracy:
                     run.peak_accuracy = acc
-                if acc >= self.cfg.stop.target and run.steps_to_target is None:
-                    run.steps_to_target, run.wall_to_target = step, self.wall
+            if converged:            # the stop rule's verdict, not one reading >= target
+                run.steps_to_target, run.wall_to_target = step, self.wall
 
 
 def _stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
@@ -292,13 +296,20 @@ def start_verl_run(store, algo: str, precision, cfg: RunConfig, preset: str, job
 
     from .algos import get_loss
 
+    from bench import provenance
+
     get_loss(algo)
     run_id = job["run_id"]
+    opts = dict(a.split("=", 1) for a in job["argv"] if a.startswith("trainer.n"))
+    facts = provenance.collect("cpu", split_accuracy_estimator=SPLIT_ESTIMATOR,
+                               verl_env=provenance.package_versions_of(job["argv"][0]),
+                               verl_gpus=f"{opts.get('trainer.n_gpus_per_node')} GPU(s) x "
+                                         f"{opts.get('trainer.nnodes')} node(s)")
     with session(store) as s:
         s.add(Run(id=run_id, model_id=job["model_id"], build_id=job["build_id"], algo=algo,
                   rollout_dtype=precision.rollout, train_dtype=precision.train, trainer="verl", engine="vllm",
                   config={"preset": preset, **asdict(cfg), "verl": job}, status="running",
-                  checkpoint_dir=str(Path(job["root"]) / "checkpoints")))
+                  checkpoint_dir=str(Path(job["root"]) / "checkpoints"), provenance=facts))
     _follow(store, run_id, job, Follower(store, run_id, cfg, job["split_size"]), progress)
     return run_id
 

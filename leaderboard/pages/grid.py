@@ -1,4 +1,4 @@
-"""Algorithm × precision-pair heatmaps for one build: peak accuracy, steps to 95%, mean KL."""
+"""Algorithm × precision-pair heatmaps for one build: peak accuracy, steps to convergence, mean KL."""
 
 import altair as alt
 import pandas as pd
@@ -20,7 +20,7 @@ grid = cells.merge(latest, on=["algo", "precision"], how="left")
 grid["cell"] = grid.peak_accuracy.map(lambda v: "—" if pd.isna(v) else f"{v:.2f}")
 
 metric = st.radio("Metric", ["peak_accuracy", "steps_to_target", "mean_kl"], horizontal=True,
-                  format_func={"peak_accuracy": "peak accuracy", "steps_to_target": "steps to 95%",
+                  format_func={"peak_accuracy": "peak accuracy", "steps_to_target": "steps to pass",
                                "mean_kl": "mean KL"}.get)
 scale = alt.Scale(scheme="viridis", reverse=metric != "peak_accuracy")
 chart = alt.Chart(grid).mark_rect().encode(

@@ -28,7 +28,7 @@ view = ranked(view)
 all_cols = report_columns() + ["trainer", "engine", "stop_reason", "wall_s", "kl_warning_step"]
 cols = st.multiselect("Columns", all_cols, default=report_columns())
 passed = int((view.sanity == "PASS").sum()) if not view.empty else 0
-st.caption(f"{len(view)} runs · {passed} pass the sanity test (peak split accuracy ≥ 95%)")
+st.caption(f"{len(view)} runs · {passed} pass the sanity test (converged: the 90% lower bound of split accuracy, pooled over the last evaluations, ≥ 95%)")
 st.dataframe(
     view[cols], hide_index=True, width="stretch",
     column_config={

@@ -23,7 +23,7 @@ c[0].metric("status", info["status"])
 c[1].metric("sanity test", row.sanity)
 c[2].metric("peak split accuracy", "—" if pd.isna(row.peak_accuracy) else f"{row.peak_accuracy:.3f}")
 c[3].metric("steps", int(info["step"]))
-c[4].metric("steps to 95%", "—" if pd.isna(row.steps_to_target) else int(row.steps_to_target))
+c[4].metric("steps to pass", "—" if pd.isna(row.steps_to_target) else int(row.steps_to_target))
 if info["stop_reason"]:
     st.caption(f"stop reason: {info['stop_reason']}")
 if info.get("kl_warning_step"):
