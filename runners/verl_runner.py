@@ -10,8 +10,29 @@ normaliser as an explicit `loss_scale_factor` (else verl divides by each micro-b
 length), GSPO's seq-mean-token-mean (verl 0.9.1 uses the actor's loss_agg_mode, default
 token-mean). Left as verl has them: IcePop's lower bound (`'1e-9_C'` also zeroes weights below
 1e-9) and sequences with no response token (verl drops them from the mean; bench counts them).
-verl's `training/rollout_probs_diff_*` is |p_rollout − p_actor|; bench's prob_diff_max/min are
-signed π − μ.
+
+Metrics (METRIC_MAP): a verl value is stored under a bench name only where bench's native
+meaning is the same; everything else keeps verl's name under `verl/`. verl's off-policy
+diagnostics (`rollout_corr/*` from `rollout_corr_helper.compute_offpolicy_metrics`, π_old vs μ
+on the whole batch, decoupled mode) are computed natively by bench/mismatch.py exactly as verl
+does (tests/test_verl_metrics.py): `rollout_corr/kl` is a per-token mean of log μ − log π, stored
+as `kl_k1_token` (bench's `kl_k1` sums each sequence first), `k3_kl` is per-token k3 = `kl_k3`,
+then `chi2_token`, `chi2_seq`, `ppl_*`, `log_ppl_*`. `training/rollout_probs_diff_{mean,max,std}`
+are of |p_rollout − p_actor| (`prob_abs_diff_*`; bench's prob_diff_max/min are signed π − μ).
+verl's `rollout_is_*` describe the *applied* weights at the configured level (truncated at C,
+or zeroed outside IcePop's bounds) and are stored as `is_weight_applied_*` (token-weighted;
+`_seq_*`: over sequences of each one's token-mean weight), never as bench's raw `is_ratio_*`;
+`rollout_is_ratio_fraction_{high,low}` are the fractions of raw ratios (tokens or sequences,
+per level) above C / below the lower bound (`is_ratio_frac_*`). `rollout_is_max`/`_min` stay
+`verl/…`: verl reports the applied weight at token level but the raw ratio at sequence level.
+Bypass mode (the pg-seq-* cells) skips all of that: verl computes the same diagnostics inside
+the actor's loss, for π_θ (the policy being updated) against μ, per micro-batch (one sequence
+in this command), and logs their mean over micro-batches as `actor/rollout_corr/*`. These are
+stored under the same names, being the only mismatch such runs log (the KL early warning reads
+`kl_k3`), with two differences: per-token means (kl, k3_kl, chi2_token) become means over
+sequences of per-sequence token means, and after the first of `updates_per_batch` optimizer
+steps π_θ has moved from π_old, so drift adds to the mismatch. Their `_max`/`_min` and IS-weight
+statistics (micro-batch values averaged or maxed across mini-batches) stay `verl/actor/…`.
 """
 
 from __future__ import annotations
@@ -31,22 +52,52 @@ RC = "algorithm.rollout_correction"
 VERL_DTYPE = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}
 ROLLOUT_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
-# verl metric → bench metric (None: keep under verl's name with a "verl/" prefix)
+# verl's off-policy diagnostics (without their `rollout_corr/` prefix) → bench's native names
+OFFPOLICY_MAP = {
+    "kl": "kl_k1_token",                    # per-token mean of log μ − log π (not kl_k1: per-sequence sums)
+    "k3_kl": "kl_k3",                       # per-token mean of ρ − 1 − log ρ, ρ = π/μ
+    "chi2_token": "chi2_token",
+    "chi2_seq": "chi2_seq",
+    "training_ppl": "ppl_training",
+    "training_log_ppl": "log_ppl_training",
+    "rollout_ppl": "ppl_rollout",
+    "rollout_log_ppl": "log_ppl_rollout",
+    "ppl_ratio": "ppl_ratio",
+    "log_ppl_diff": "log_ppl_diff",
+    "log_ppl_abs_diff": "log_ppl_abs_diff",
+    "log_ppl_diff_max": "log_ppl_diff_max",
+    "log_ppl_diff_min": "log_ppl_diff_min",
+}
+# ... of which bypass mode's micro-batch means (`actor/rollout_corr/*`) are stored too (docstring)
+BYPASS_OFFPOLICY = ("kl", "k3_kl", "chi2_token", "chi2_seq", "training_ppl", "training_log_ppl", "rollout_ppl",
+                    "rollout_log_ppl", "ppl_ratio", "log_ppl_diff", "log_ppl_abs_diff")
+# verl's statistics of the applied (truncated / IcePop-masked) IS weights at the configured level
+IS_WEIGHT_MAP = {
+    "rollout_is_mean": "is_weight_applied_mean",
+    "rollout_is_std": "is_weight_applied_std",
+    "rollout_is_eff_sample_size": "is_weight_applied_ess",
+    "rollout_is_seq_mean": "is_weight_applied_seq_mean",
+    "rollout_is_seq_std": "is_weight_applied_seq_std",
+    "rollout_is_seq_max": "is_weight_applied_seq_max",
+    "rollout_is_seq_min": "is_weight_applied_seq_min",
+    "rollout_is_seq_max_deviation": "is_weight_applied_seq_max_deviation",
+    "rollout_is_ratio_fraction_high": "is_ratio_frac_high",     # raw ratio > C (tokens or sequences, per level)
+    "rollout_is_ratio_fraction_low": "is_ratio_frac_low",       # raw ratio < the lower bound (1/C unless lo_hi)
+    "rollout_is_oob_ratio": "is_ratio_frac_oob",                # IcePop: token share of raw weights outside [lo, hi]
+}
+
+# verl metric → bench metric (anything else is kept under verl's name with a "verl/" prefix)
 METRIC_MAP = {
     "critic/score/mean": "reward",
     "response_length/mean": "response_len",
     "response_length/max": "response_len_max",
     "response_length/clip_ratio": "truncated_frac",
-    "rollout_corr/kl": "kl_k1",
-    "rollout_corr/k3_kl": "kl_k3",
+    **{f"rollout_corr/{k}": v for k, v in OFFPOLICY_MAP.items()},
+    **{f"actor/rollout_corr/{k}": OFFPOLICY_MAP[k] for k in BYPASS_OFFPOLICY},
+    **{f"rollout_corr/{k}": v for k, v in IS_WEIGHT_MAP.items()},
     "training/rollout_probs_diff_mean": "prob_abs_diff_mean",     # |p_rollout − p_actor|, a probability
-    "rollout_corr/rollout_is_mean": "is_ratio_token_mean",
-    "rollout_corr/rollout_is_max": "is_ratio_token_max",
-    "rollout_corr/rollout_is_min": "is_ratio_token_min",
-    "rollout_corr/rollout_is_eff_sample_size": "is_ratio_token_ess",
-    "rollout_corr/rollout_is_seq_mean": "is_ratio_seq_mean",
-    "rollout_corr/rollout_is_seq_max": "is_ratio_seq_max",
-    "rollout_corr/rollout_is_seq_min": "is_ratio_seq_min",
+    "training/rollout_probs_diff_max": "prob_abs_diff_max",
+    "training/rollout_probs_diff_std": "prob_abs_diff_std",
     "actor/pg_loss": "loss",
     "actor/grad_norm": "grad_norm",
     "actor/pg_clipfrac": "loss/clip_frac",
@@ -221,10 +272,11 @@ def shell_line(argv: list[str], env: dict) -> str:
 
 def map_metrics(data: dict) -> dict[str, float | None]:
     """One verl log line's metrics under bench's names (unmapped ones keep verl's name under
-    a `verl/` prefix; validation scores become `eval/<data_source>`)."""
+    a `verl/` prefix; validation scores become `eval/<data_source>`). Should a line hold both
+    `rollout_corr/<x>` and bypass mode's `actor/rollout_corr/<x>`, the batch value wins."""
     out: dict[str, float | None] = {}
     for k, v in data.items():
-        if k in METRIC_MAP:
+        if k in METRIC_MAP and not (k.startswith("actor/rollout_corr/") and k[len("actor/"):] in data):
             out[METRIC_MAP[k]] = v
         elif k.startswith("val-core/") and "/acc/mean@" in k:
             out[f"eval/{k[len('val-core/'):].rsplit('/acc/mean@', 1)[0]}"] = v

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from bench.mismatch import kl_k1, kl_k2, kl_k3, log_ratio_slope, mismatch_metrics, prob_diff_stats, ratio_stats
+from bench.mismatch import (chi2_seq, chi2_token, kl_k1, kl_k1_token, kl_k2, kl_k3, log_ratio_slope, mismatch_metrics,
+                            perplexity_stats, prob_diff_stats, ratio_stats)
 
 LN = math.log
 
@@ -30,6 +31,73 @@ def test_prob_diff_signed_pi_minus_mu():
     assert s["prob_diff_max"] == pytest.approx(0.1, abs=1e-6)
     assert s["prob_diff_min"] == pytest.approx(-0.1, abs=1e-6)
     assert s["prob_abs_diff_mean"] == pytest.approx(0.2 / 3, abs=1e-6)   # masked 0.9 → 0.5 ignored
+    assert s["prob_abs_diff_max"] == pytest.approx(0.1, abs=1e-6)
+
+
+def batch23():
+    """2 × 3, the last token of row 1 masked (its 0.9 → 0.1 must not count).
+    μ = [[.5, .25, .5], [.2, .5, .9]],  π = [[.5, .5, .25], [.4, .5, .1]]
+    log π − log μ on the 5 tokens: row 0: 0, ln2, −ln2;  row 1: ln2, 0."""
+    mu = torch.log(torch.tensor([[.5, .25, .5], [.2, .5, .9]]))
+    pi = torch.log(torch.tensor([[.5, .5, .25], [.4, .5, .1]]))
+    return mu, pi, torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+
+
+def test_verls_offpolicy_metrics_by_hand():
+    mu, pi, mask = batch23()
+    L2 = LN(2)
+    # per token: mean(log μ − log π) = (0 − ln2 + ln2 − ln2 + 0) / 5;  kl_k1 sums per sequence: (0 + −ln2) / 2
+    assert kl_k1_token(mu, pi, mask) == pytest.approx(-L2 / 5, rel=1e-6)
+    assert kl_k1(mu, pi, mask) == pytest.approx(-L2 / 2, rel=1e-6)
+    # ρ_t = π/μ = 1, 2, ½, 2, 1 → mean ρ² = (1 + 4 + ¼ + 4 + 1) / 5 = 2.05
+    assert chi2_token(mu, pi, mask) == pytest.approx(1.05, rel=1e-6)
+    # sequence ρ = 1·2·½ = 1 and 2·1 = 2 → mean ρ² = (1 + 4) / 2 = 2.5
+    assert chi2_seq(mu, pi, mask) == pytest.approx(1.5, rel=1e-6)
+    p = perplexity_stats(mu, pi, mask)
+    # ℓπ = mean_t log π: row 0 (−ln2 − ln2 − 2ln2)/3 = −4ln2/3, row 1 (ln .4 + ln .5)/2 = ln(.2)/2
+    # ℓμ: row 0 (−ln2 − 2ln2 − ln2)/3 = −4ln2/3, row 1 (ln .2 + ln .5)/2 = ln(.1)/2
+    assert p["ppl_training"] == pytest.approx((2 ** (4 / 3) + math.sqrt(5)) / 2, rel=1e-6)
+    assert p["log_ppl_training"] == pytest.approx((4 * L2 / 3 + LN(5) / 2) / 2, rel=1e-6)
+    assert p["ppl_rollout"] == pytest.approx((2 ** (4 / 3) + math.sqrt(10)) / 2, rel=1e-6)
+    assert p["log_ppl_rollout"] == pytest.approx((4 * L2 / 3 + LN(10) / 2) / 2, rel=1e-6)
+    # d = ℓμ − ℓπ = 0 and (ln .1 − ln .2)/2 = −ln2/2
+    assert p["log_ppl_diff"] == pytest.approx(-L2 / 4, rel=1e-6)
+    assert p["log_ppl_diff"] == pytest.approx(p["log_ppl_training"] - p["log_ppl_rollout"], rel=1e-6)
+    assert p["log_ppl_abs_diff"] == pytest.approx(L2 / 4, rel=1e-6)
+    assert (p["log_ppl_diff_max"], p["log_ppl_diff_min"]) == pytest.approx((0.0, -L2 / 2), abs=1e-7)
+    assert p["ppl_ratio"] == pytest.approx((1 + 2 ** -0.5) / 2, rel=1e-6)    # mean exp(d)
+    # |π − μ| = 0, .25, .25, .2, 0: mean .14, max .25, unbiased std √(.067/4)
+    s = prob_diff_stats(mu, pi, mask)
+    assert s["prob_abs_diff_mean"] == pytest.approx(0.14, rel=1e-6)
+    assert s["prob_abs_diff_max"] == pytest.approx(0.25, rel=1e-6)
+    assert s["prob_abs_diff_std"] == pytest.approx(math.sqrt(0.067 / 4), rel=1e-6)
+    assert (s["prob_diff_max"], s["prob_diff_min"]) == pytest.approx((0.25, -0.25), rel=1e-6)   # signed π − μ
+    m = mismatch_metrics(mu, pi, mask)
+    assert {k: m[k] for k in p} == pytest.approx(p) and m["kl_k1_token"] == pytest.approx(-L2 / 5, rel=1e-6)
+    assert m["chi2_token"] == pytest.approx(1.05, rel=1e-6) and m["chi2_seq"] == pytest.approx(1.5, rel=1e-6)
+
+
+def test_a_sequence_without_tokens_counts_as_verls_masked_mean_does():
+    """verl's per-sequence masked_mean of an empty row is 0: ppl 1, log-ppl diff 0, ρ_seq 1."""
+    mu, pi, mask = batch23()
+    mu3, pi3 = torch.cat([mu, mu[:1]]), torch.cat([pi, pi[:1] - 1.0])
+    mask3 = torch.cat([mask, torch.zeros(1, 3)])
+    p2, p3 = perplexity_stats(mu, pi, mask), perplexity_stats(mu3, pi3, mask3)
+    assert p3["ppl_training"] == pytest.approx((2 * p2["ppl_training"] + 1) / 3, rel=1e-6)
+    assert p3["log_ppl_diff"] == pytest.approx(2 * p2["log_ppl_diff"] / 3, rel=1e-6)
+    assert p3["ppl_ratio"] == pytest.approx((2 * p2["ppl_ratio"] + 1) / 3, rel=1e-6)
+    assert chi2_seq(mu3, pi3, mask3) == pytest.approx((1 + 4 + 1) / 3 - 1, rel=1e-6)
+    assert chi2_token(mu3, pi3, mask3) == pytest.approx(1.05, rel=1e-6)
+    assert kl_k1_token(mu3, pi3, mask3) == pytest.approx(-LN(2) / 5, rel=1e-6)
+
+
+def test_chi2_clamps_the_log_ratio_at_20():
+    mu = torch.zeros(1, 30)
+    pi = torch.full((1, 30), 1.0)                       # Σ log ρ = 30 → clamped to 20; each ρ_t = e
+    mask = torch.ones(1, 30)
+    assert chi2_seq(mu, pi, mask) == pytest.approx(math.exp(40) - 1, rel=1e-9)
+    assert chi2_token(mu, pi, mask) == pytest.approx(math.exp(2) - 1, rel=1e-6)
+    assert chi2_token(mu, mu + 25.0, torch.ones(1, 30)) == pytest.approx(math.exp(40) - 1, rel=1e-6)
 
 
 def test_log_ratio_slope_recovers_a_line():
@@ -54,3 +122,13 @@ def test_identical_engines_give_zero_mismatch():
     assert m["kl_k1"] == 0 and m["kl_k3"] == 0 and m["prob_abs_diff_mean"] == 0
     assert m["is_ratio_seq_ess"] == pytest.approx(1.0)
     assert m["kl_k1_bits"] == 0
+    assert m["kl_k1_token"] == 0 and m["chi2_token"] == 0 and m["chi2_seq"] == 0 and m["prob_abs_diff_max"] == 0
+    assert m["log_ppl_diff"] == 0 and m["log_ppl_abs_diff"] == 0 and m["ppl_ratio"] == pytest.approx(1.0)
+    assert m["ppl_training"] == pytest.approx(m["ppl_rollout"])
+
+
+def test_empty_batch():
+    m = mismatch_metrics(torch.zeros(0, 4), torch.zeros(0, 4), torch.zeros(0, 4))
+    assert m["kl_k1_token"] == 0 and m["chi2_seq"] == 0 and m["ppl_ratio"] == 1 and m["prob_abs_diff_std"] == 0
+    m = mismatch_metrics(torch.zeros(2, 4), torch.zeros(2, 4), torch.zeros(2, 4))   # no response token at all
+    assert m["kl_k1_token"] == 0 and m["chi2_token"] == 0 and m["ppl_training"] == 1 and m["log_ppl_diff"] == 0

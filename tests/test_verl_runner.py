@@ -87,8 +87,9 @@ def test_reward_module_grades_real_golds(shared_data):
 
 def test_metric_names():
     m = map_metrics({"critic/score/mean": 0.5, "rollout_corr/k3_kl": 1e-4, "val-core/aime24/acc/mean@32": 0.3,
-                     "actor/entropy": 1.2})
-    assert m == {"reward": 0.5, "kl_k3": 1e-4, "eval/aime24": 0.3, "verl/actor/entropy": 1.2}
+                     "actor/entropy": 1.2, "rollout_corr/kl": 2e-5, "rollout_corr/rollout_is_mean": 0.9})
+    assert m == {"reward": 0.5, "kl_k3": 1e-4, "eval/aime24": 0.3, "verl/actor/entropy": 1.2,
+                 "kl_k1_token": 2e-5, "is_weight_applied_mean": 0.9}   # per-token kl; applied (truncated) weights
 
 
 @pytest.mark.integration
