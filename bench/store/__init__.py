@@ -6,14 +6,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from .schema import Base, Build, BuildProblem, BuildRollout, Eval, MismatchReport, Model, Run, RunStep
@@ -22,6 +24,7 @@ __all__ = ["Base", "Build", "BuildProblem", "BuildRollout", "Eval", "MismatchRep
            "RunStep", "StoreError", "bench_home", "default_url", "open_store", "session", "get_or_create_model"]
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+BUSY_TIMEOUT_S = 60       # how long a SQLite writer waits for another process's write to end
 
 
 class StoreError(RuntimeError):
@@ -54,25 +57,104 @@ def _alembic_config(engine: Engine):
     return cfg
 
 
+def _at_head(engine: Engine, cfg) -> bool:
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    heads = set(ScriptDirectory.from_config(cfg).get_heads())
+    with engine.connect() as c:
+        return set(MigrationContext.configure(c).get_current_heads()) == heads
+
+
+@contextmanager
+def _migration_lock(engine: Engine) -> Iterator[None]:
+    """Serialize migrations of one store across processes (two `bench run`s opening a fresh
+    database at once would both create the tables). PostgreSQL: a session advisory lock keyed
+    by the schema migrated, held on its own connection. SQLite: nothing here, because Alembic's
+    env.py checks and migrates in one transaction and every SQLite transaction of this store is
+    BEGIN IMMEDIATE (the write lock): the second process waits, then finds the schema at head."""
+    if engine.dialect.name != "postgresql":
+        yield
+        return
+    with engine.connect() as c:
+        schema = c.execute(text("SELECT current_schema()")).scalar()
+        key = int.from_bytes(hashlib.blake2b(f"bench.store migrate {schema}".encode(), digest_size=8).digest(),
+                             "big", signed=True)
+        c.execute(text("SELECT pg_advisory_lock(:k)"), {"k": key})
+        c.commit()
+        try:
+            yield
+        finally:
+            c.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+            c.commit()
+
+
 def upgrade(engine: Engine) -> None:
+    """Bring the schema to the latest migration; safe when several processes do it at once.
+    On SQLite the migration runs with foreign keys off (Alembic's advice for batch mode: a
+    table it recreates is dropped, and with foreign keys on that DROP would cascade)."""
     from alembic import command
 
-    command.upgrade(_alembic_config(engine), "head")
+    cfg = _alembic_config(engine.execution_options(bench_migration=True))
+    if _at_head(engine, cfg):
+        return
+    with _migration_lock(engine):
+        command.upgrade(cfg, "head")
+
+
+def _sqlite_transactions(engine: Engine) -> None:
+    """Make SQLite safe for concurrent writers (`bench sweep --jobs N`, shards, a leaderboard
+    reading a running sweep): WAL (readers and the writer don't block each other), a busy timeout
+    (a writer waits for the lock instead of failing), and BEGIN IMMEDIATE for every transaction.
+    sqlite3's own deferred BEGIN takes the write lock only at the first write; a transaction that
+    read first then cannot get it while another process writes and fails at once with "database is
+    locked" whatever the timeout (and its reads outside any transaction let two read-modify-writes
+    lose an update). So sqlite3's transaction handling is off and SQLAlchemy's "begin" event emits
+    BEGIN itself (SQLAlchemy's SQLite docs, "Transactions with SQLite and the sqlite3 driver").
+    A connection made read-only with PRAGMA query_only (leaderboard/queries.py `read_only`) gets a
+    plain BEGIN: the app never takes the write lock."""
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, record):
+        dbapi_conn.isolation_level = None                        # no implicit BEGIN/COMMIT by sqlite3
+        dbapi_conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_S * 1000}")
+        dbapi_conn.execute("PRAGMA foreign_keys=ON")             # SQLite enforces foreign keys only when asked
+        try:                                                     # "memory" for an in-memory database
+            dbapi_conn.execute("PRAGMA journal_mode=WAL").fetchone()
+        except sqlite3.OperationalError:                         # a read-only file: read it as it is
+            pass
+        record.info["foreign_keys"] = True
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn):
+        dbapi_conn = conn.connection.dbapi_connection
+        info = conn.connection.info
+        opts = conn.get_execution_options()
+        fk = not opts.get("bench_migration", False)
+        if info.get("foreign_keys") != fk:                       # settable only outside a transaction
+            dbapi_conn.execute(f"PRAGMA foreign_keys={'ON' if fk else 'OFF'}")
+            info["foreign_keys"] = fk
+        if opts.get("isolation_level") == "AUTOCOMMIT":
+            return
+        if dbapi_conn.isolation_level is not None:               # reset by the dialect after AUTOCOMMIT
+            dbapi_conn.isolation_level = None
+        if "query_only" not in info:
+            info["query_only"] = bool(dbapi_conn.execute("PRAGMA query_only").fetchone()[0])
+        conn.exec_driver_sql("BEGIN" if info["query_only"] else "BEGIN IMMEDIATE")
 
 
 def open_store(url: str | None = None, migrate: bool = True) -> Engine:
     """Connect to `url` (default: BENCH_DB_URL or the SQLite file under BENCH_HOME), check the
-    connection, and bring the schema to the latest migration."""
+    connection, and bring the schema to the latest migration. Several processes may open and
+    write one store at once (SQLite: see `_sqlite_transactions`)."""
     url = url or default_url()
     try:
         if url.startswith("sqlite:///"):
             Path(url[len("sqlite:///"):]).expanduser().parent.mkdir(parents=True, exist_ok=True)
-        kw = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+        kw = {"connect_args": {"timeout": BUSY_TIMEOUT_S}} if url.startswith("sqlite") else {"pool_pre_ping": True}
         engine = create_engine(url, **kw)
-        if url.startswith("sqlite"):
-            @event.listens_for(engine, "connect")
-            def _fk_on(dbapi_conn, _):  # SQLite enforces foreign keys only when asked
-                dbapi_conn.execute("PRAGMA foreign_keys=ON")
+        if engine.dialect.name == "sqlite":
+            _sqlite_transactions(engine)
         with engine.connect() as c:
             c.execute(text("SELECT 1"))
         if migrate:
@@ -96,11 +178,17 @@ def session(engine: Engine) -> Iterator[Session]:
 
 
 def get_or_create_model(s: Session, name: str, path: str, weights_hash: str | None) -> Model:
+    """The model row, made if missing; when another process makes it at the same moment (shards
+    of one build on PostgreSQL), the loser of the race reads the winner's row."""
     from sqlalchemy import select
 
-    m = s.scalars(select(Model).where(Model.name == name, Model.weights_hash == weights_hash)).first()
+    q = select(Model).where(Model.name == name, Model.weights_hash == weights_hash)
+    m = s.scalars(q).first()
     if m is None:
-        m = Model(name=name, path=path, weights_hash=weights_hash)
-        s.add(m)
-        s.flush()
+        try:
+            with s.begin_nested():
+                m = Model(name=name, path=path, weights_hash=weights_hash)
+                s.add(m)
+        except IntegrityError:
+            m = s.scalars(q).one()
     return m
