@@ -1,0 +1,47 @@
+"""`bench model train` and `bench db upgrade`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from bench.cli import DB_OPT, _progress, _store, db_app, fail, model_app, out
+
+
+# ------------------------------------------------------------------ model / db
+
+@model_app.command("train")
+def model_train(name: str = typer.Argument("tiny-math", help="Only 'tiny-math' is trainable here."),
+                steps: int = typer.Option(2500, help="Training steps (the band knob)."),
+                batch_size: int = typer.Option(64), lr: float = typer.Option(3e-3),
+                seed: int = typer.Option(0), threads: int = typer.Option(1),
+                hidden: int = typer.Option(128), layers: int = typer.Option(3),
+                out_dir: Optional[Path] = typer.Option(None, "--out", help="Default: the package's embedded weights.")):
+    """Train the embedded tiny-math model from scratch on synthetic worked solutions."""
+    from bench.tinymath import TinyConfig, TrainConfig, train
+
+    if name != "tiny-math":
+        fail(f"unknown trainable model {name!r}; only 'tiny-math'")
+    if steps < 1 or batch_size < 1:
+        fail("steps and batch size must be >= 1")
+    cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, seed=seed, threads=threads,
+                      arch=TinyConfig(hidden_size=hidden, num_hidden_layers=layers,
+                                      intermediate_size=3 * hidden))
+    if out_dir:
+        cfg.out = out_dir
+    with _progress("training") as prog:
+        task = prog.add_task("training", total=steps, rate="")
+        summary = train(cfg, progress=lambda s, n, loss: prog.update(task, completed=s, rate=f"loss {loss:.3f}"))
+    out.print_json(json.dumps(summary))
+
+
+@db_app.command("upgrade")
+def db_upgrade(db: Optional[str] = DB_OPT):
+    """Apply pending migrations to the store."""
+    from bench.store import default_url
+
+    _store(db)
+    out.print(f"store at {db or default_url()} is up to date")

@@ -1,0 +1,222 @@
+"""`bench build`, `bench build merge`, `bench builds`, `bench grade`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.table import Table
+
+from bench.cli import DB_OPT, _progress, _store, _user_errors, app, build_app, builds_app, console, fail, out
+
+
+# ------------------------------------------------------------------ build
+
+@build_app.callback()
+def build(ctx: typer.Context,
+          model: str = typer.Option("tiny-math", help="'tiny-math', a model directory, or a hub id."),
+          source: Optional[str] = typer.Option(None, help="Problems: a .jsonl/.parquet/.csv file, a saved "
+                                               "`datasets` directory, 'synthetic', 'math' or a hub id. "
+                                               "Default: synthetic for tiny-math, MATH otherwise."),
+          limit: Optional[int] = typer.Option(None, help="Use the first N problems (synthetic: draw N; default 300)."),
+          id_col: str = typer.Option("id", help="Column holding the problem id (else a hash of the text)."),
+          problem_col: str = typer.Option("problem", help="Column holding the problem text."),
+          answer_col: str = typer.Option("answer", help="Column holding the gold answer."),
+          solution_col: str = typer.Option("solution", help="Column whose last \\boxed{} is the gold when the answer column is missing."),
+          engine: str = typer.Option("auto", help="Rollout engine: auto (vllm when importable), torch, vllm."),
+          dtype: str = typer.Option("bf16", help="Rollout dtype: fp32, fp16, bf16."),
+          k: int = typer.Option(40, help="Rollouts per problem."),
+          band: Optional[List[float]] = typer.Option(None, help="Keep problems with lo <= accuracy <= hi "
+                                                     "(inclusive at both ends). Default 0.2 0.8.", show_default=False),
+          temperature: float = typer.Option(1.0), top_p: float = typer.Option(1.0),
+          max_tokens: Optional[int] = typer.Option(None, help="Default 64 for tiny-math, 8192 otherwise."),
+          seed: int = typer.Option(0),
+          shard: Optional[str] = typer.Option(None, help="Build one shard i/n (0 <= i < n); join with `bench build merge`."),
+          chunk: int = typer.Option(32, help="Problems per persisted chunk (the unit of resume)."),
+          out_dir: Optional[Path] = typer.Option(None, "--out", help="Output directory (default $BENCH_HOME/builds/<id>)."),
+          keep_text: bool = typer.Option(False, help="Store each rollout's full text."),
+          resume: bool = typer.Option(False, help="Continue the unfinished build with the same settings."),
+          force: bool = typer.Option(False, help="Build again although a complete build has the same settings."),
+          adaptive: bool = typer.Option(False, help="Sample in rounds; stop a problem as soon as a Wilson interval "
+                                        "for its accuracy lies wholly inside or outside the band (at most k)."),
+          round_size: int = typer.Option(2, help="Adaptive: rollouts per round."),
+          confidence: float = typer.Option(0.85, help="Adaptive: two-sided confidence of the Wilson interval."),
+          min_samples: int = typer.Option(8, help="Adaptive: never decide a problem on fewer rollouts."),
+          threads: Optional[int] = typer.Option(None, help="Torch threads for the torch engine."),
+          ray: bool = typer.Option(False, "--ray", help="Run the shards as Ray tasks (one engine per GPU, or per CPU "
+                                   "without GPUs) and merge them; every node must reach the store (--db)."),
+          shards: Optional[int] = typer.Option(None, help="With --ray: number of shards (default: GPUs, else CPUs)."),
+          ray_address: Optional[str] = typer.Option(None, help="With --ray: the cluster (default $RAY_ADDRESS, else "
+                                                    "a local Ray instance)."),
+          as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
+          db: Optional[str] = DB_OPT):
+    """Build the perfectible split: k rollouts per problem, graded with math-verify; keep the
+    problems whose accuracy lies in [lo, hi], both ends inclusive (default [0.2, 0.8])."""
+    if ctx.invoked_subcommand is not None:
+        return
+    ctx.ensure_object(dict)
+    from bench.problems import ColumnMap
+    from datasets_build.builder import BuildConfig
+
+    lo, hi = (0.2, 0.8) if not band else (band + [None])[:2]
+    if hi is None:
+        fail("--band needs two numbers: lo hi (give --band twice: --band 0.2 --band 0.8)")
+    cfg = BuildConfig(model=model, source=source, limit=limit,
+                      columns=ColumnMap(id_col, problem_col, answer_col, solution_col), engine=engine,
+                      dtype=dtype, k=k, lo=lo, hi=hi, temperature=temperature, top_p=top_p,
+                      max_tokens=max_tokens, seed=seed, shard=shard, chunk=chunk, out=out_dir,
+                      keep_text=keep_text, resume=resume, force=force, threads=threads, adaptive=adaptive,
+                      round_size=round_size, confidence=confidence, min_samples=min_samples)
+    store = _store(db)
+    try:
+        if ray:
+            from bench.store import default_url
+            from datasets_build.ray_build import ray_build
+
+            with _progress("shards") as prog:
+                task = prog.add_task("shards", total=None, rate="")
+                manifest = ray_build(db or default_url(), cfg, shards, ray_address,
+                                     on_shard=lambda r, done, n: prog.update(task, completed=done, total=n,
+                                                                             rate=f"shard {r['shard']}: {r['build_id']}"))
+        else:
+            manifest = _build_with_progress(store, cfg)
+    except _user_errors() as e:
+        fail(str(e))
+    if as_json:
+        out.print_json(json.dumps(manifest, default=str))
+        return
+    if manifest.get("reused"):
+        console.print(f"a complete build with these settings exists: {manifest['build_id']} (--force builds again)",
+                      highlight=False)
+    c = manifest["counts"]
+    n = manifest["problems"]
+    out.print(f"build [bold]{manifest['build_id']}[/]: {c['kept']} of {n} problems kept "
+              f"({100 * manifest['kept_fraction']:.1f}% in [{cfg.lo}, {cfg.hi}]); too easy {c['too_easy']}, "
+              f"too hard {c['too_hard']}, bad gold {c['bad_gold']}")
+    rps = manifest["rollouts_per_s"]
+    out.print(f"{manifest['rollouts']} rollouts, {rps:.0f} rollouts/s, wall {manifest['wall_s']:.1f}s → {manifest['out_dir']}"
+              if rps else f"{manifest['rollouts']} rollouts (all resumed), wall {manifest['wall_s']:.1f}s → {manifest['out_dir']}")
+
+
+def _build_with_progress(store, cfg) -> dict:
+    import time
+
+    from datasets_build.builder import run_build
+
+    with _progress("rollouts") as prog:
+        task = prog.add_task("rollouts", total=None, rate="")
+        t0 = [None]
+
+        def on_progress(done, total, new):
+            t0[0] = t0[0] or time.time()
+            dt = time.time() - t0[0]
+            prog.update(task, completed=done, total=total, rate=f"{new / dt:.0f} rollouts/s" if dt > 0 and new else "")
+
+        return run_build(store, cfg, progress=on_progress)
+
+
+@build_app.command("merge")
+def build_merge(build_ids: Optional[List[str]] = typer.Argument(None, help="Shard builds to join (default: the newest "
+                                                                "complete set of shards with one settings hash)."),
+                out_dir: Optional[Path] = typer.Option(None, "--out", help="Output directory (default $BENCH_HOME/builds/<id>)."),
+                as_json: bool = typer.Option(False, "--json"), db: Optional[str] = DB_OPT):
+    """Join shards built with `bench build --shard i/n` into one split (all shards complete, same settings)."""
+    from datasets_build.merge import merge_shards
+
+    try:
+        manifest = merge_shards(_store(db), build_ids, out_dir)
+    except _user_errors() as e:
+        fail(str(e))
+    if as_json:
+        out.print_json(json.dumps(manifest, default=str))
+    else:
+        out.print(f"merged {len(manifest['shards'])} shards into build [bold]{manifest['build_id']}[/]: "
+                  f"{manifest['counts']['kept']} of {manifest['problems']} kept → {manifest['out_dir']}")
+
+# ------------------------------------------------------------------ builds
+
+@builds_app.callback()
+def builds(ctx: typer.Context, as_json: bool = typer.Option(False, "--json"), db: Optional[str] = DB_OPT):
+    """List builds, newest first."""
+    if ctx.invoked_subcommand is not None:
+        ctx.obj = {"db": db}
+        return
+    from leaderboard.queries import builds_frame
+
+    data = [{"id": b.build, "model": b.model, "status": b.status, "source": b.source, "engine": b.engine,
+             "dtype": b.dtype, "k": int(b.k), "band": [b.lo, b.hi], "shard": b.shard, "problems": int(b.n_problems),
+             "kept": None if b.n_kept != b.n_kept else int(b.n_kept), "created_at": str(b.created_at)}
+            for b in builds_frame(_store(db)).itertuples()]
+    if as_json:
+        out.print_json(json.dumps(data))
+        return
+    if not data:
+        out.print("no builds yet: run `bench build --model tiny-math`")
+        return
+    t = Table("id", "model", "status", "source", "engine", "dtype", "k", "band", "kept/problems", "created")
+    for d in data:
+        t.add_row(d["id"], d["model"], d["status"], d["source"], d["engine"], d["dtype"], str(d["k"]),
+                  f"{d['band'][0]}–{d['band'][1]}", f"{d['kept']}/{d['problems']}", d["created_at"][:19])
+    out.print(t)
+
+
+@builds_app.command("show")
+def builds_show(ctx: typer.Context, build_id: str, as_json: bool = typer.Option(False, "--json"),
+                db: Optional[str] = DB_OPT):
+    """Show one build's manifest."""
+    from bench.store import Build, session
+
+    store = _store(db or (ctx.obj or {}).get("db"))
+    with session(store) as s:
+        b = s.get(Build, build_id)
+        if b is None:
+            fail(f"no build {build_id!r}; `bench builds` lists them")
+        info = {"id": b.id, "status": b.status, "shard": b.shard, "out_dir": b.out_dir, **(b.manifest or {})}
+    if as_json:
+        out.print_json(json.dumps(info, default=str))
+    else:
+        for key in ("id", "status", "model", "engine", "dtype", "source", "k", "band", "counts", "kept_fraction",
+                    "rollouts", "rollouts_per_s", "wall_s", "out_dir", "template"):
+            if key in info:
+                out.print(f"[bold]{key}[/]: {info[key]}", highlight=False)
+
+
+# ------------------------------------------------------------------ grade
+
+@app.command()
+def grade(file: Path = typer.Argument(..., help="JSONL with `response` and `gold` on each row."),
+          as_json: bool = typer.Option(False, "--json", help="Print a summary object instead of per-row lines."),
+          timeout: float = typer.Option(5.0, help="Hard per-answer timeout in seconds."),
+          workers: Optional[int] = typer.Option(None, help="Grader processes (default: up to 2).")):
+    """Grade responses against golds with math-verify (process pool, hard timeouts)."""
+    from bench.grading import Grader
+
+    if not file.exists():
+        fail(f"{file}: no such file")
+    rows = []
+    with file.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError as e:
+                fail(f"{file}:{n}: malformed JSON ({e.msg})")
+            if not isinstance(r, dict) or not isinstance(r.get("response"), str) or r.get("gold") is None:
+                fail(f"{file}:{n}: each row needs a string `response` and a `gold`")
+            rows.append(r)
+    if not rows:
+        fail(f"{file}: no rows")
+    with Grader(workers=workers, timeout=timeout) as g:
+        verdicts = g.grade([r["response"] for r in rows], [str(r["gold"]) for r in rows])
+    if as_json:
+        counts = {}
+        for v in verdicts:
+            counts[v.status] = counts.get(v.status, 0) + 1
+        out.print_json(json.dumps({"rows": len(rows), "accuracy": counts.get("correct", 0) / len(rows),
+                                   "counts": counts, "verdicts": [v.to_dict() for v in verdicts]}))
+        return
+    for i, v in enumerate(verdicts):
+        out.print(f"{i}\t{v.status}\t{v.extracted!r}\t{v.reason}", highlight=False, markup=False)

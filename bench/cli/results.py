@@ -1,0 +1,190 @@
+"""`bench runs`, `bench runs show`, `bench report`, `bench leaderboard`, `bench mismatch`."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from bench.cli import DB_OPT, _store, _user_errors, app, console, fail, out, runs_app
+
+
+@runs_app.callback()
+def runs(ctx: typer.Context, as_json: bool = typer.Option(False, "--json"), db: Optional[str] = DB_OPT):
+    """List runs, newest first."""
+    if ctx.invoked_subcommand is not None:
+        ctx.obj = {"db": db}
+        return
+    from leaderboard.queries import runs_frame
+
+    df = runs_frame(_store(db))
+    if as_json:
+        out.print_json(df.to_json(orient="records", date_format="iso") if not df.empty else "[]")
+        return
+    if df.empty:
+        out.print("no runs yet: run `bench run --algo pg-seq-is --dtype fp16`")
+        return
+    t = Table("run", "algo", "precision", "status", "steps", "peak", "final", "build")
+    for r in df.itertuples():
+        t.add_row(r.run, r.algo, r.precision, r.status, str(r.steps), _f(r.peak_accuracy), _f(r.final_accuracy), r.build)
+    out.print(t)
+
+
+def _f(x) -> str:
+    return "-" if x is None or x != x else f"{x:.3f}"
+
+
+def _run_info(store, run_id: str) -> dict:
+    from sqlalchemy import select
+
+    from bench.store import Eval, Run, RunStep, session
+
+    with session(store) as s:
+        r = s.get(Run, run_id)
+        if r is None:
+            fail(f"no run {run_id!r}; `bench runs` lists them")
+        last = s.scalars(select(RunStep).where(RunStep.run_id == run_id).order_by(RunStep.step.desc())).first()
+        evals = s.execute(select(Eval.step, Eval.benchmark, Eval.n, Eval.score).where(Eval.run_id == run_id)
+                          .order_by(Eval.step)).all()
+        return {"id": r.id, "build": r.build_id, "algo": r.algo, "rollout_dtype": r.rollout_dtype,
+                "train_dtype": r.train_dtype, "trainer": r.trainer, "engine": r.engine, "status": r.status,
+                "stop_reason": r.stop_reason, "steps": r.step, "wall_s": r.wall_s, "peak_accuracy": r.peak_accuracy,
+                "final_accuracy": r.final_accuracy, "steps_to_target": r.steps_to_target,
+                "wall_to_target": r.wall_to_target, "kl_warning_step": r.kl_warning_step, "config": r.config,
+                "calibration": r.calibration, "provenance": r.provenance,
+                "last_step": last.metrics if last else None,
+                "evals": [{"step": e.step, "benchmark": e.benchmark, "n": e.n, "score": e.score} for e in evals]}
+
+
+@runs_app.command("show")
+def runs_show(ctx: typer.Context, run_id: str, as_json: bool = typer.Option(False, "--json"),
+              db: Optional[str] = DB_OPT):
+    """Show one run: settings, status, evaluations and its last step's metrics."""
+    info = _run_info(_store(db or (ctx.obj or {}).get("db")), run_id)
+    if as_json:
+        out.print_json(json.dumps(info, default=str))
+        return
+    for k, v in info.items():
+        if k not in ("config", "last_step", "evals", "calibration", "provenance"):
+            out.print(f"[bold]{k}[/]: {v}", highlight=False)
+    cal = info["calibration"]
+    if cal:
+        verdict = "ok" if cal["ok"] else "FAILED"
+        out.print(f"[bold]calibration[/] ({cal['pair']}, step 0): {verdict}; mean |Δlog p| "
+                  f"{cal['abs_logp_diff_mean']:.3g}, max {cal['abs_logp_diff_max']:.3g}, k3 {cal['k3']:.3g}",
+                  highlight=False)
+    prov = info["provenance"] or {}
+    if prov:
+        versions = ", ".join(f"{k} {v}" for k, v in (prov.get("versions") or {}).items() if v)
+        out.print(f"[bold]provenance[/]: {prov.get('device_name')} · {versions} · bench "
+                  f"{(prov.get('bench') or {}).get('commit') or '?'}", highlight=False)
+        if prov.get("split_accuracy_estimator"):
+            out.print(f"[bold]split accuracy[/]: {prov['split_accuracy_estimator']}", highlight=False)
+    for e in info["evals"]:
+        out.print(f"  eval step {e['step']}: {e['benchmark']} avg@{e['n']} = {e['score']:.3f}", highlight=False)
+
+
+@app.command()
+def report(csv: Optional[Path] = typer.Option(None, "--csv", help="Also write the table as CSV."),
+           as_json: bool = typer.Option(False, "--json"), build_id: Optional[str] = typer.Option(None, "--build"),
+           db: Optional[str] = DB_OPT):
+    """The leaderboard ranking in the terminal: PASS when the run converged (the lower confidence bound
+    of split accuracy, pooled over its last evaluations, reached 0.95)."""
+    from leaderboard.queries import ranked, report_columns, runs_frame
+
+    df = ranked(runs_frame(_store(db), build_id))
+    if df.empty:
+        if as_json:
+            out.print_json("[]")
+        else:
+            out.print("no runs yet: run `bench build --model tiny-math`, then `bench sweep --algo grpo,pg-seq-is --dtype bf16,fp16`")
+        return
+    df = df[report_columns()]
+    if csv:
+        try:
+            df.to_csv(csv, index=False)
+        except OSError as e:
+            fail(f"cannot write {csv}: {e.strerror or e}")
+    if as_json:
+        out.print_json(df.to_json(orient="records"))
+        return
+    t = Table("#", "algo", "precision", "sanity", "status", "peak", "final", "steps→pass", "eval", "KL k3", "max|Δp|", "steps", "run")
+    for i, r in enumerate(df.itertuples(), 1):
+        t.add_row(str(i), r.algo, r.precision, {"PASS": "[green]PASS[/]", "RUNNING": "[yellow]RUNNING[/]"}.get(r.sanity, "[red]FAIL[/]"), r.status,
+                  _f(r.peak_accuracy), _f(r.final_accuracy),
+                  "-" if r.steps_to_target != r.steps_to_target or r.steps_to_target is None else str(int(r.steps_to_target)),
+                  _f(r.best_eval), "-" if r.mean_kl != r.mean_kl or r.mean_kl is None else f"{r.mean_kl:.2e}",
+                  "-" if r.max_abs_dp != r.max_abs_dp or r.max_abs_dp is None else f"{r.max_abs_dp:.2e}",
+                  str(r.steps), r.run)
+    out.print(t)
+
+
+@app.command()
+def leaderboard(db: Optional[str] = DB_OPT, port: int = typer.Option(8501, help="Port to serve on."),
+                address: str = typer.Option("127.0.0.1", help="Address to bind."),
+                headless: bool = typer.Option(True, help="Do not open a browser.")):
+    """Serve the Streamlit leaderboard over the store (read-only)."""
+    import leaderboard as lb
+
+    from bench.store import default_url
+
+    url = db or default_url()
+    _store(url)                                   # a bad URL fails here, readably
+    app_path = Path(lb.__file__).parent / "app.py"
+    cmd = [sys.executable, "-m", "streamlit", "run", str(app_path), "--server.port", str(port),
+           "--server.address", address, "--server.headless", str(headless).lower(),
+           "--browser.gatherUsageStats", "false", "--", "--db", url]
+    console.print(f"leaderboard on http://{address}:{port} (store {url})", highlight=False)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, cmd)                 # bench becomes Streamlit: a kill of bench stops the server
+
+
+@app.command()
+def mismatch(model: str = typer.Option("tiny-math"), dtype: str = typer.Option("all", help="A pair (fp16, "
+             "rollout=fp32,train=bf16), a comma list of dtypes, or all (the nine pairs)."),
+             source: str = typer.Option("synthetic-hard", help="Problems (any `bench build --source`)."),
+             n: int = typer.Option(32, help="Responses per problem."),
+             limit: Optional[int] = typer.Option(100, help="First N problems."),
+             engine: str = typer.Option("torch", help="Rollout engine: torch or vllm."),
+             max_tokens: Optional[int] = typer.Option(None),
+             temperature: float = typer.Option(1.0, help="Must be 1: μ has to be the raw softmax."),
+             top_p: float = typer.Option(1.0, help="Must be 1: μ has to be the raw softmax."),
+             threads: Optional[int] = typer.Option(None), out_dir: Optional[Path] = typer.Option(None, "--out"),
+             as_json: bool = typer.Option(False, "--json"), db: Optional[str] = DB_OPT):
+    """Offline training–inference mismatch (the paper's Figure 2): μ from the rollout engine,
+    π from the training engine, on the same sampled tokens."""
+    from bench.precision import Precision, parse_list
+    from runners.offline_mismatch import MismatchConfig, analyse
+
+    if temperature != 1.0 or top_p != 1.0:
+        fail("bench mismatch samples at temperature 1 and top-p 1 only: otherwise μ is the log-probability of "
+             "a reshaped distribution, not the model's softmax (TRL #6789, #4159)")
+    try:
+        pairs = [Precision.parse(dtype)] if "=" in dtype and ";" not in dtype else parse_list(dtype)
+    except _user_errors() as e:
+        fail(str(e))
+    store = _store(db)
+    cfg = MismatchConfig(model=model, source=source, limit=limit, n=n, max_tokens=max_tokens, engine=engine,
+                         out=out_dir, threads=threads)
+    try:
+        reports = analyse(store, cfg, pairs, progress=lambda p, m: console.print(
+            f"{p.name}: mean |π−μ| {m['prob_abs_diff_mean']:.2e}, KL {m['kl_k1']:.2e} nats", highlight=False))
+    except _user_errors() as e:
+        fail(str(e))
+    if as_json:
+        out.print_json(json.dumps(reports))
+        return
+    t = Table("rollout μ", "train π", "KL k1 (nats)", "± se", "KL k1 (bits)", "k3", "mean |π−μ|", "max π−μ",
+              "min π−μ", "slope /1k tok", "± se")
+    for r in reports:
+        t.add_row(r["rollout"], r["train"], f"{r['kl_k1']:.2e}", f"{r['kl_k1_stderr']:.1e}", f"{r['kl_k1_bits']:.2e}",
+                  f"{r['kl_k3']:.2e}", f"{r['prob_abs_diff_mean']:.2e}", f"{r['prob_diff_max']:.3g}",
+                  f"{r['prob_diff_min']:.3g}", f"{r['log_ratio_slope']:.3g}", f"{r['log_ratio_slope_se']:.1e}")
+    out.print(t)
+    out.print(f"plots under {Path(reports[0]['plots']['token_scatter']).parent.parent}", highlight=False)

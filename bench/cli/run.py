@@ -1,0 +1,244 @@
+"""`bench run` (native and verl, --resume) and `bench sweep`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from bench.cli import DB_OPT, _progress, _store, _user_errors, app, console, fail, out
+
+
+# ------------------------------------------------------------------ run / sweep
+
+
+def _run_progress(prog, task):
+    def cb(step, total, m):
+        acc = m.get("eval/split")
+        prog.update(task, completed=step, total=total,
+                    rate=f"reward {m['reward']:.2f}" + (f" split {acc:.2f}" if acc is not None else "")
+                    + f" kl {m['kl_k1']:.1e}")
+    return cb
+
+
+def _print_run_end(run_id: str, store, as_json: bool = False) -> None:
+    """The ended run as JSON, or its summary line (exit 1 when it failed: a verl run that
+    failed returns here rather than raising)."""
+    if as_json:
+        from bench.cli.results import _run_info
+
+        out.print_json(json.dumps(_run_info(store, run_id), default=str))
+        return
+    from rich.markup import escape
+
+    from bench.store import Run, session
+
+    with session(store) as s:
+        r = s.get(Run, run_id)
+        peak = "-" if r.peak_accuracy is None else f"{r.peak_accuracy:.3f}"
+        via = " (verl)" if r.trainer == "verl" else ""
+        out.print(f"run [bold]{r.id}[/]{via} {r.algo} {r.rollout_dtype}/{r.train_dtype}: {r.status} after {r.step} "
+                  f"steps ({r.wall_s:.0f}s); peak split accuracy {peak}; {escape(r.stop_reason or '')}", highlight=False)
+    if r.status == "failed":
+        raise typer.Exit(1)
+
+
+@app.command()
+def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` shows them)."),
+        dtype: str = typer.Option("fp32", help="Precision: fp32 | fp16 | bf16 (both engines) or rollout=X,train=Y."),
+        build_id: Optional[str] = typer.Option(None, "--build", help="Build id (default: the latest complete build)."),
+        model: Optional[str] = typer.Option(None, help="Only builds of this model (and check the build's model)."),
+        engine: str = typer.Option("torch", help="Rollout engine: torch, vllm, auto."),
+        trainer: str = typer.Option("native", help="native (one process) or verl (launch verl 0.9.1's main_ppo, "
+                                    "follow its metrics, stop it by bench's rules)."),
+        gpus: int = typer.Option(1, help="With --trainer verl: GPUs per node."),
+        nodes: int = typer.Option(1, help="With --trainer verl: nodes."),
+        dry_run: bool = typer.Option(False, help="With --trainer verl: export the split and reward module, "
+                                     "print the command, launch nothing."),
+        verl_python: str = typer.Option("python", help="Interpreter of the environment that has verl."),
+        preset: str = typer.Option("tiny", help="tiny | paper"),
+        benchmark: Optional[str] = typer.Option(None, help="Problem source of the preset's benchmark (paper: AIME24 "
+                                                "from the hub; offline, a .jsonl such as the paper's aime24.jsonl)."),
+        max_steps: Optional[int] = typer.Option(None), lr: Optional[float] = typer.Option(None),
+        prompts_per_step: Optional[int] = typer.Option(None, help="B: prompts per step."),
+        samples_per_prompt: Optional[int] = typer.Option(None, help="G: responses per prompt."),
+        updates_per_batch: Optional[int] = typer.Option(None, help="Mini-batch updates per rollout batch."),
+        eval_every: Optional[int] = typer.Option(None), checkpoint_every: Optional[int] = typer.Option(None),
+        eval_split_m: Optional[int] = typer.Option(None, help="Split accuracy is avg@m."),
+        seed: Optional[int] = typer.Option(None), threads: Optional[int] = typer.Option(None),
+        checkpoint_dir: Optional[Path] = typer.Option(None, help="Default $BENCH_HOME/runs/<run id>."),
+        resume: Optional[str] = typer.Option(None, help="Continue run ID from its last checkpoint."),
+        as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
+        db: Optional[str] = DB_OPT):
+    """Train one algorithm at one precision pair on a build until it converges, plateaus,
+    collapses, diverges or reaches max steps."""
+    from bench.precision import Precision
+    from runners.algos import DESCRIPTIONS
+    from runners.trainer import RunError, resume_run, start_run
+
+    if algo == "list":
+        for name, desc in DESCRIPTIONS.items():
+            out.print(f"{name:16s} {desc}", highlight=False)
+        return
+    overrides = dict(benchmark=benchmark, max_steps=max_steps, lr=lr, prompts_per_step=prompts_per_step,
+                     samples_per_prompt=samples_per_prompt, updates_per_batch=updates_per_batch,
+                     eval_every=eval_every, checkpoint_every=checkpoint_every, eval_split_m=eval_split_m,
+                     seed=seed, threads=threads)
+    if trainer not in ("native", "verl"):
+        fail(f"unknown trainer {trainer!r}; choose native or verl")
+    if resume and _resume_verl(resume, db, as_json):
+        return
+    if trainer == "verl":
+        _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, dry_run, gpus, nodes, as_json)
+        return
+    if not algo and not resume:
+        fail("give --algo (see `bench run --algo list`) or --resume RUN_ID")
+    store = _store(db)
+    try:
+        with _progress("steps") as prog:
+            task = prog.add_task("steps", total=None, rate="")
+            if resume:
+                run_id = resume_run(store, resume, progress=_run_progress(prog, task))
+            else:
+                from runners.presets import get_preset
+
+                cfg = get_preset(preset, **overrides)
+                run_id = start_run(store, algo, Precision.parse(dtype), cfg, build_id=build_id, model=model,
+                                   engine=engine, ckpt_root=checkpoint_dir, preset=preset,
+                                   progress=_run_progress(prog, task))
+    except (RunError, *_user_errors()) as e:
+        fail(str(e))
+    _print_run_end(run_id, store, as_json)
+
+
+def _resume_verl(run_id, db, as_json) -> bool:
+    """Resume `run_id` if verl ran it (False for a native run)."""
+    from bench.store import Run, session
+    from runners.trainer import RunError
+    from runners.verl_follow import resume_verl_run
+
+    store = _store(db)
+    with session(store) as s:
+        run = s.get(Run, run_id)
+        if run is None or run.trainer != "verl":
+            return False
+    try:
+        with _progress("steps") as prog:
+            task = prog.add_task("steps", total=None, rate="")
+            resume_verl_run(store, run_id, progress=_verl_progress(prog, task))
+    except RunError as e:
+        fail(str(e))
+    _print_run_end(run_id, store, as_json)
+    return True
+
+
+def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, dry_run, gpus, nodes, as_json) -> None:
+    import shutil
+    import uuid
+
+    from bench.precision import Precision
+    from bench.store import bench_home
+    from runners.presets import get_preset
+    from runners.trainer import RunError
+    from runners.verl_follow import prepare, start_verl_run
+    from runners.verl_runner import (VerlError, check_verl_version, installed_verl_version, missing_launch_modules,
+                                     shell_line, validate_cells)
+
+    if not algo:
+        fail("give --algo (see `bench run --algo list`)")
+    store = _store(db)
+    try:
+        p = Precision.parse(dtype)
+        cfg = get_preset(preset, **overrides)
+        version = installed_verl_version(verl_python)
+        if version is not None or not dry_run:          # a dry run without verl prints the command unchecked
+            check_verl_version(version)
+        if not dry_run:
+            missing = missing_launch_modules(verl_python)
+            if missing:
+                raise VerlError(f"{verl_python} has verl but not {' or '.join(missing)}, which main_ppo needs to "
+                                "train: pip install 'verl[vllm]==0.9.1' there (a GPU machine); --dry-run works without")
+        # one directory per run (its name is the run id); dry runs share one per cell
+        root = bench_home() / "verl" / (f"dry-run/{algo}-{p.rollout}-{p.train}" if dry_run else uuid.uuid4().hex[:12])
+        job = prepare(store, algo, p, cfg, build_id, model, verl_python, root=root, gpus=gpus, nodes=nodes)
+        if version is not None:
+            (error,) = validate_cells(verl_python, [job["argv"][3:]])
+            if error:
+                if not dry_run:
+                    shutil.rmtree(root, ignore_errors=True)         # nothing half-written
+                raise VerlError(f"verl's validate_config rejects this cell: {error}")
+            console.print(f"verl {version}: validate_config passed", highlight=False)
+        elif dry_run:
+            console.print(f"verl is not installed for {verl_python}: the command was not validated "
+                          "(pass --verl-python)", highlight=False)
+    except (RunError, VerlError, *_user_errors()) as e:
+        fail(str(e))
+    if dry_run:
+        out.print(shell_line(job["argv"], job["env"]), highlight=False, markup=False, soft_wrap=True)
+        return
+    console.print(f"verl log: {job['root']}/verl.log", highlight=False)
+    with _progress("steps") as prog:
+        task = prog.add_task("steps", total=None, rate="")
+        run_id = start_verl_run(store, algo, p, cfg, preset, job, progress=_verl_progress(prog, task))
+    _print_run_end(run_id, store, as_json)
+
+
+def _verl_progress(prog, task):
+    def cb(step, total, data):
+        score = data.get("critic/score/mean")
+        prog.update(task, completed=step, total=total, rate=f"reward {score:.2f}" if isinstance(score, float) else "")
+    return cb
+
+
+@app.command()
+def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or all."),
+          dtype: str = typer.Option("bf16,fp16,fp32", help="Comma-separated dtypes (both engines), `all` for the nine pairs, "
+                                    "or pairs separated by ';'."),
+          build_id: Optional[str] = typer.Option(None, "--build"),
+          engine: str = typer.Option("torch"), preset: str = typer.Option("tiny"),
+          benchmark: Optional[str] = typer.Option(None, help="Problem source of the preset's benchmark."),
+          max_steps: Optional[int] = typer.Option(None), eval_every: Optional[int] = typer.Option(None),
+          prompts_per_step: Optional[int] = typer.Option(None), samples_per_prompt: Optional[int] = typer.Option(None),
+          jobs: int = typer.Option(1, help="Cells run in parallel processes."),
+          threads: Optional[int] = typer.Option(None),
+          trainer: str = typer.Option("native", help="native, or verl (cells one after another on the cluster)."),
+          verl_python: str = typer.Option("python", help="With --trainer verl: verl's interpreter."),
+          gpus: int = typer.Option(1, help="With --trainer verl: GPUs per node."),
+          nodes: int = typer.Option(1, help="With --trainer verl: nodes."),
+          db: Optional[str] = DB_OPT):
+    """Run the algorithm × precision grid on one build, skipping cells already finished."""
+    from runners.algos import REGISTRY
+    from runners.sweep import run_grid
+    from bench.precision import parse_list
+
+    algos = list(REGISTRY) if algo == "all" else [a.strip() for a in algo.split(",") if a.strip()]
+    try:
+        for a in algos:
+            if a not in REGISTRY:
+                raise ValueError(f"unknown algorithm {a!r}; choose one of {', '.join(REGISTRY)}")
+        pairs = parse_list(dtype)
+    except _user_errors() as e:
+        fail(str(e))
+    store = _store(db)
+    overrides = {"benchmark": benchmark, "max_steps": max_steps, "eval_every": eval_every, "prompts_per_step": prompts_per_step,
+                 "samples_per_prompt": samples_per_prompt, "threads": threads}
+    try:
+        if trainer not in ("native", "verl"):
+            raise ValueError(f"unknown trainer {trainer!r}; choose native or verl")
+        verl_args = None if trainer == "native" else ["--verl-python", verl_python, "--gpus", str(gpus),
+                                                       "--nodes", str(nodes)]
+        results = run_grid(store, db, algos, pairs, build_id, engine, preset,
+                           {k: v for k, v in overrides.items() if v is not None}, jobs,
+                           log=lambda msg: console.print(msg, highlight=False, markup=False), verl_args=verl_args)
+    except _user_errors() as e:
+        fail(str(e))
+    t = Table("algo", "precision", "status", "peak", "steps", "run")
+    for r in results:
+        t.add_row(r["algo"], r["precision"], r["status"], f"{r['peak']:.3f}" if r["peak"] is not None else "-",
+                  str(r["steps"]), r["run"] or "-")
+    out.print(t)
+    if any(r["status"] == "failed" for r in results):
+        raise typer.Exit(1)
