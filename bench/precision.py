@@ -1,6 +1,9 @@
-"""Precision pairs: the rollout engine's dtype × the training engine's dtype.
+"""Precision pairs: the rollout engine's format × the training engine's format.
 
-`fp16` means both; `rollout=fp32,train=bf16` is a mixed pair. Nine pairs in all.
+rollout ∈ {fp32, bf16, bf16+head32, fp16, fp8, int8} × train ∈ {fp32, bf16, bf16+head32, fp16,
+fp8}: 30 pairs; the formats themselves are the registry in bench/formats.py. `fp16` means both
+sides; `rollout=int8,train=fp32` is a mixed pair; int8 is rollout-only, so `int8` alone is
+refused with what to write instead.
 """
 
 from __future__ import annotations
@@ -8,31 +11,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import product
 
-DTYPES = ("fp32", "fp16", "bf16")
-_ALIASES = {"fp32": "fp32", "float32": "fp32", "float": "fp32",
-            "fp16": "fp16", "float16": "fp16", "half": "fp16",
-            "bf16": "bf16", "bfloat16": "bf16"}
+from . import formats
+from .formats import PrecisionError, ROLLOUT_FORMATS, TRAIN_FORMATS
+
+CLASSIC = ("fp32", "fp16", "bf16")       # the paper's 16/32-bit formats
+DTYPES = CLASSIC                          # kept for callers that mean those three
 
 
-class PrecisionError(ValueError):
-    pass
-
-
-def canon(d: str) -> str:
-    try:
-        return _ALIASES[d.strip().lower()]
-    except KeyError:
-        raise PrecisionError(f"unknown dtype {d!r}; choose one of {', '.join(DTYPES)}") from None
+def canon(d: str, side: str = "rollout") -> str:
+    """The canonical format name; `side` "train" refuses rollout-only formats."""
+    name = formats.canonical(d)
+    if side == "train" and name not in TRAIN_FORMATS:
+        raise PrecisionError(f"{name} is a rollout-only format (there is no {name} training); write "
+                             f"rollout={name},train=X with X one of {', '.join(TRAIN_FORMATS)}")
+    return name
 
 
 def torch_dtype(d: str):
-    import torch
-
-    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[canon(d)]
+    """The storage dtype of the format's unquantized parameters (fp8/int8: bf16)."""
+    return formats.get(d).dtype
 
 
 def vllm_dtype(d: str) -> str:
-    return {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[canon(d)]
+    return {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[formats.get(d).dtype_name]
 
 
 @dataclass(frozen=True)
@@ -45,12 +46,11 @@ class Precision:
         """`fp16` → (fp16, fp16); `rollout=fp32,train=bf16` → that pair (either order)."""
         text = text.strip()
         if "=" not in text:
-            d = canon(text)
-            return cls(d, d)
+            return cls(canon(text), canon(text, "train"))
         parts = dict(p.split("=", 1) for p in text.split(",") if "=" in p)
         if set(parts) != {"rollout", "train"} or text.count("=") != 2:
             raise PrecisionError(f"bad precision {text!r}; write e.g. fp16 or rollout=fp32,train=bf16")
-        return cls(canon(parts["rollout"]), canon(parts["train"]))
+        return cls(canon(parts["rollout"]), canon(parts["train"], "train"))
 
     @property
     def name(self) -> str:
@@ -60,13 +60,17 @@ class Precision:
         return self.name
 
 
-ALL_PAIRS = tuple(Precision(r, t) for r, t in product(DTYPES, DTYPES))
+ALL_PAIRS = tuple(Precision(r, t) for r, t in product(ROLLOUT_FORMATS, TRAIN_FORMATS))
+CLASSIC_PAIRS = tuple(Precision(r, t) for r, t in product(CLASSIC, CLASSIC))
 
 
 def parse_list(text: str) -> list[Precision]:
-    """`bf16,fp16` → both same-dtype pairs; `all` → the nine pairs; `;` separates mixed pairs."""
+    """`bf16,fp16` → both same-format pairs; `all` → every pair (30: 6 rollout × 5 train
+    formats); `all16` → the paper's nine pairs of fp32, fp16, bf16; `;` separates mixed pairs."""
     if text.strip() == "all":
         return list(ALL_PAIRS)
+    if text.strip() == "all16":
+        return list(CLASSIC_PAIRS)
     if "=" in text:
         return [Precision.parse(t) for t in text.split(";") if t.strip()]
     return [Precision.parse(t) for t in text.split(",") if t.strip()]
@@ -113,12 +117,17 @@ class LossScaler:
 
 
 def device_supports(dtype: str, device: str = "cpu") -> bool:
-    """Whether `device` can run matmuls in `dtype` (fp16 on old CPUs / GPUs may be missing)."""
+    """Whether `device` can run the format: matmuls in its storage dtype (fp16 on old CPUs /
+    GPUs may be missing) and, for a W8A8 format, its quantize–matmul."""
     import torch
 
+    fmt = formats.get(dtype)
     try:
-        a = torch.ones(2, 2, dtype=torch_dtype(dtype), device=device)
-        return bool(torch.isfinite((a @ a).float()).all())
+        a = torch.ones(2, 2, dtype=fmt.dtype, device=device)
+        ok = bool(torch.isfinite((a @ a).float()).all())
+        if ok and fmt.quant is not None:
+            ok = bool(torch.isfinite(fmt.matmul(a, *fmt.quantize(a.float())).float()).all())
+        return ok
     except (RuntimeError, TypeError):
         return False
 
@@ -149,7 +158,7 @@ def _cpu_flags() -> set[str]:
 
 
 def cpu_has_native(dtype: str) -> bool:
-    return bool(_cpu_flags() & set(_NATIVE_FLAGS.get(canon(dtype), ())))
+    return bool(_cpu_flags() & set(_NATIVE_FLAGS.get(formats.get(dtype).dtype_name, ())))
 
 
 def should_upcast(dtype: str, device: str = "cpu") -> bool:
@@ -158,7 +167,7 @@ def should_upcast(dtype: str, device: str = "cpu") -> bool:
     mode = os.environ.get("BENCH_LOWP_MATMUL", "auto")
     if mode not in ("auto", "native", "upcast"):
         raise PrecisionError(f"BENCH_LOWP_MATMUL={mode!r}; choose auto, native or upcast")
-    if canon(dtype) == "fp32" or not str(device).startswith("cpu") or mode == "native":
+    if formats.get(dtype).dtype_name == "fp32" or not str(device).startswith("cpu") or mode == "native":
         return False
     return mode == "upcast" or not cpu_has_native(dtype)
 
@@ -194,18 +203,16 @@ def cast_parameters(model, dtype: str):
     `model.to(dtype)` would also round floating buffers such as RoPE's `inv_freq` and
     `original_inv_freq` to 16 bits, a distortion that grows with position. FSDP's mixed
     precision and vLLM keep those buffers in fp32, so every engine here casts parameters
-    only. Tied parameters stay tied (the one Parameter object is cast once)."""
-    target = torch_dtype(dtype)
-    for p in model.parameters():
-        if p.is_floating_point() and p.dtype != target:
-            p.data = p.data.to(target)
-    return model
+    only. Tied parameters stay tied (the one Parameter object is cast once). For a format
+    this is its storage dtype only; bench/format_modules.py does the rest."""
+    return formats.get(dtype).cast(model)
 
 
 def prepare_compute_model(model, dtype: str, device: str = "cpu"):
-    """Cast the parameters of `model` to `dtype` (buffers stay fp32) and, where the CPU lacks
-    16-bit GEMM, upcast its matmuls."""
-    model = cast_parameters(model, dtype)
-    if should_upcast(dtype, device):
-        upcast_matmuls(model)
-    return model
+    """The training engine's copy of `model` in format `dtype`: parameters cast (buffers stay
+    fp32); where the CPU lacks 16-bit GEMM, 16-bit matmuls upcast; fp8 quantizes in the forward
+    with a straight-through backward; bf16+head32 keeps an fp32 lm_head
+    (bench/format_modules.py). Parameters keep their order."""
+    from .format_modules import prepare_train
+
+    return prepare_train(model, formats.get(canon(dtype, "train")), device)

@@ -28,7 +28,8 @@ from bench.engines import Sampling, make_engine, resolve_engine
 from bench.grading import Grader
 from bench.mismatch import mismatch_metrics
 from bench.models import ModelRef, load_model, load_tokenizer, render_prompt, resolve_model
-from bench.precision import LossScaler, Precision, device_supports, prepare_compute_model, torch_dtype
+from bench.engines.torch_engine import TorchEngine
+from bench.precision import LossScaler, Precision, device_supports, prepare_compute_model
 from bench.problems import Problem, SourceSpec, load_problems
 from bench.store import Build, Eval, Model, Run, RunStep, bench_home, session
 from bench.store.schema import BuildProblem, utcnow
@@ -131,8 +132,7 @@ class NativeTrainer:
         self.tok = load_tokenizer(ref)
         self.master = load_model(ref, torch.float32)
         self.master.train()
-        self.train_dtype = torch_dtype(precision.train)
-        self.compute = (self.master if self.train_dtype == torch.float32
+        self.compute = (self.master if precision.train == "fp32"
                         else prepare_compute_model(copy.deepcopy(self.master), precision.train))
         self.opt = torch.optim.AdamW(self.master.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.scaler = LossScaler(precision.train == "fp16", cfg.loss_scale_init, cfg.loss_scale_growth_interval,
@@ -146,11 +146,15 @@ class NativeTrainer:
         self.benchmarks = [(b, load_problems(SourceSpec(b.source, limit=b.limit))) for b in cfg.benchmarks]
         self.own_engine = rollout_engine is None
         if rollout_engine is None:
-            kw = {"model": copy.deepcopy(self.master), "tokenizer": self.tok} if engine == "torch" else {}
+            kw = ({"model": copy.deepcopy(self.master), "tokenizer": self.tok, "track_updates": True}
+                  if engine == "torch" else {})
             rollout_engine = make_engine(engine, ref.path, precision.rollout, **kw)
         else:   # a running engine of the rollout dtype (tests share one vLLM engine): start it at our weights
             rollout_engine.update_weights(self.master.named_parameters())
         self.engine = rollout_engine
+        # split accuracy of the training-precision policy too, where it differs from the rollout format
+        self.train_sampler = (TorchEngine(ref.path, precision.train, model=self.compute, tokenizer=self.tok,
+                                          prepared=True) if precision.rollout != precision.train else None)
         self.grader = Grader()
 
     def close(self) -> None:
@@ -216,10 +220,20 @@ class NativeTrainer:
         return torch.tensor([float(v.correct) for v in self.grader.grade(texts, golds)])
 
     def evaluate(self) -> dict[str, float]:
-        """avg@m on the whole split (training sampling) and avg@n on every benchmark."""
+        """avg@m on the whole split (training sampling) and avg@n on every benchmark, sampled by
+        the rollout engine; and, when the rollout format differs from the training format,
+        `split@train`: the same avg@m (same seeds) sampled from the training engine's compute
+        copy (fp32 master weights in the training format, its forward as in training), i.e.
+        what the run learned rather than what its quantized sampler answers. The stop rules,
+        peak and final accuracy read `split` (what training sees, as before)."""
         cfg = self.cfg
         sp = Sampling(cfg.temperature, cfg.top_p, cfg.max_tokens, seed=10_000_019 + self.step)
         scores = {"split": (cfg.eval_split_m, self._score(self.split, self.engine.generate(self.prompts, cfg.eval_split_m, sp)))}
+        if self.train_sampler is not None:
+            self._sync_compute()
+            with torch.no_grad():
+                samples = self.train_sampler.generate(self.prompts, cfg.eval_split_m, sp)
+            scores["split@train"] = (cfg.eval_split_m, self._score(self.split, samples))
         for b, probs in self.benchmarks:
             ref_prompts = [render_prompt(self.ref, self.tok, p.problem) for p in probs]
             bsp = Sampling(b.temperature, b.top_p, cfg.max_tokens, seed=20_000_003 + self.step)
@@ -300,6 +314,7 @@ class NativeTrainer:
             for k, v in m.items():
                 loss_metrics[k] = loss_metrics.get(k, 0.0) + v / cfg.updates_per_batch
         self.engine.update_weights(self.master.named_parameters())
+        sync = dict(getattr(self.engine, "sync_stats", None) or {})   # rollout_weights_moved, rollout_update_to_step
         t3 = time.time()
         lengths = mask.sum(-1)
         n_tok = lengths.sum().item()
@@ -310,7 +325,7 @@ class NativeTrainer:
             "loss": sum(losses) / len(losses), "grad_norm": max(norms, key=_norm_order) if norms else float("nan"),
             "loss_scale": self.scaler.scale, "skipped_steps": self.scaler.skipped,
             "updates_applied": applied, "updates_nonfinite": len(norms) - applied,
-            **mismatch_metrics(logp_rollout, logp_old, mask),
+            **mismatch_metrics(logp_rollout, logp_old, mask), **sync,
             **{f"loss/{k}": v for k, v in loss_metrics.items()},
             "time_rollout": t1 - t0, "time_scoring": t2 - t1, "time_update": t3 - t2,
             "tokens_per_s": n_tok / max(t1 - t0, 1e-9),

@@ -50,7 +50,7 @@ from .presets import RunConfig
 SUPPORTED_VERL = ("0.9.1",)
 RC = "algorithm.rollout_correction"
 VERL_DTYPE = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}
-ROLLOUT_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+ROLLOUT_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8": "bfloat16"}   # fp8: + quantization
 
 # verl's off-policy diagnostics (without their `rollout_corr/` prefix) → bench's native names
 OFFPOLICY_MAP = {
@@ -211,10 +211,26 @@ def algo_overrides(algo: str, max_len: int, C: float = 3.0) -> list[str]:
 
 def precision_overrides(p: Precision) -> list[str]:
     """Rollout dtype for vLLM; the FSDP engine's autocast dtype (with ShardedGradScaler for
-    fp16) via `+…mixed_precision.param_dtype`, which is not in the yaml (hence the `+`)."""
-    return [f"actor_rollout_ref.rollout.dtype={ROLLOUT_DTYPE[p.rollout]}",
-            f"+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype={VERL_DTYPE[p.train]}",
-            f"+actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype={VERL_DTYPE[p.train]}"]
+    fp16) via `+…mixed_precision.param_dtype`, which is not in the yaml (hence the `+`).
+
+    Formats below 16 bits and bf16+head32 (bench/formats.py), as far as verl 0.9.1 can say them:
+    rollout=fp8 is vLLM in bf16 with `actor_rollout_ref.rollout.quantization=fp8`, verl's online
+    fp8, which is *block-wise* (128×128 weight blocks, dynamic per-token-group activations:
+    finer scales than bench's per-channel/per-token fp8) and leaves lm_head in bf16. verl 0.9.1
+    has no W8A8 int8 rollout, no fp32-head option for its vLLM rollout or its FSDP actor, and no
+    fp8 training outside QAT recipes: those cells are refused (VerlError) and run natively."""
+    refused = {"int8": "an int8 rollout (vLLM and verl have no W8A8 int8 path)",
+               "bf16+head32": "an fp32 lm_head (verl exposes no head dtype for vLLM or FSDP)"}
+    if p.rollout in refused or p.train in refused or p.train == "fp8":
+        what = (refused.get(p.rollout) or refused.get(p.train)
+                or "fp8 training (FSDP trains in fp32/bf16/fp16; verl's fp8 is for the rollout only)")
+        raise VerlError(f"verl 0.9.1 cannot run {p.name}: it has no {what}; run this cell with the native "
+                        f"trainer (drop --trainer verl)")
+    out = [f"actor_rollout_ref.rollout.dtype={ROLLOUT_DTYPE[p.rollout]}"]
+    if p.rollout == "fp8":
+        out.append("actor_rollout_ref.rollout.quantization=fp8")
+    return out + [f"+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype={VERL_DTYPE[p.train]}",
+                  f"+actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype={VERL_DTYPE[p.train]}"]
 
 
 @dataclass

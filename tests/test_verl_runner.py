@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import select
 from typer.testing import CliRunner
 
-from bench.precision import ALL_PAIRS
+from bench.precision import ALL_PAIRS, CLASSIC_PAIRS, Precision
 from bench.problems import Problem
 from bench.store import Build, Run, open_store, session
 from runners.algos import REGISTRY
@@ -28,7 +28,7 @@ def test_every_cell_has_the_reference_keys(tmp_path):
     cfg = get_preset("paper")
     job = VerlJob("/m", tmp_path / "t.parquet", None, tmp_path / "r.py", tmp_path / "m.jsonl", "p", "e")
     for algo in REGISTRY:
-        for p in ALL_PAIRS:
+        for p in CLASSIC_PAIRS:          # the paper's nine pairs; formats below 16 bits: test_low_bit_cells
             argv, env = verl_command(algo, p, cfg, job)
             o = kv(argv[3:])
             assert argv[:3] == ["python", "-m", "verl.trainer.main_ppo"]
@@ -39,6 +39,47 @@ def test_every_cell_has_the_reference_keys(tmp_path):
             if algo != "gspo":      # Dr.GRPO aggregation with an explicit normaliser
                 assert o["actor_rollout_ref.actor.loss_scale_factor"] == "8192"
                 assert o["actor_rollout_ref.actor.loss_agg_mode"] == "seq-mean-token-sum-norm"
+
+
+def test_low_bit_cells(tmp_path):
+    """fp8 rollouts map to verl's own vLLM fp8 (bf16 + quantization=fp8); every other pair with
+    a format verl 0.9.1 cannot express (int8, bf16+head32, fp8 training) is refused with one
+    message naming the native trainer."""
+    from runners.verl_runner import precision_overrides
+
+    cfg = get_preset("paper")
+    job = VerlJob("/m", tmp_path / "t.parquet", None, tmp_path / "r.py", tmp_path / "m.jsonl", "p", "e")
+    expressible = []
+    for p in ALL_PAIRS:
+        if p in CLASSIC_PAIRS:
+            continue
+        if p.rollout == "fp8" and p.train in ("fp32", "bf16", "fp16"):
+            o = kv(verl_command("grpo", p, cfg, job)[0][3:])
+            assert o["actor_rollout_ref.rollout.dtype"] == "bfloat16"
+            assert o["actor_rollout_ref.rollout.quantization"] == "fp8"
+            assert o["+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype"] == p.train
+            expressible.append(p)
+            continue
+        with pytest.raises(VerlError, match=r"verl 0\.9\.1 cannot run .*run this cell with the native trainer"):
+            precision_overrides(p)
+    assert len(expressible) == 3
+    assert "quantization" not in " ".join(precision_overrides(Precision("bf16", "bf16")))
+    with pytest.raises(VerlError, match="no fp8 training"):
+        precision_overrides(Precision("fp8", "fp8"))
+    with pytest.raises(VerlError, match="int8 rollout"):
+        precision_overrides(Precision("int8", "fp32"))
+    with pytest.raises(VerlError, match="fp32 lm_head"):
+        precision_overrides(Precision("bf16", "bf16+head32"))
+
+
+@pytest.mark.verl
+@pytest.mark.integration
+def test_fp8_rollout_cells_pass_verls_validate_config(tmp_path, verl_python):
+    cfg = get_preset("paper")
+    job = VerlJob("/m", tmp_path / "t.parquet", None, tmp_path / "r.py", tmp_path / "m.jsonl", "p", "e")
+    cells = [verl_command(a, Precision("fp8", t), cfg, job)[0][3:] for a, t in
+             (("pg-seq-mis", "bf16"), ("grpo", "fp32"), ("gspo", "fp16"))]
+    assert validate_cells(verl_python, cells) == [None, None, None]
 
 
 def test_pg_family_uses_bypass_mode_explicitly_and_quotes_lo_hi():
@@ -147,7 +188,7 @@ def dry_run_cells(tmp_path_factory, shared_data):
         assert r.exit_code == 0, r.output
         cells = {}
         for a in REGISTRY:
-            for p in ALL_PAIRS:
+            for p in CLASSIC_PAIRS:
                 r = CliRunner().invoke(app, ["run", "--trainer", "verl", "--algo", a, "--dtype",
                                              f"rollout={p.rollout},train={p.train}", "--preset", "paper", "--dry-run",
                                              "--benchmark", str(shared / "aime24.jsonl"), "--db", url])

@@ -13,7 +13,8 @@ from typing import Iterable, Sequence
 
 import torch
 
-from ..precision import cast_parameters, torch_dtype
+from .. import formats
+from ..format_modules import RolloutWeights
 from . import Sample, Sampling, row_seed
 
 
@@ -42,16 +43,29 @@ class TorchEngine:
     name = "torch"
 
     def __init__(self, model_path: str, dtype: str = "fp32", max_batch: int = 512,
-                 threads: int | None = None, model=None, tokenizer=None):
+                 threads: int | None = None, model=None, tokenizer=None, track_updates: bool = False,
+                 prepared: bool = False):
+        """`dtype`: any format of bench/formats.py. `model`: an fp32 model to take over (it is
+        modified). `track_updates`: record `sync_stats` at every update_weights (keeps an
+        fp32 copy of the linear weights). `prepared`: sample from `model` exactly as given
+        (e.g. the training engine's compute copy); update_weights is then refused."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if threads:
             torch.set_num_threads(threads)
-        self.dtype = torch_dtype(dtype)
+        self.format = formats.get(dtype)
+        self.dtype = self.format.dtype
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_path)
-        self.model = model if model is not None else AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-        # parameters only (RoPE buffers stay fp32); torch's own 16-bit kernels: see bench/precision.py
-        self.model = cast_parameters(self.model, dtype).eval()
+        model = model if model is not None else AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.track_updates = track_updates
+        self.sync_stats: dict[str, float] = {}
+        if prepared:
+            self.model, self.weights = model, None
+        else:
+            # parameters only (RoPE buffers stay fp32); torch's own 16-bit kernels: see bench/precision.py;
+            # W8A8 formats quantize every linear layer, lm_head included (untied from the embedding)
+            self.weights = RolloutWeights(model, self.format, track=track_updates)
+            self.model = self.weights.model.eval()
         self.max_batch = max_batch
         self.eos = self.tokenizer.eos_token_id
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
@@ -73,10 +87,12 @@ class TorchEngine:
         return out  # type: ignore[return-value]
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        params = dict(self.model.named_parameters())
-        with torch.no_grad():
-            for name, t in named_tensors:
-                params[name].copy_(t.to(self.dtype))
+        """Load fp32 master weights by the master's parameter names; W8A8 layers re-quantize
+        from them, a tied lm_head is refreshed from the embedding's tensor. With
+        `track_updates`, `sync_stats` describes this sync (bench/format_modules.py)."""
+        if self.weights is None:
+            raise RuntimeError("this engine samples from a prepared model; it takes no weight updates")
+        self.sync_stats = self.weights.load(named_tensors, track=self.track_updates)
 
     def close(self) -> None:
         self.model = None

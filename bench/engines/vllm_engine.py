@@ -21,8 +21,24 @@ import shutil
 import tempfile
 from typing import Iterable, Sequence
 
-from ..precision import vllm_dtype
+from .. import formats
+from ..formats import PrecisionError
 from . import Sample, Sampling, row_seed
+
+
+def vllm_format_kwargs(dtype: str) -> dict:
+    """LLM(...) keyword arguments for a format (bench/formats.py), or one PrecisionError.
+
+    fp8 is vLLM 0.32's online `fp8_per_channel` (per-output-channel weight scales, dynamic
+    per-token activation scales: bench's fp8; `quantization="fp8"` no longer quantizes a
+    bf16 checkpoint online in 0.32). Unlike the built-in engine, vLLM leaves lm_head (a
+    ParallelLMHead, not a linear layer) in bf16. bf16+head32 is `hf_overrides={"head_dtype":
+    "float32"}`: vLLM computes the head in fp32 from its bf16-loaded weight, where the built-in
+    engines keep the fp32 master's values. int8 has no W8A8 path in vLLM 0.32: refused."""
+    fmt = formats.get(dtype)
+    if fmt.vllm is None:
+        raise PrecisionError(f"the vllm engine cannot run {fmt.name}: {fmt.vllm_refusal}")
+    return {k: (dict(v) if isinstance(v, dict) else v) for k, v in fmt.vllm.items()}
 
 
 class VLLMEngine:
@@ -30,6 +46,7 @@ class VLLMEngine:
 
     def __init__(self, model_path: str, dtype: str = "bf16", enforce_eager: bool = True,
                  gpu_memory_utilization: float = 0.5, max_model_len: int | None = None, seed: int = 0, **_):
+        vllm_format_kwargs(dtype)          # refuse a format vLLM cannot run before starting anything
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         from transformers import AutoTokenizer
         from vllm import LLM
@@ -42,7 +59,7 @@ class VLLMEngine:
         kw = {"max_model_len": max_model_len} if max_model_len else {}
         if current_platform.is_cpu():
             kw["enable_chunked_prefill"] = False
-        self.llm = LLM(model=model_path, dtype=vllm_dtype(dtype), enforce_eager=enforce_eager, seed=seed,
+        self.llm = LLM(model=model_path, enforce_eager=enforce_eager, seed=seed, **vllm_format_kwargs(dtype),
                        gpu_memory_utilization=gpu_memory_utilization, logprobs_mode="processed_logprobs",
                        worker_extension_cls="bench.engines.vllm_worker.BenchWorkerExtension", **kw)
 

@@ -38,7 +38,7 @@ class Build(Base):
     model_id: Mapped[int] = mapped_column(ForeignKey("models.id"))
     source: Mapped[str] = mapped_column(Text)
     engine: Mapped[str] = mapped_column(String(20))
-    dtype: Mapped[str] = mapped_column(String(10))
+    dtype: Mapped[str] = mapped_column(String(20))          # a format name (bench/formats.py)
     k: Mapped[int] = mapped_column(Integer)
     lo: Mapped[float] = mapped_column(Float)
     hi: Mapped[float] = mapped_column(Float)
@@ -93,8 +93,8 @@ class Run(Base):
     model_id: Mapped[int] = mapped_column(ForeignKey("models.id"))
     build_id: Mapped[str] = mapped_column(ForeignKey("builds.id"))
     algo: Mapped[str] = mapped_column(String(40))
-    rollout_dtype: Mapped[str] = mapped_column(String(10))
-    train_dtype: Mapped[str] = mapped_column(String(10))
+    rollout_dtype: Mapped[str] = mapped_column(String(20))   # format names; "bf16+head32" is 11 characters
+    train_dtype: Mapped[str] = mapped_column(String(20))
     trainer: Mapped[str] = mapped_column(String(20))
     engine: Mapped[str] = mapped_column(String(20))
     config: Mapped[dict] = mapped_column(JSON)
@@ -158,8 +158,8 @@ class MismatchReport(Base):
     __tablename__ = "mismatch_reports"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     model_id: Mapped[int] = mapped_column(ForeignKey("models.id"))
-    rollout_dtype: Mapped[str] = mapped_column(String(10))
-    train_dtype: Mapped[str] = mapped_column(String(10))
+    rollout_dtype: Mapped[str] = mapped_column(String(20))   # format names; "bf16+head32" is 11 characters
+    train_dtype: Mapped[str] = mapped_column(String(20))
     source: Mapped[str] = mapped_column(Text)
     n: Mapped[int] = mapped_column(Integer)
     metrics: Mapped[dict] = mapped_column(JSON)

@@ -1,0 +1,242 @@
+"""A format (bench/formats.py) applied to a transformers model, for either engine.
+
+Rollout side (`RolloutWeights`, used by the built-in engine): parameters are cast to the
+format's dtype (buffers such as RoPE's stay fp32); for a W8A8 format every nn.Linear,
+lm_head included, becomes a `QuantLinear` holding codes and per-channel scales; for
+`bf16+head32` lm_head becomes an fp32 `Head32Linear`. A tied lm_head is untied on the way:
+the embedding stays in the format's dtype while the head is quantized (or fp32) from the
+same master tensor, and a weight sync that carries the embedding's master tensor refreshes
+both. Every sync re-quantizes from the fp32 master, as a weight sync into a quantized vLLM
+does.
+
+Training side (`prepare_train`): the compute copy keeps the module tree and its parameter
+list (the trainer pairs compute and master parameters by position). For a W8A8 format the
+linear weights stay fp32 and each nn.Linear forward runs the same quantizers as the rollout
+engine (`W8A8STE`) with a straight-through backward; for `bf16+head32` lm_head stays fp32 and
+computes fp32 logits. A tied embedding that stays fp32 for the head's sake has its output
+rounded to the format's dtype, which is what a lookup in a cast embedding gives.
+
+Sync statistics (`RolloutWeights.load(..., track=True)`), over the weights of every linear
+layer (lm_head included), at each sync:
+  rollout_weights_moved   fraction whose stored value changed: the code (int8 value / e4m3
+                          bit pattern) for a W8A8 format, the 16/32-bit value otherwise. A
+                          per-channel scale that follows its channel's amax changes the
+                          dequantized values without moving any code: not counted.
+  rollout_update_to_step  median over those weights of |Δw| / δ, Δw the fp32 master's change
+                          since the previous sync and δ the grid spacing at the new stored
+                          value: int8 the channel scale; e4m3 the scale × 2^(max(⌊log2|c|⌋, −6) − 3)
+                          at code c; bf16/fp16/fp32 the value's ulp. Far below 1/2: most
+                          updates cannot move the quantized copy.
+"""
+
+from __future__ import annotations
+
+import types
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .formats import Format, float_step, scaled_mm
+
+
+# ------------------------------------------------------------------ rollout side
+
+class QuantLinear(nn.Module):
+    """Inference-only W8A8 linear layer: codes [out, in] and scales [out, 1] as buffers."""
+
+    def __init__(self, linear: nn.Linear, fmt: Format):
+        super().__init__()
+        self.fmt, self.in_features, self.out_features = fmt, linear.in_features, linear.out_features
+        codes, scale = fmt.quantize(linear.weight.detach().float())
+        self.register_buffer("codes", codes)
+        self.register_buffer("scale", scale)
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(fmt.dtype))
+
+    def forward(self, x):
+        return self.fmt.matmul(x, self.codes, self.scale, self.bias)
+
+    @torch.no_grad()
+    def load_weight(self, w: torch.Tensor, track: bool = False):
+        codes, scale = self.fmt.quantize(w.float())
+        moved = ~self.fmt.quant.same(codes, self.codes) if track else None
+        self.codes, self.scale = codes, scale
+        return (moved, self.fmt.step(codes, scale)) if track else None
+
+    @torch.no_grad()
+    def load_bias(self, b: torch.Tensor, track: bool = False):
+        self.bias.copy_(b.to(self.bias.dtype))
+
+
+class Head32Linear(nn.Module):
+    """lm_head in fp32: fp32 weight, the hidden state upcast, fp32 logits."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.register_buffer("weight", linear.weight.detach().float().clone())
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
+
+    def forward(self, x):
+        return F.linear(x.float(), self.weight, self.bias)
+
+    @torch.no_grad()
+    def load_weight(self, w: torch.Tensor, track: bool = False):
+        old = self.weight.clone() if track else None
+        self.weight.copy_(w.float())
+        return (self.weight != old, float_step(self.weight, 23, -126)) if track else None
+
+    @torch.no_grad()
+    def load_bias(self, b: torch.Tensor, track: bool = False):
+        self.bias.copy_(b.float())
+
+
+def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, new)
+
+
+@torch.no_grad()
+def _copy_param(p: nn.Parameter, fmt: Format, linear: bool, t: torch.Tensor, track: bool = False):
+    if not (linear and track):
+        p.copy_(t.to(p.dtype))
+        return None
+    old = p.detach().clone()
+    p.copy_(t.to(p.dtype))
+    return p != old, fmt.step(p.detach())
+
+
+class RolloutWeights:
+    """Prepares `model` (fp32, as loaded) for the rollout engine in `fmt` and loads later
+    weights into it by the master's parameter names (`model.named_parameters()` of an
+    identical fp32 model: a tied pair comes once, under the embedding's name)."""
+
+    def __init__(self, model: nn.Module, fmt: Format, track: bool = False):
+        self.fmt = fmt
+        owners: dict[int, list[tuple[str, nn.Module, str]]] = {}
+        for mod_name, mod in model.named_modules():
+            for attr, p in mod.named_parameters(recurse=False):
+                owners.setdefault(id(p), []).append((mod_name, mod, attr))
+        canonical = list(model.named_parameters())
+        is_linear_weight = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+        # the fp32 master of every linear weight as it was (for |Δw| at the first sync)
+        self.prev: dict[str, torch.Tensor] = ({n: p.detach().float().clone() for n, p in canonical
+                                               if id(p) in is_linear_weight} if track else {})
+        replaced: dict[int, nn.Module] = {}
+        if not fmt.plain:
+            head = model.get_output_embeddings()
+            for mod_name, mod in list(model.named_modules()):
+                if isinstance(mod, nn.Linear) and (fmt.quant is not None or mod is head):
+                    new = QuantLinear(mod, fmt) if fmt.quant is not None else Head32Linear(mod)
+                    _set_module(model, mod_name, new)
+                    replaced[id(mod)] = new
+        fmt.cast(model)
+        self.model = model
+        self.loaders: dict[str, list] = {}
+        self.linear_names: set[str] = set()
+        for name, p in canonical:
+            fns, copied = [], False
+            is_linear = any(isinstance(m, nn.Linear) and a == "weight" for _, m, a in owners[id(p)])
+            for _, mod, attr in owners[id(p)]:
+                new = replaced.get(id(mod))
+                if new is not None:
+                    fns.append(new.load_weight if attr == "weight" else new.load_bias)
+                elif not copied:        # the surviving parameter (a tied pair's embedding, or any other)
+                    still_linear = is_linear and not any(id(m) in replaced for _, m, _ in owners[id(p)])
+                    fns.append(partial(_copy_param, p, fmt, still_linear))
+                    copied = True
+            self.loaders[name] = fns
+            if is_linear:
+                self.linear_names.add(name)
+
+    @torch.no_grad()
+    def load(self, named_tensors, track: bool = False) -> dict[str, float]:
+        moved = total = 0
+        ratios = []
+        for name, t in named_tensors:
+            for fn in self.loaders[name]:
+                out = fn(t.detach(), track)
+                if out is None:
+                    continue
+                m, step = out
+                moved += int(m.sum())
+                total += m.numel()
+                if name in self.prev:
+                    ratios.append(((t.detach().float() - self.prev[name]).abs() / step).flatten())
+            if track and name in self.linear_names:
+                self.prev[name] = t.detach().float().clone()
+        stats = {}
+        if total:
+            stats["rollout_weights_moved"] = moved / total
+        if ratios:
+            stats["rollout_update_to_step"] = torch.cat(ratios).median().item()
+        return stats
+
+
+# ------------------------------------------------------------------ training side
+
+class W8A8STE(torch.autograd.Function):
+    """Forward: the rollout engine's W8A8 arithmetic (same codes, same fp32 sum, same
+    rounding). Backward: straight through the quantizers, i.e. the gradient of
+    y = x̂ ŵᵀ + b at the dequantized operands x̂, ŵ: ∂x = g ŵ, ∂w = gᵀ x̂, ∂b = Σ g (fp32)."""
+
+    @staticmethod
+    def forward(ctx, x, w, bias, fmt):
+        q = fmt.quant
+        xc, xs = q.quantize(x)
+        wc, ws = q.quantize(w)
+        ctx.save_for_backward(q.dequantize(xc, xs), q.dequantize(wc, ws))
+        ctx.dtypes = (x.dtype, w.dtype, None if bias is None else bias.dtype)
+        return scaled_mm(xc, xs, wc, ws, bias, fmt.dtype)
+
+    @staticmethod
+    def backward(ctx, gy):
+        xd, wd = ctx.saved_tensors
+        x_dt, w_dt, b_dt = ctx.dtypes
+        g = gy.float()
+        g2 = g.reshape(-1, g.shape[-1])
+        gx = (g @ wd).to(x_dt) if ctx.needs_input_grad[0] else None
+        gw = (g2.t() @ xd.reshape(-1, xd.shape[-1])).to(w_dt) if ctx.needs_input_grad[1] else None
+        gb = g2.sum(0).to(b_dt) if b_dt is not None and ctx.needs_input_grad[2] else None
+        return gx, gw, gb, None
+
+
+def _w8a8_forward(self, x):
+    return W8A8STE.apply(x, self.weight, self.bias, self._bench_format)
+
+
+def _head32_forward(self, x):
+    return F.linear(x.float(), self.weight.float(), None if self.bias is None else self.bias.float())
+
+
+def _cast_output(dtype, module, args, output):
+    return output.to(dtype)
+
+
+def prepare_train(model: nn.Module, fmt: Format, device: str = "cpu") -> nn.Module:
+    """The training compute copy in `fmt` (see the module docstring); parameters keep their
+    order, so the trainer's compute↔master pairing and gradient copy are unchanged."""
+    from .precision import should_upcast, upcast_matmuls
+
+    if not fmt.train:
+        raise ValueError(f"{fmt.name} is a rollout-only format")
+    keep: set[int] = set()
+    if not fmt.plain:
+        head = model.get_output_embeddings()
+        for mod in model.modules():
+            if not isinstance(mod, nn.Linear) or (fmt.quant is None and mod is not head):
+                continue
+            keep.add(id(mod.weight))            # W8A8: fp32 weights, quantized from fp32 as the rollout side
+            if fmt.quant is not None:
+                mod._bench_format = fmt
+                mod.forward = types.MethodType(_w8a8_forward, mod)
+            else:
+                keep.update(id(p) for p in mod.parameters(recurse=False))
+                mod.forward = types.MethodType(_head32_forward, mod)
+    fmt.cast(model, keep)
+    emb = model.get_input_embeddings()
+    if emb is not None and emb.weight.dtype != fmt.dtype:       # tied to an fp32 head
+        emb.register_forward_hook(partial(_cast_output, fmt.dtype))
+    if should_upcast(fmt.dtype_name, device):
+        upcast_matmuls(model)          # the remaining 16-bit linear layers (patched ones are skipped)
+    return model

@@ -1,0 +1,209 @@
+"""Number formats: one small object per format in one registry (`FORMATS`).
+
+A format says how an engine stores and multiplies: `dtype` is the storage dtype of every
+parameter it does not quantize (and of activations and linear outputs); `quant`, when set,
+is the W8A8 quantizer of every linear layer (lm_head included; embeddings and norms stay in
+`dtype`); `head32` keeps lm_head and the logits in fp32. `cast` / `quantize` / `matmul` are
+the three operations; bench/format_modules.py applies them to a model for either engine.
+
+    fp32, fp16, bf16   parameters in that dtype (buffers such as RoPE's stay fp32)
+    bf16+head32        bf16, except an fp32 lm_head and fp32 logits (vLLM's
+                       hf_overrides={"head_dtype": "float32"}, SGLang's enable_fp32_lm_head,
+                       TRL's cast_lm_head_to_fp32); rollout or training
+    fp8                W8A8 e4m3 as vLLM's online `fp8_per_channel` (llm-compressor's
+                       FP8_DYNAMIC): weight scale per output channel amax/448, activation scale
+                       per token at run time amax/448, codes = torch's float8_e4m3fn rounding
+                       (round-to-nearest-even) of the value clamped to ±448, products
+                       accumulated in fp32, output bf16; rollout or training (Jet-RL's unified
+                       cell: the same quantizers with a straight-through backward)
+    int8               W8A8 symmetric int8: the same scales with 127, round-half-to-even,
+                       clamped to ±127 (never -128: the grid stays symmetric, as amax/127
+                       scaling implies; -128 is reachable only by a rounding overshoot),
+                       fp32 accumulation, bf16 output; rollout only
+
+The clamp comes before the cast on purpose: torch 2.13 on CPU saturates a float8 cast, but
+the standard (and CUDA's) conversion of a value past 448 gives NaN.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+class PrecisionError(ValueError):
+    """A dtype or precision pair that cannot be parsed or run; the message says what to write."""
+
+
+# ------------------------------------------------------------------ grids
+
+def float_step(v: torch.Tensor, mantissa_bits: int, min_exp: int) -> torch.Tensor:
+    """Spacing of a binary floating-point grid at |v|: 2^(max(⌊log2|v|⌋, min_exp) − mantissa_bits)
+    (subnormals and 0 take the smallest normal binade's spacing). fp32: (23, −126), bf16:
+    (7, −126), fp16: (10, −14), e4m3: (3, −6)."""
+    _, e = torch.frexp(v.float().abs())              # |v| = m·2^e, m ∈ [0.5, 1): ⌊log2|v|⌋ = e − 1
+    exp = torch.where(v == 0, torch.full_like(e, min_exp), (e - 1).clamp(min=min_exp))
+    return torch.ldexp(torch.ones_like(v, dtype=torch.float32), exp - mantissa_bits)
+
+
+FLOAT_GRIDS = {torch.float32: (23, -126), torch.bfloat16: (7, -126), torch.float16: (10, -14)}
+
+
+# ------------------------------------------------------------------ quantizers
+
+@dataclass(frozen=True)
+class Quantizer:
+    """Symmetric quantization with one scale per row (the last dimension): weights per
+    output channel ([out, in]), activations per token ([..., in]). scale = amax/qmax
+    (1 for an all-zero row), code = q(x/scale) on the format's grid."""
+
+    name: str
+    qmax: float
+    code_dtype: torch.dtype
+
+    def scales(self, x: torch.Tensor) -> torch.Tensor:
+        amax = x.detach().float().abs().amax(dim=-1, keepdim=True)
+        return torch.where(amax > 0, amax / self.qmax, torch.ones_like(amax))
+
+    def codes(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(codes in `code_dtype`, fp32 scales [..., 1])."""
+        s = self.scales(x)
+        return self.codes(x, s), s
+
+    @staticmethod
+    def dequantize(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return codes.float() * scale
+
+    def fake(self, x: torch.Tensor) -> torch.Tensor:
+        """quantize then dequantize, fp32."""
+        return self.dequantize(*self.quantize(x))
+
+    def step(self, codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """The grid spacing at each code, in the units of the value (× scale)."""
+        raise NotImplementedError
+
+    def same(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """Elementwise: are two codes identical."""
+        return a == b
+
+
+class FP8E4M3(Quantizer):
+    def __init__(self):
+        super().__init__("e4m3", 448.0, torch.float8_e4m3fn)
+
+    def codes(self, x, scale):
+        return (x.float() / scale).clamp(-self.qmax, self.qmax).to(torch.float8_e4m3fn)
+
+    def step(self, codes, scale):
+        return float_step(codes.float(), 3, -6) * scale
+
+    def same(self, a, b):          # bit patterns (a float8 NaN would never equal itself)
+        return a.view(torch.uint8) == b.view(torch.uint8)
+
+
+class Int8(Quantizer):
+    def __init__(self):
+        super().__init__("int8", 127.0, torch.int8)
+
+    def codes(self, x, scale):
+        return torch.round(x.float() / scale).clamp(-127, 127).to(torch.int8)   # round: half to even
+
+    def step(self, codes, scale):
+        return scale.expand_as(codes).float()
+
+
+def w8a8_matmul(q: Quantizer, x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.Tensor,
+                bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """y = (Σ_k xq_k · wq_k) · s_x · s_w + b, rounded once to `out_dtype`: activations quantized
+    per token at run time, the products of codes accumulated in fp32 (exact for e4m3; for int8
+    while K·127² < 2^24, i.e. K ≤ 1040, beyond which it rounds as an fp32 accumulator does),
+    the scales applied after the sum as a scaled-GEMM epilogue does. w_codes [out, in],
+    w_scale [out, 1]."""
+    xc, xs = q.quantize(x)
+    return scaled_mm(xc, xs, w_codes, w_scale, bias, out_dtype)
+
+
+def scaled_mm(x_codes, x_scale, w_codes, w_scale, bias=None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """The GEMM of w8a8_matmul on codes already made: fp32 sum of code products, then the
+    per-token and per-channel scales, the bias, one rounding to `out_dtype`."""
+    acc = torch.matmul(x_codes.float(), w_codes.float().t())
+    y = acc * x_scale * w_scale.float().reshape(1, -1)
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(out_dtype)
+
+
+# ------------------------------------------------------------------ formats
+
+@dataclass(frozen=True)
+class Format:
+    name: str
+    dtype: torch.dtype                       # storage of what is not quantized; activations
+    quant: Quantizer | None = None           # W8A8 on every linear layer, lm_head included
+    head32: bool = False                     # lm_head weight and logits in fp32
+    train: bool = True                       # usable as the training format
+    vllm: dict | None = None                 # vLLM LLM(...) kwargs; None: vLLM cannot run it
+    vllm_refusal: str = ""
+    aliases: tuple[str, ...] = field(default=())
+
+    @property
+    def plain(self) -> bool:
+        """Nothing but a parameter dtype."""
+        return self.quant is None and not self.head32
+
+    @property
+    def dtype_name(self) -> str:
+        return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[self.dtype]
+
+    def cast(self, model, keep=()):
+        """Parameters (not buffers) to `dtype`, except those in `keep` (ids)."""
+        for p in model.parameters():
+            if p.is_floating_point() and p.dtype != self.dtype and id(p) not in keep:
+                p.data = p.data.to(self.dtype)
+        return model
+
+    def quantize(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.quant is None:
+            raise PrecisionError(f"{self.name} does not quantize")
+        return self.quant.quantize(w)
+
+    def matmul(self, x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.Tensor, bias=None) -> torch.Tensor:
+        return w8a8_matmul(self.quant, x, w_codes, w_scale, bias, self.dtype)
+
+    def step(self, stored: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        """Grid spacing at each stored weight (codes and scales for quantized formats)."""
+        if self.quant is not None:
+            return self.quant.step(stored, scale)
+        return float_step(stored, *FLOAT_GRIDS[stored.dtype])
+
+
+_VLLM_NO_INT8 = ("vLLM 0.32 has no W8A8 int8 for a bf16/fp16 checkpoint (its online `int8_per_channel_weight_only` "
+                 "is weight-only and MoE-only); run int8 rollouts with --engine torch")
+FORMATS: dict[str, Format] = {f.name: f for f in (
+    Format("fp32", torch.float32, vllm={"dtype": "float32"}, aliases=("float32", "float")),
+    Format("bf16", torch.bfloat16, vllm={"dtype": "bfloat16"}, aliases=("bfloat16",)),
+    Format("bf16+head32", torch.bfloat16, head32=True,
+           vllm={"dtype": "bfloat16", "hf_overrides": {"head_dtype": "float32"}}, aliases=("bf16-head32",)),
+    Format("fp16", torch.float16, vllm={"dtype": "float16"}, aliases=("float16", "half")),
+    Format("fp8", torch.bfloat16, quant=FP8E4M3(),
+           vllm={"dtype": "bfloat16", "quantization": "fp8_per_channel"}, aliases=("e4m3", "fp8-e4m3")),
+    Format("int8", torch.bfloat16, quant=Int8(), train=False, vllm_refusal=_VLLM_NO_INT8, aliases=("w8a8-int8",)),
+)}
+ROLLOUT_FORMATS = tuple(FORMATS)
+TRAIN_FORMATS = tuple(n for n, f in FORMATS.items() if f.train)
+_ALIASES = {a: f.name for f in FORMATS.values() for a in (f.name, *f.aliases)}
+
+
+def canonical(name: str) -> str:
+    try:
+        return _ALIASES[name.strip().lower()]
+    except KeyError:
+        raise PrecisionError(f"unknown dtype {name!r}; choose one of {', '.join(ROLLOUT_FORMATS)}") from None
+
+
+def get(name: str) -> Format:
+    return FORMATS[canonical(name)]

@@ -1,0 +1,337 @@
+"""Number formats below 16 bits and bf16+head32 (bench/formats.py, bench/format_modules.py):
+exact quantizer values on hand-made tensors, parsing of every pair and its messages, the
+built-in engine's untied lm_head and re-quantization at every sync, the sync statistics, the
+straight-through training forward, and the vLLM refusals (no engine started)."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from bench import formats
+from bench.calibration import BANDS
+from bench.format_modules import QuantLinear, RolloutWeights, W8A8STE
+from bench.formats import FORMATS, PrecisionError, float_step, w8a8_matmul
+from bench.precision import ALL_PAIRS, Precision, parse_list, prepare_compute_model
+
+FP8, INT8 = FORMATS["fp8"], FORMATS["int8"]
+ONE = torch.ones(1, 1)
+
+
+# ------------------------------------------------------------------ e4m3
+
+def test_e4m3_rounding_is_torchs_round_to_nearest_even():
+    # e4m3: 3 mantissa bits. Spacing 2 in [16, 32), 16 in [128, 256), 2^-7 in [2^-4, 2^-3),
+    # subnormals every 2^-9. Each value below sits exactly halfway between two neighbours:
+    #   17 → 16 (1.000 even, not 1.001)     19 → 20 (1.010 even, not 1.001)
+    #   232 → 224 (1.110, not 1.111 = 240)  248 → 256 (1.000·2^8, not 1.111·2^7 = 240)
+    #   0.06640625 = 2^-4 + 2^-8 → 0.0625   1.5·2^-9 → 2^-8 (subnormal 010, not 001)
+    #   2^-10 → 0 (halfway between 0 and the smallest subnormal 2^-9)
+    x = torch.tensor([[17.0, 19.0, 232.0, 248.0, 0.06640625, 1.5 * 2 ** -9, 2 ** -10, -19.0]])
+    want = torch.tensor([[16.0, 20.0, 224.0, 256.0, 0.0625, 2 ** -8, 0.0, -20.0]])
+    codes = FP8.quant.codes(x, ONE)
+    assert codes.dtype == torch.float8_e4m3fn
+    assert torch.equal(codes.float(), want)
+    # the same as torch's own float8 cast everywhere inside the range
+    y = torch.linspace(-448, 448, 20001).reshape(1, -1)
+    assert torch.equal(FP8.quant.codes(y, ONE).view(torch.uint8), y.to(torch.float8_e4m3fn).view(torch.uint8))
+
+
+def test_e4m3_saturates_at_448_instead_of_nan():
+    # 449 and 464 round to 448 (480 is not an e4m3fn value: its pattern is NaN); past the range
+    # the value is clamped to ±448 first, whatever a device's float8 cast does there
+    x = torch.tensor([[448.0, 449.0, 464.0, 500.0, 1e4, -1e4, -470.0]])
+    codes = FP8.quant.codes(x, ONE).float()
+    assert torch.equal(codes, torch.tensor([[448.0, 448.0, 448.0, 448.0, 448.0, -448.0, -448.0]]))
+    assert not torch.isnan(codes).any()
+
+
+def test_e4m3_per_channel_weight_scales_by_hand():
+    w = torch.tensor([[3.5, -1.0, 0.3, 0.0],
+                      [0.0, 0.0, 0.0, 0.0],
+                      [-0.875, 0.1, 0.5, 0.25]])
+    codes, scale = FP8.quantize(w)
+    # row 0: amax 3.5 → scale 3.5/448 = 2^-7; w/s = 448, -128, 38.4 → 40 (spacing 4 in [32, 64)), 0
+    # row 1: all zero → scale 1 (codes 0)
+    # row 2: amax 0.875 → scale 2^-9; w/s = -448, 51.2 → 52, 256, 128
+    assert torch.equal(scale, torch.tensor([[2 ** -7], [1.0], [2 ** -9]]))
+    assert torch.equal(codes.float(), torch.tensor([[448.0, -128, 40, 0], [0, 0, 0, 0], [-448, 52, 256, 128]]))
+    assert torch.equal(FP8.quant.fake(w)[0], torch.tensor([3.5, -1.0, 0.3125, 0.0]))
+    # the grid step at each code: 2^(max(⌊log2|c|⌋, −6) − 3) · scale
+    assert torch.equal(FP8.step(codes, scale)[0], torch.tensor([32.0, 16, 4, 2 ** -9]) * 2 ** -7)
+
+
+def test_fp8_w8a8_matmul_by_hand():
+    # x = [3.5, 0.3]: per-token scale 2^-7, codes [448, 40]; w = [[3.5, 1.0]]: scale 2^-7, codes [448, 128]
+    # Σ codes: 448·448 + 40·128 = 205824; × 2^-7 · 2^-7 = 12.5625 (exact: 12.55; 0.3 became 0.3125);
+    # 12.5625 is a bf16 value (201 · 2^-4)
+    x, w = torch.tensor([[3.5, 0.3]]), torch.tensor([[3.5, 1.0]])
+    y = FP8.matmul(x, *FP8.quantize(w))
+    assert y.dtype == torch.bfloat16 and y.item() == 12.5625
+
+
+# ------------------------------------------------------------------ int8
+
+def test_int8_scales_rounding_and_clamping_by_hand():
+    w = torch.tensor([[1.984375, -0.5, 0.0234375, 0.0078125],     # amax 127/64 → scale 1/64
+                      [15.875, -3.0625, 0.1875, -0.0625],         # amax 127/8  → scale 1/8
+                      [0.0, 0.0, 0.0, 0.0]])                      # all zero    → scale 1
+    codes, scale = INT8.quantize(w)
+    # row 0: w/s = 127, -32, 1.5 → 2, 0.5 → 0 (halves to even); row 1: 127, -24.5 → -24, 1.5 → 2, -0.5 → 0
+    assert codes.dtype == torch.int8
+    assert torch.equal(scale, torch.tensor([[1 / 64], [1 / 8], [1.0]]))
+    assert codes.tolist() == [[127, -32, 2, 0], [127, -24, 2, 0], [0, 0, 0, 0]]
+    # clamped to ±127, symmetric: −127.6 would round to −128, the clamp makes it −127
+    assert INT8.quant.codes(torch.tensor([[200.0, -200.0, -127.6, 127.4]]), ONE).tolist() == [[127, -127, -127, 127]]
+    # activations: one scale per token over the last dimension
+    assert INT8.quantize(torch.randn(2, 3, 5))[1].shape == (2, 3, 1)
+    assert torch.equal(INT8.step(codes, scale)[1], torch.full((4,), 1 / 8))
+
+
+def test_int8_w8a8_matmul_by_hand():
+    # x = [127/64, -0.5]: scale 1/64, codes [127, -32]
+    # w row 0 = [127/64, 0.5]: scale 1/64, codes [127, 32]; row 1 = [-127/128, 0.25]: scale 1/128, codes [-127, 32]
+    # row 0: 127·127 − 32·32 = 15105, /64/64 = 3.687744…; bf16 (spacing 2^-6 in [2, 4)) → 3.6875
+    # row 1: −127·127 − 32·32 = −17153, /64/128 = −2.093872…; bf16 → −2.09375
+    x = torch.tensor([[1.984375, -0.5]])
+    w = torch.tensor([[1.984375, 0.5], [-0.9921875, 0.25]])
+    y = w8a8_matmul(INT8.quant, x, *INT8.quantize(w))
+    assert y.dtype == torch.bfloat16 and y.float().tolist() == [[3.6875, -2.09375]]
+
+
+# ------------------------------------------------------------------ parsing
+
+def test_every_pair_parses_and_names_itself():
+    assert {p.rollout for p in ALL_PAIRS} == set(formats.ROLLOUT_FORMATS) and len(formats.ROLLOUT_FORMATS) == 6
+    assert {p.train for p in ALL_PAIRS} == set(formats.TRAIN_FORMATS) and "int8" not in formats.TRAIN_FORMATS
+    for p in ALL_PAIRS:
+        assert Precision.parse(p.name) == p
+        assert Precision.parse(f"train={p.train},rollout={p.rollout}") == p
+        assert p.rollout in BANDS and p.train in BANDS
+    assert Precision.parse("fp8") == Precision("fp8", "fp8")
+    assert Precision.parse("BF16+head32").name == "bf16+head32"
+    assert Precision.parse("rollout=int8,train=fp32").name == "rollout=int8,train=fp32"
+    assert parse_list("bf16+head32,fp8") == [Precision("bf16+head32", "bf16+head32"), Precision("fp8", "fp8")]
+    assert parse_list("rollout=int8,train=bf16;rollout=fp8,train=fp16") == [Precision("int8", "bf16"),
+                                                                            Precision("fp8", "fp16")]
+
+
+@pytest.mark.parametrize("text", ["int8", "rollout=fp16,train=int8", "INT8"])
+def test_int8_is_rollout_only_with_one_message(text):
+    with pytest.raises(PrecisionError) as e:
+        Precision.parse(text)
+    assert str(e.value) == ("int8 is a rollout-only format (there is no int8 training); write rollout=int8,train=X "
+                            "with X one of fp32, bf16, bf16+head32, fp16, fp8")
+    with pytest.raises(PrecisionError, match="rollout-only"):
+        parse_list("fp16,int8")
+
+
+def test_unknown_format_lists_the_formats():
+    with pytest.raises(PrecisionError, match=r"unknown dtype 'fp4'; choose one of fp32, bf16, bf16\+head32, fp16, fp8, int8"):
+        Precision.parse("rollout=fp4,train=fp32")
+
+
+def test_vllm_formats_and_refusals_without_starting_vllm():
+    from bench.engines.vllm_engine import VLLMEngine, vllm_format_kwargs
+
+    assert vllm_format_kwargs("fp8") == {"dtype": "bfloat16", "quantization": "fp8_per_channel"}
+    assert vllm_format_kwargs("bf16+head32") == {"dtype": "bfloat16", "hf_overrides": {"head_dtype": "float32"}}
+    assert vllm_format_kwargs("fp16") == {"dtype": "float16"}
+    with pytest.raises(PrecisionError, match="the vllm engine cannot run int8: .*--engine torch"):
+        VLLMEngine("/nowhere", "int8")
+
+
+# ------------------------------------------------------------------ sync statistics on a toy model
+
+class Toy(nn.Module):
+    def __init__(self, w):
+        super().__init__()
+        self.lin = nn.Linear(w.shape[1], w.shape[0], bias=False)
+        with torch.no_grad():
+            self.lin.weight.copy_(w)
+
+    def get_output_embeddings(self):
+        return None
+
+
+def test_sync_stats_int8_by_hand():
+    w = torch.tensor([[1.984375, -0.5, 0.0234375, 0.0078125], [15.875, -3.0625, 0.1875, -0.0625]])
+    rw = RolloutWeights(Toy(w), INT8, track=True)
+    assert isinstance(rw.model.lin, QuantLinear) and rw.model.lin.codes.tolist() == [[127, -32, 2, 0], [127, -24, 2, 0]]
+    # a quarter step on every weight but each row's amax (so the scales stay 1/64 and 1/8):
+    # codes -31.75 → -32, 1.75 → 2, 0.75 → 1 (moved); -24.25 → -24, 1.75 → 2, -0.25 → 0: 1 of 8 moved;
+    # |Δw|/step: 0, ¼, ¼, ¼ on both rows → median ¼
+    step = torch.tensor([[1 / 64], [1 / 8]])
+    new = w + 0.25 * step * torch.tensor([[0.0, 1, 1, 1], [0, 1, 1, 1]])
+    stats = rw.load([("lin.weight", new)], track=True)
+    assert rw.model.lin.codes.tolist() == [[127, -32, 2, 1], [127, -24, 2, 0]]
+    assert stats == {"rollout_weights_moved": 0.125, "rollout_update_to_step": 0.25}
+    assert rw.load([("lin.weight", new)], track=True) == {"rollout_weights_moved": 0.0, "rollout_update_to_step": 0.0}
+
+
+def test_sync_stats_bf16_by_hand():
+    # bf16 keeps 8 significant bits: the ulp of 1.0 is 2^-7, of 3.0 is 2^-6
+    w = torch.tensor([[1.0, 3.0]])
+    rw = RolloutWeights(Toy(w), FORMATS["bf16"], track=True)
+    stats = rw.load([("lin.weight", w + torch.tensor([[2 ** -9, 2 ** -5]]))], track=True)
+    # 1 + 2^-9 rounds back to 1.0 (a quarter ulp); 3 + 2^-5 is two ulps away: moves
+    assert rw.model.lin.weight.tolist() == [[1.0, 3.03125]]
+    assert stats["rollout_weights_moved"] == 0.5
+    assert stats["rollout_update_to_step"] == 0.25                   # lower median of (¼, 2)
+    assert torch.equal(float_step(torch.tensor([1.0, 3.0, 0.0]), 7, -126), torch.tensor([2 ** -7, 2 ** -6, 2 ** -133]))
+
+
+# ------------------------------------------------------------------ the built-in engine on tiny-math
+
+@pytest.fixture(scope="module")
+def tiny():
+    from bench.models import load_model, load_tokenizer, resolve_model
+
+    ref = resolve_model("tiny-math")
+    return ref, load_tokenizer(ref), load_model(ref, torch.float32)
+
+
+def _engine(tiny, fmt, track=True):
+    from bench.engines.torch_engine import TorchEngine
+
+    ref, tok, master = tiny
+    return TorchEngine(ref.path, fmt, model=copy.deepcopy(master), tokenizer=tok, track_updates=track)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int8"])
+def test_engine_quantizes_every_linear_and_unties_lm_head(tiny, fmt):
+    _, _, master = tiny
+    assert master.lm_head.weight is master.model.embed_tokens.weight          # tiny-math ties them
+    e = _engine(tiny, fmt)
+    m = e.model
+    assert not any(isinstance(x, nn.Linear) for x in m.modules())
+    n_linear = sum(isinstance(x, nn.Linear) for x in master.modules())
+    assert sum(isinstance(x, QuantLinear) for x in m.modules()) == n_linear
+    assert isinstance(m.lm_head, QuantLinear) and m.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert all(p.dtype == torch.bfloat16 for p in m.parameters())               # embeddings and norms
+    assert all(b.dtype == torch.float32 for n, b in m.named_buffers() if "inv_freq" in n)
+    codes, scale = FORMATS[fmt].quantize(master.model.embed_tokens.weight.detach())
+    assert torch.equal(m.lm_head.codes.view(torch.uint8), codes.view(torch.uint8)) and torch.equal(m.lm_head.scale, scale)
+
+
+def test_engine_requantizes_at_every_sync(tiny):
+    _, _, master = tiny
+    e = _engine(tiny, "fp8")
+    named = {n: p.detach().clone() for n, p in master.named_parameters()}
+    q_proj = e.model.model.layers[0].self_attn.q_proj
+    step = FP8.step(q_proj.codes, q_proj.scale)
+    before = q_proj.codes.clone()
+    # far below the quantization step: the quantized copy does not move
+    tiny_update = {n: t + 1e-4 * FP8.step(*FP8.quantize(t)) if t.dim() == 2 else t for n, t in named.items()}
+    e.update_weights(tiny_update.items())
+    assert e.sync_stats["rollout_weights_moved"] < 1e-3, e.sync_stats
+    assert 5e-5 < e.sync_stats["rollout_update_to_step"] < 2e-4
+    # several steps large: nearly every code moves
+    g = torch.Generator().manual_seed(0)
+    big = {n: t + (3.0 * FP8.step(*FP8.quantize(t)) * torch.randn(t.shape, generator=g) if t.dim() == 2 else 0)
+           for n, t in tiny_update.items()}
+    e.update_weights(big.items())
+    assert e.sync_stats["rollout_weights_moved"] > 0.8 and e.sync_stats["rollout_update_to_step"] > 1.0, e.sync_stats
+    assert not torch.equal(q_proj.codes.view(torch.uint8), before.view(torch.uint8)) and step.shape == before.shape
+    # the tied head follows the embedding's master tensor; the embedding itself is bf16
+    emb = big["model.embed_tokens.weight"]
+    codes, scale = FP8.quantize(emb)
+    assert torch.equal(e.model.lm_head.codes.view(torch.uint8), codes.view(torch.uint8))
+    assert torch.equal(e.model.model.embed_tokens.weight, emb.to(torch.bfloat16))
+
+
+def test_head32_engine_and_training_copy(tiny):
+    from bench.format_modules import Head32Linear
+
+    _, _, master = tiny
+    e = _engine(tiny, "bf16+head32")
+    assert isinstance(e.model.lm_head, Head32Linear) and e.model.lm_head.weight.dtype == torch.float32
+    assert torch.equal(e.model.lm_head.weight, master.lm_head.weight.detach())
+    assert e.model.model.embed_tokens.weight.dtype == torch.bfloat16
+    ids = torch.tensor([[3, 4, 5, 6]])
+    with torch.no_grad():
+        assert e.model(ids).logits.dtype == torch.float32
+    new = master.model.embed_tokens.weight.detach() * 1.01
+    e.update_weights([("model.embed_tokens.weight", new)])
+    assert torch.equal(e.model.lm_head.weight, new) and torch.equal(e.model.model.embed_tokens.weight, new.bfloat16())
+    c = prepare_compute_model(copy.deepcopy(master), "bf16+head32")
+    assert [n for n, _ in c.named_parameters()] == [n for n, _ in master.named_parameters()]
+    assert c.lm_head.weight is c.model.embed_tokens.weight and c.lm_head.weight.dtype == torch.float32
+    with torch.no_grad():
+        assert c(ids).logits.dtype == torch.float32
+        assert c.model.embed_tokens(ids).dtype == torch.bfloat16                # a bf16 lookup
+
+
+def test_16bit_engines_keep_the_tie(tiny):
+    e = _engine(tiny, "bf16")
+    assert e.model.lm_head.weight is e.model.model.embed_tokens.weight
+
+
+# ------------------------------------------------------------------ training side
+
+def test_straight_through_gradient_is_the_linear_gradient_at_the_quantized_operands():
+    torch.manual_seed(0)
+    for fmt in (FP8, INT8):
+        x = torch.randn(2, 3, 8).bfloat16().requires_grad_(True)
+        w = torch.randn(5, 8).requires_grad_(True)
+        b = torch.randn(5).bfloat16().requires_grad_(True)
+        g = torch.randn(2, 3, 5)
+        y = W8A8STE.apply(x, w, b, fmt)
+        assert y.dtype == torch.bfloat16
+        # the forward is the rollout engine's arithmetic, bit for bit
+        assert torch.equal(y, fmt.matmul(x.detach(), *fmt.quantize(w.detach()), b.detach()))
+        (y.float() * g).sum().backward()
+        xd = fmt.quant.fake(x.detach()).requires_grad_(True)
+        wd = fmt.quant.fake(w.detach()).requires_grad_(True)
+        bd = b.detach().float().requires_grad_(True)
+        # the gradient reaching a bf16 output is rounded to bf16 (the backward of .float())
+        (torch.nn.functional.linear(xd, wd, bd) * g.bfloat16().float()).sum().backward()
+        assert torch.allclose(w.grad, wd.grad, rtol=1e-6, atol=1e-6)
+        assert torch.equal(x.grad, xd.grad.bfloat16()) or torch.allclose(x.grad.float(), xd.grad, atol=1e-2)
+        assert torch.allclose(b.grad.float(), bd.grad, atol=1e-2)
+
+
+def test_straight_through_on_the_grid_equals_the_unquantized_gradient():
+    # operands already on the e4m3 grid with each row's amax at 448·2^-7 = 3.5: quantization is
+    # the identity and the straight-through gradient is exactly the plain linear layer's
+    torch.manual_seed(1)
+    grid = torch.arange(0, 256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    grid = grid[torch.isfinite(grid)]
+
+    def on_grid(rows, cols):
+        v = grid[torch.randint(len(grid), (rows, cols))]
+        v[:, 0] = 448.0
+        return v * 2 ** -7
+
+    x = on_grid(4, 16).requires_grad_(True)
+    w = on_grid(3, 16).requires_grad_(True)
+    assert torch.equal(FP8.quant.fake(w), w) and torch.equal(FP8.quant.fake(x), x)
+    g = torch.randn(4, 3)
+    (W8A8STE.apply(x, w, None, FP8).float() * g).sum().backward()
+    x2, w2 = x.detach().clone().requires_grad_(True), w.detach().clone().requires_grad_(True)
+    (torch.nn.functional.linear(x2, w2) * g.bfloat16().float()).sum().backward()   # bf16 output: bf16 grad
+    assert torch.allclose(x.grad, x2.grad, rtol=1e-6, atol=0) and torch.allclose(w.grad, w2.grad, rtol=1e-6, atol=0)
+
+
+def test_fp8_training_copy_matches_the_fp8_rollout_engine(tiny):
+    _, _, master = tiny
+    c = prepare_compute_model(copy.deepcopy(master), "fp8")
+    assert [n for n, _ in c.named_parameters()] == [n for n, _ in master.named_parameters()]   # trainer pairs by position
+    lin_w = {id(m.weight) for m in c.modules() if isinstance(m, nn.Linear)}
+    assert all((p.dtype == torch.float32) == (id(p) in lin_w) for p in c.parameters())
+    assert all(b.dtype == torch.float32 for n, b in c.named_buffers() if "inv_freq" in n)
+    e = _engine(tiny, "fp8", track=False)
+    ids = torch.tensor([[3, 4, 5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        a, b = c(ids).logits, e.model(ids).logits
+    assert a.dtype == b.dtype == torch.bfloat16 and torch.equal(a, b)
+    out = c(ids).logits.float().logsumexp(-1).sum()
+    out.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in c.parameters() if p.requires_grad)
+
+
+def test_int8_cannot_be_a_training_copy(tiny):
+    _, _, master = tiny
+    with pytest.raises(PrecisionError, match="rollout-only"):
+        prepare_compute_model(copy.deepcopy(master), "int8")
