@@ -3,7 +3,9 @@ shipped in bench/data (by name, offline), hub ids, and the synthetic MATH-style 
 behind the embedded `tiny-math` model.
 
 Every source yields `Problem(id, problem, answer)`. Ids are stable: the source's own id
-column when it has one, else a hash of the problem text.
+column when it has one, else a hash of the problem text. A problem whose normalised text
+(whitespace collapsed, case folded) repeats an earlier one is counted once: the first row
+stays, and `load_source` reports the repeats (a build records and prints them).
 """
 
 from __future__ import annotations
@@ -44,6 +46,40 @@ class ColumnMap:
 def problem_id(text: str) -> str:
     """Stable id for a problem without one: the first 12 hex digits of sha1(text)."""
     return hashlib.sha1(text.strip().encode("utf-8")).hexdigest()[:12]
+
+
+def normalise_text(text: str) -> str:
+    """The text duplicates are judged on: runs of whitespace made one space, case folded."""
+    return " ".join(text.split()).casefold()
+
+
+def split_hash(pairs) -> str:
+    """Content hash of a split: sha256 (hex) of the compact JSON array of [id, gold answer]
+    pairs sorted by id (UTF-8, no whitespace). Equal hashes mean the same problems with the
+    same golds, whatever store or machine built them."""
+    canon = json.dumps(sorted([str(i), str(a)] for i, a in pairs), ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canon.encode("utf-8")).hexdigest()
+
+
+def drop_repeats(problems: list[Problem]) -> tuple[list[Problem], list[dict]]:
+    """(problems with each normalised text once, first row kept; one entry per repeated text:
+    the kept id, every id that held it, how many rows, and the golds when they disagree)."""
+    first: dict[str, int] = {}
+    groups: dict[str, list[Problem]] = {}
+    unique: list[Problem] = []
+    for p in problems:
+        key = normalise_text(p.problem)
+        if key in first:
+            groups.setdefault(key, [unique[first[key]]]).append(p)
+            continue
+        first[key] = len(unique)
+        unique.append(p)
+    repeats = []
+    for rows in groups.values():
+        answers = list(dict.fromkeys(r.answer.strip() for r in rows))
+        repeats.append({"id": rows[0].id, "rows": len(rows), "ids": list(dict.fromkeys(r.id for r in rows)),
+                        **({"conflicting_answers": answers} if len(answers) > 1 else {})})
+    return unique, repeats
 
 
 def last_boxed(text: str) -> str | None:
@@ -258,6 +294,10 @@ def _to_problems(rows: list[dict], cols: ColumnMap, where: str) -> list[Problem]
         raise SourceError(f"{where}: {len(bad)} bad row(s): {shown}")
     if not problems:
         raise SourceError(f"{where}: no problems")
+    return problems
+
+
+def _check_ids(problems: list[Problem], where: str) -> list[Problem]:
     ids = [p.id for p in problems]
     if len(set(ids)) != len(ids):
         dup = next(x for x in ids if ids.count(x) > 1)
@@ -266,12 +306,22 @@ def _to_problems(rows: list[dict], cols: ColumnMap, where: str) -> list[Problem]
 
 
 def load_problems(spec: SourceSpec) -> list[Problem]:
-    """Read a source into problems. Raises SourceError with one readable message."""
+    """Read a source into problems, each normalised text once. Raises SourceError with one
+    readable message."""
+    return load_source(spec)[0]
+
+
+def load_source(spec: SourceSpec) -> tuple[list[Problem], dict]:
+    """(problems, duplicate check): the problems with each normalised text once (the first row
+    kept; `limit` counts these) and {"rows": rows read, "problems": problems kept, "repeated":
+    texts that repeat, "extra_rows": rows dropped as repeats, "groups": one entry per repeated
+    text among the problems returned (see `drop_repeats`)}. Rows that repeat a text may share
+    an id; different texts under one id are an error."""
     src = spec.source
     if src == "synthetic" or src.startswith("synthetic:") or src == "synthetic-hard":
         split = "synthetic-hard" if src == "synthetic-hard" else (src.partition(":")[2] or "test")
         rows = synthetic_examples(split, spec.limit or 300, seed=spec.seed)
-        return _to_problems(rows, ColumnMap(), src)
+        return _checked(_to_problems(rows, ColumnMap(), src), None, src)
     path = Path(src)
     if path.is_dir():
         import datasets
@@ -293,8 +343,19 @@ def load_problems(spec: SourceSpec) -> list[Problem]:
     else:
         raise SourceError(f"unknown source {src!r}: not a file, a dataset directory, 'synthetic', a packaged name "
                           f"({', '.join(PACKAGED_SOURCES)}) or a hub id")
-    problems = _to_problems(rows, spec.columns, src)
-    return problems[: spec.limit] if spec.limit else problems
+    return _checked(_to_problems(rows, spec.columns, src), spec.limit, src)
+
+
+def _checked(problems: list[Problem], limit: int | None, where: str) -> tuple[list[Problem], dict]:
+    n_rows = len(problems)
+    unique, groups = drop_repeats(problems)
+    unique = _check_ids(unique, where)
+    if limit:
+        unique = unique[:limit]
+        kept = {p.id for p in unique}
+        groups = [g for g in groups if g["id"] in kept]
+    return unique, {"rows": n_rows, "problems": len(unique), "repeated": len(groups),
+                    "extra_rows": sum(g["rows"] - 1 for g in groups), "groups": groups}
 
 
 def iter_jsonl(path: Path) -> Iterator[dict]:

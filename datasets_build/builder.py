@@ -24,7 +24,7 @@ from bench.engines import Sampling, make_engine, resolve_engine
 from bench.grading import CORRECT, Grader
 from bench.models import load_tokenizer, render_prompt, resolve_model, template_description, weights_hash
 from bench.precision import canon
-from bench.problems import ColumnMap, Problem, SourceSpec, load_problems
+from bench.problems import ColumnMap, Problem, SourceSpec, load_source, split_hash
 from bench.store import Build, BuildProblem, BuildRollout, bench_home, get_or_create_model, session
 
 from .adaptive import decided
@@ -126,6 +126,7 @@ class Plan:
     engine: str
     settings: dict
     template: str
+    duplicates: dict            # the source's repeated texts, each counted once (bench.problems.load_source)
 
 
 def plan(cfg: BuildConfig) -> Plan:
@@ -134,7 +135,7 @@ def plan(cfg: BuildConfig) -> Plan:
     ref = resolve_model(cfg.model)
     source = cfg.source or ("synthetic" if ref.embedded else "math")
     cfg.source = source
-    problems = load_problems(SourceSpec(source, cfg.columns, cfg.limit, cfg.seed))
+    problems, duplicates = load_source(SourceSpec(source, cfg.columns, cfg.limit, cfg.seed))
     tok = load_tokenizer(ref)
     prompts = [render_prompt(ref, tok, p.problem) for p in problems]
     max_tokens = cfg.max_tokens or (64 if ref.embedded else 8192)
@@ -146,7 +147,15 @@ def plan(cfg: BuildConfig) -> Plan:
                 "lo": cfg.lo, "hi": cfg.hi, "sampling": sampling.to_dict(), "template": template,
                 "adaptive": [cfg.round_size, cfg.confidence, cfg.min_samples] if cfg.adaptive else None,
                 "problems": hashlib.sha256("\0".join(p.id for p in problems).encode()).hexdigest()[:16]}
-    return Plan(cfg, ref, tok, problems, prompts, sampling, engine, settings, template)
+    return Plan(cfg, ref, tok, problems, prompts, sampling, engine, settings, template, duplicates)
+
+
+SPLIT_HASH_OF = "sha256 of the compact JSON [[id, gold answer], ...] of the kept problems, sorted by id"
+
+
+def kept_split_hash(results: list[ProblemResult]) -> str:
+    """The content hash of the kept split (bench.problems.split_hash)."""
+    return split_hash((r.id, r.answer) for r in results if r.bucket == KEPT)
 
 
 def _find_resumable(s, shash: str, shard: str | None) -> Build | None:
@@ -298,6 +307,7 @@ def _finish(engine_db, p: Plan, build_id: str, out_dir: Path, positions: list[in
         results.append(ProblemResult(prob.id, prob.problem, prob.answer, pos, n_samples.get(prob.id, 0),
                                      n_correct.get(prob.id, 0), acc, bucket(acc, cfg.lo, cfg.hi)))
     counts = bucket_counts(results)
+    shash = kept_split_hash(results)
     manifest = {
         "build_id": build_id, "model": p.model_ref.name, "model_path": p.model_ref.path,
         "weights_hash": p.settings["weights"], "engine": p.engine, "dtype": cfg.dtype,
@@ -313,6 +323,7 @@ def _finish(engine_db, p: Plan, build_id: str, out_dir: Path, positions: list[in
         "rollouts_per_s": new_rollouts / t_gen if t_gen > 0 else None,
         "mean_response_tokens": sum(lengths) / len(lengths) if lengths else None,
         "grader_cache_hits": cache_hits, "wall_s": wall, "settings": p.settings, "out_dir": str(out_dir),
+        "split_hash": shash, "split_hash_of": SPLIT_HASH_OF, "duplicates": p.duplicates,
     }
     write_split(out_dir, results, cfg.k, manifest)
     with session(engine_db) as s:
@@ -322,6 +333,7 @@ def _finish(engine_db, p: Plan, build_id: str, out_dir: Path, positions: list[in
                                accuracy=r.accuracy, bucket=r.bucket, kept=r.bucket == KEPT) for r in results)
         b = s.get(Build, build_id)
         b.status, b.n_problems, b.n_kept, b.manifest = "complete", len(results), counts[KEPT], manifest
+        b.split_hash = shash
         from bench.store.schema import utcnow
 
         b.finished_at = utcnow()

@@ -12,7 +12,7 @@ from sqlalchemy import insert, literal, select
 from bench.store import Build, BuildProblem, BuildRollout, bench_home, session
 from bench.store.schema import utcnow
 
-from .builder import BuildError, parse_shard
+from .builder import SPLIT_HASH_OF, BuildError, kept_split_hash, parse_shard
 from .split import KEPT, ProblemResult, bucket_counts, write_split
 
 
@@ -65,7 +65,9 @@ def merge_shards(engine_db, ids: list[str] | None = None, out: Path | None = Non
         manifests = [b.manifest or {} for b in shards]
         base = dict(manifests[0])
         counts = bucket_counts(results)
+        shash = kept_split_hash(results)
         manifest = {**base, "build_id": build_id, "shard": None, "shards": [b.id for b in shards],
+                    "split_hash": shash, "split_hash_of": SPLIT_HASH_OF,
                     "problems": len(results), "counts": counts,
                     "kept_fraction": counts[KEPT] / max(1, len(results) - counts["bad_gold"]),
                     "bad_golds": sorted({g for m in manifests for g in m.get("bad_golds", [])}),
@@ -76,7 +78,8 @@ def merge_shards(engine_db, ids: list[str] | None = None, out: Path | None = Non
         s.add(Build(id=build_id, model_id=first.model_id, source=first.source, engine=first.engine, dtype=first.dtype,
                     k=first.k, lo=first.lo, hi=first.hi, seed=first.seed, shard=None,
                     settings_hash=first.settings_hash, status="complete", out_dir=str(out_dir),
-                    n_problems=len(results), n_kept=counts[KEPT], manifest=manifest, finished_at=utcnow()))
+                    n_problems=len(results), n_kept=counts[KEPT], manifest=manifest, finished_at=utcnow(),
+                    split_hash=shash))
         s.flush()
         s.add_all(BuildProblem(build_id=build_id, problem_id=r.id, position=r.position, problem=r.problem,
                                answer=r.answer, n_samples=r.n_samples, n_correct=r.n_correct, accuracy=r.accuracy,

@@ -50,7 +50,7 @@ def runs_frame(engine: Engine, build_id: str | None = None) -> pd.DataFrame:
     q = (select(Run.id.label("run"), Model.name.label("model"), Run.build_id.label("build"), Run.algo,
                 Run.rollout_dtype, Run.train_dtype, Run.trainer, Run.engine, Run.status, Run.stop_reason,
                 Run.peak_accuracy, Run.final_accuracy, Run.steps_to_target, Run.wall_to_target, Run.step.label("steps"),
-                Run.wall_s, Run.kl_warning_step, Run.created_at, Run.updated_at)
+                Run.wall_s, Run.kl_warning_step, Run.seed, Run.created_at, Run.updated_at)
          .join(Model, Model.id == Run.model_id))
     if build_id:
         q = q.where(Run.build_id == build_id)

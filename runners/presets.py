@@ -100,3 +100,40 @@ def get_preset(name: str, benchmark: str | None = None, **overrides) -> RunConfi
             setattr(cfg, key, value)
     cfg.algo.max_len = cfg.max_tokens
     return check_run_config(cfg)
+
+
+def _leaves(value, prefix: str = "") -> dict:
+    """Dotted key → leaf value (lists of dicts by index: benchmarks[0].source)."""
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            out.update(_leaves(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        out = {}
+        for i, v in enumerate(value):
+            out.update(_leaves(v, f"{prefix}[{i}]"))
+        return out
+    return {prefix: value}
+
+
+ABSENT = "(absent)"
+
+
+def config_diff(config: dict | None) -> tuple[str | None, list[tuple[str, object, object]] | None]:
+    """(preset name, [(key, preset default, run value), ...]) for every setting of a stored run
+    config (`{"preset": name, **asdict(RunConfig)}`) that differs from its preset's defaults;
+    the list is None when the config names no known preset. The verl job description and the
+    preset name itself are not settings and are left out."""
+    config = config or {}
+    name = config.get("preset")
+    if name not in PRESETS:
+        return name, None
+    import json
+    from dataclasses import asdict
+
+    base = _leaves(json.loads(json.dumps(asdict(PRESETS[name]()))))     # as stored: tuples become lists
+    run = _leaves({k: v for k, v in config.items() if k not in ("preset", "verl")})
+    keys = list(dict.fromkeys([*base, *run]))
+    return name, [(k, base.get(k, ABSENT), run.get(k, ABSENT)) for k in keys
+                  if base.get(k, ABSENT) != run.get(k, ABSENT)]

@@ -1,5 +1,6 @@
 """The algorithm × precision grid on one build: cells run one after another (or in `jobs`
 processes); a cell that already finished on that build with the same trainer is skipped.
+With seeds, every cell runs once per seed and a finished (cell, seed) pair is skipped.
 With the verl trainer each cell is one `bench run --trainer verl` after another: verl takes
 the whole cluster."""
 
@@ -21,23 +22,51 @@ from .presets import get_preset
 FINISHED = ("converged", "plateaued", "collapsed", "diverged", "max_steps")
 
 
-def _finished_run(s, build_id: str, algo: str, p: Precision, trainer: str = "native") -> Run | None:
-    return s.scalars(select(Run).where(Run.build_id == build_id, Run.algo == algo, Run.rollout_dtype == p.rollout,
-                                       Run.train_dtype == p.train, Run.trainer == trainer, Run.status.in_(FINISHED))
-                     .order_by(Run.created_at.desc())).first()
+def _finished_run(s, build_id: str, algo: str, p: Precision, trainer: str = "native",
+                  seed: int | None = None) -> Run | None:
+    """The newest finished run of the cell (of the cell and `seed`, when given; the seed is the
+    run's config["seed"], kept in runs.seed)."""
+    q = select(Run).where(Run.build_id == build_id, Run.algo == algo, Run.rollout_dtype == p.rollout,
+                          Run.train_dtype == p.train, Run.trainer == trainer, Run.status.in_(FINISHED))
+    if seed is not None:
+        q = q.where(Run.seed == seed)
+    return s.scalars(q.order_by(Run.created_at.desc())).first()
 
 
-def _summary(s, run_id: str | None, algo: str, p: Precision, status: str | None = None) -> dict:
+def parse_seeds(text: str) -> list[int]:
+    """`--seeds N` means seeds 0..N-1; a comma list (`0,3,5`, or `5,` for seed 5 alone) names them."""
+    try:
+        if "," in text:
+            seeds = [int(x) for x in text.split(",") if x.strip()]
+        else:
+            n = int(text)
+            if n < 1:
+                raise ValueError
+            seeds = list(range(n))
+    except ValueError:
+        raise ValueError(f"bad --seeds {text!r}: give a count N (seeds 0..N-1) or a comma list such as 0,3,5") \
+            from None
+    if not seeds or any(x < 0 for x in seeds):
+        raise ValueError(f"bad --seeds {text!r}: seeds are integers >= 0")
+    return list(dict.fromkeys(seeds))
+
+
+def _summary(s, run_id: str | None, algo: str, p: Precision, status: str | None = None,
+             seed: int | None = None) -> dict:
     r = s.get(Run, run_id) if run_id else None
-    return {"algo": algo, "precision": p.name, "run": run_id, "status": status or (r.status if r else "failed"),
-            "peak": r.peak_accuracy if r else None, "steps": r.step if r else 0}
+    return {"algo": algo, "precision": p.name, **({} if seed is None else {"seed": seed}), "run": run_id,
+            "status": status or (r.status if r else "failed"), "peak": r.peak_accuracy if r else None,
+            "steps": r.step if r else 0}
 
 
 def run_grid(store, db_url: str | None, algos: list[str], pairs: list[Precision], build_id: str | None,
              engine: str, preset: str, overrides: dict, jobs: int = 1, log=print,
-             verl_args: list[str] | None = None) -> list[dict]:
+             verl_args: list[str] | None = None, seeds: list[int] | None = None,
+             ckpt_root=None) -> list[dict]:
     """Run the grid; `verl_args` (e.g. ["--verl-python", PY, "--gpus", "8"]) runs every cell
-    with the verl trainer, one at a time."""
+    with the verl trainer, one at a time. `seeds` runs every cell once per seed (the run
+    config's `seed`), skipping the (cell, seed) pairs that already finished; without it a cell
+    is run once with the preset's seed and skipped when any of its runs finished."""
     trainer = "native" if verl_args is None else "verl"
     if verl_args is not None:
         jobs = 1
@@ -46,45 +75,53 @@ def run_grid(store, db_url: str | None, algos: list[str], pairs: list[Precision]
         if build is None:
             raise ValueError("no build yet: make one with `bench build --model tiny-math`")
         build_id = build.id
-    cells = [(a, p) for a in algos for p in pairs]
+    if seeds is not None and "seed" in overrides:
+        raise ValueError("give either a seed or seeds, not both")
+    cells = [(a, p, seed) for a in algos for p in pairs for seed in (seeds or [None])]
     todo, results = [], {}
     with session(store) as s:
-        for a, p in cells:
-            done = _finished_run(s, build_id, a, p, trainer)
+        for a, p, seed in cells:
+            done = _finished_run(s, build_id, a, p, trainer, seed)
+            at = "" if seed is None else f" seed {seed}"
             if done:
-                log(f"skip {a} {p.name}: finished as run {done.id} ({done.status})")
-                results[(a, p)] = _summary(s, done.id, a, p, f"{done.status} (earlier)")
+                log(f"skip {a} {p.name}{at}: finished as run {done.id} ({done.status})")
+                results[(a, p, seed)] = _summary(s, done.id, a, p, f"{done.status} (earlier)", seed)
             else:
-                todo.append((a, p))
+                todo.append((a, p, seed))
 
     def one(cell) -> str | None:
-        a, p = cell
-        log(f"run {a} {p.name} on build {build_id}")
+        a, p, seed = cell
+        at = "" if seed is None else f" seed {seed}"
+        args = dict(overrides) if seed is None else {**overrides, "seed": seed}
+        log(f"run {a} {p.name}{at} on build {build_id}")
         if jobs == 1 and verl_args is None:
-            cfg = get_preset(preset, **overrides)
+            cfg = get_preset(preset, **args)
             try:
-                return start_run(store, a, p, cfg, build_id=build_id, engine=engine, preset=preset)
+                return start_run(store, a, p, cfg, build_id=build_id, engine=engine, preset=preset,
+                                 ckpt_root=ckpt_root)
             except Exception as e:  # the failed run is recorded in the store; go on with the grid
-                log(f"  {a} {p.name} failed: {e}")
+                log(f"  {a} {p.name}{at} failed: {e}")
                 return None
         cmd = [sys.executable, "-m", "bench.cli", "run", "--algo", a, "--dtype", p.name, "--build", build_id,
                "--engine", engine, "--preset", preset, "--json"]
         if verl_args is not None:
             cmd += ["--trainer", "verl", *verl_args]
-        for k, v in overrides.items():
+        for k, v in args.items():
             cmd += [f"--{k.replace('_', '-')}", str(v)]
+        if ckpt_root is not None:
+            cmd += ["--checkpoint-dir", str(ckpt_root)]
         if db_url:
             cmd += ["--db", db_url]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             err = r.stderr[r.stderr.rfind("error:"):] if "error:" in r.stderr else r.stderr.strip()[-500:]
-            log(f"  {a} {p.name} failed: {' '.join(err.split()) or r.returncode}")
+            log(f"  {a} {p.name}{at} failed: {' '.join(err.split()) or r.returncode}")
             return None
         return json.loads(r.stdout)["id"]
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         ids = list(pool.map(one, todo))
     with session(store) as s:
-        for (a, p), rid in zip(todo, ids):
-            results[(a, p)] = _summary(s, rid, a, p)
+        for (a, p, seed), rid in zip(todo, ids):
+            results[(a, p, seed)] = _summary(s, rid, a, p, seed=seed)
     return [results[c] for c in cells]

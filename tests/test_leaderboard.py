@@ -153,11 +153,14 @@ def test_app_is_read_only(store):
 
 def test_report_ranks_real_runs(store, tmp_path):
     url, _ = store
-    r = CliRunner().invoke(app, ["report", "--db", url, "--json", "--csv", str(tmp_path / "r.csv")])
+    r = CliRunner().invoke(app, ["report", "--runs", "--db", url, "--json", "--csv", str(tmp_path / "r.csv")])
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout)
     assert len(rows) == 4 and {"sanity", "mean_kl", "max_abs_dp", "peak_accuracy"} <= set(rows[0])
     assert (tmp_path / "r.csv").read_text().startswith("run,model,build,algo")
+    r = CliRunner().invoke(app, ["report", "--db", url, "--json"])          # one row per cell (one seed each)
+    cells = json.loads(r.stdout)
+    assert len(cells) == 4 and all(c["passes"] in ("0/1", "1/1") and len(c["runs"]) == 1 for c in cells)
 
 
 def test_app_follows_a_run_that_is_still_writing(store, tmp_path):

@@ -84,6 +84,9 @@ def build(ctx: typer.Context,
             manifest = _build_with_progress(store, cfg)
     except _user_errors() as e:
         fail(str(e))
+    if (manifest.get("duplicates") or {}).get("repeated"):
+        console.print(f"[yellow]warning:[/] the source repeats problems: {_duplicates_line(manifest['duplicates'])} "
+                      "(listed in the manifest's `duplicates`)", highlight=False)
     if as_json:
         out.print_json(json.dumps(manifest, default=str))
         return
@@ -98,6 +101,15 @@ def build(ctx: typer.Context,
     rps = manifest["rollouts_per_s"]
     out.print(f"{manifest['rollouts']} rollouts, {rps:.0f} rollouts/s, wall {manifest['wall_s']:.1f}s → {manifest['out_dir']}"
               if rps else f"{manifest['rollouts']} rollouts (all resumed), wall {manifest['wall_s']:.1f}s → {manifest['out_dir']}")
+
+
+def _duplicates_line(dup: dict) -> str:
+    if not dup.get("repeated"):
+        return f"none ({dup.get('rows')} rows, each text once)"
+    conflicting = sum(1 for g in dup.get("groups", []) if "conflicting_answers" in g)
+    return (f"{dup['repeated']} problem(s) appear more than once ({dup['extra_rows']} extra rows of "
+            f"{dup['rows']}); each counted once" + (f"; {conflicting} with disagreeing golds (the first kept)"
+                                                    if conflicting else ""))
 
 
 def _build_with_progress(store, cfg) -> dict:
@@ -173,14 +185,18 @@ def builds_show(ctx: typer.Context, build_id: str, as_json: bool = typer.Option(
         b = s.get(Build, build_id)
         if b is None:
             fail(f"no build {build_id!r}; `bench builds` lists them")
-        info = {"id": b.id, "status": b.status, "shard": b.shard, "out_dir": b.out_dir, **(b.manifest or {})}
+        info = {"id": b.id, "status": b.status, "shard": b.shard, "out_dir": b.out_dir, **(b.manifest or {}),
+                "split_hash": b.split_hash}
     if as_json:
         out.print_json(json.dumps(info, default=str))
     else:
         for key in ("id", "status", "model", "engine", "dtype", "source", "k", "band", "counts", "kept_fraction",
-                    "rollouts", "rollouts_per_s", "wall_s", "out_dir", "template"):
+                    "rollouts", "rollouts_per_s", "wall_s", "out_dir", "template", "split_hash"):
             if key in info:
                 out.print(f"[bold]{key}[/]: {info[key]}", highlight=False)
+        dup = info.get("duplicates")
+        if dup:
+            out.print(f"[bold]duplicates[/]: {_duplicates_line(dup)}", highlight=False)
 
 
 # ------------------------------------------------------------------ grade

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from rich.table import Table
@@ -33,6 +33,43 @@ def runs(ctx: typer.Context, as_json: bool = typer.Option(False, "--json"), db: 
     for r in df.itertuples():
         t.add_row(r.run, r.algo, r.precision, r.status, str(r.steps), _f(r.peak_accuracy), _f(r.final_accuracy), r.build)
     out.print(t)
+
+
+@runs_app.command("export")
+def runs_export(ctx: typer.Context, run_ids: List[str] = typer.Argument(..., help="Runs to export (`bench runs` lists them)."),
+                out_path: Path = typer.Option(..., "--out", help="The bundle to write, e.g. bundle.tar.gz."),
+                db: Optional[str] = DB_OPT):
+    """Write runs to a self-contained bundle: run rows, steps, evaluations, calibration, provenance,
+    config and seed, and each build's kept split (ids, golds, base accuracy, n) with its split hash."""
+    from bench.bundle import BundleError, export_runs
+
+    try:
+        manifest = export_runs(_store(db or (ctx.obj or {}).get("db")), run_ids, out_path)
+    except BundleError as e:
+        fail(str(e))
+    out.print(f"{len(manifest['runs'])} run(s) on {len(manifest['builds'])} build(s) → {out_path} (split hash "
+              + ", ".join(h[:12] for h in manifest["split_hashes"].values()) + ")", highlight=False)
+
+
+@runs_app.command("import")
+def runs_import(ctx: typer.Context, bundle: Path = typer.Argument(..., help="A bundle from `bench runs export`."),
+                as_json: bool = typer.Option(False, "--json"), db: Optional[str] = DB_OPT):
+    """Load a bundle into this store (SQLite or PostgreSQL) in one transaction. Importing twice changes
+    nothing; a build of the same id with another split hash, or a malformed or altered bundle, is
+    refused and the store left unchanged."""
+    from bench.bundle import BundleError, import_bundle
+
+    store = _store(db or (ctx.obj or {}).get("db"))
+    try:
+        summary = import_bundle(store, bundle)
+    except BundleError as e:
+        fail(f"bundle {bundle} refused: {e}")
+    if as_json:
+        out.print_json(json.dumps(summary))
+        return
+    out.print(f"imported {bundle}: runs {len(summary['runs_added'])} added, {len(summary['runs_updated'])} updated, "
+              f"{len(summary['runs_present'])} already present; builds {len(summary['builds_added'])} added, "
+              f"{len(summary['builds_present'])} already present", highlight=False)
 
 
 def _f(x) -> str:
@@ -65,7 +102,12 @@ def _run_info(store, run_id: str) -> dict:
 def runs_show(ctx: typer.Context, run_id: str, as_json: bool = typer.Option(False, "--json"),
               db: Optional[str] = DB_OPT):
     """Show one run: settings, status, evaluations and its last step's metrics."""
+    from runners.presets import config_diff
+
     info = _run_info(_store(db or (ctx.obj or {}).get("db")), run_id)
+    preset, diff = config_diff(info["config"])
+    info["config_diff"] = None if diff is None else {"preset": preset, "changed": [
+        {"key": k, "preset": a, "run": b} for k, a, b in diff]}
     if as_json:
         out.print_json(json.dumps(info, default=str))
         return
@@ -87,35 +129,96 @@ def runs_show(ctx: typer.Context, run_id: str, as_json: bool = typer.Option(Fals
             out.print(f"[bold]split accuracy[/]: {prov['split_accuracy_estimator']}", highlight=False)
     for e in info["evals"]:
         out.print(f"  eval step {e['step']}: {e['benchmark']} avg@{e['n']} = {e['score']:.3f}", highlight=False)
+    _print_config_diff(preset, diff)
+
+
+def _print_config_diff(preset, diff) -> None:
+    """What else changed: the run's stored config against its preset's defaults."""
+    from rich.markup import escape
+
+    if diff is None:
+        out.print(f"[bold]config[/]: no known preset recorded ({escape(str(preset))}); `--json` shows the config",
+                  highlight=False)
+    elif not diff:
+        out.print(f"[bold]config[/]: preset {preset}'s defaults, nothing changed", highlight=False)
+    else:
+        out.print(f"[bold]config vs preset {preset}[/] ({len(diff)} changed):", highlight=False)
+        for key, default, value in diff:
+            out.print(f"  {escape(key)}: {escape(repr(default))} → {escape(repr(value))}", highlight=False)
 
 
 @app.command()
 def report(csv: Optional[Path] = typer.Option(None, "--csv", help="Also write the table as CSV."),
            as_json: bool = typer.Option(False, "--json"), build_id: Optional[str] = typer.Option(None, "--build"),
+           runs: bool = typer.Option(False, "--runs", help="One row per run instead of one per cell."),
            db: Optional[str] = DB_OPT):
-    """The leaderboard ranking in the terminal: PASS when the run converged (the lower confidence bound
-    of split accuracy, pooled over its last evaluations, reached 0.95)."""
-    from leaderboard.queries import ranked, report_columns, runs_frame
+    """The leaderboard ranking in the terminal, one row per cell (algorithm × precision on a build) over
+    its seeds: PASS only when every seed's run converged (the lower confidence bound of split accuracy,
+    pooled over its last evaluations, reached 0.95); passes k/N, peak accuracy mean with a 95% t-interval,
+    median steps to pass (min–max), median KL k3. --runs: one row per run."""
+    from leaderboard.queries import runs_frame
 
-    df = ranked(runs_frame(_store(db), build_id))
-    if df.empty:
+    frame = runs_frame(_store(db), build_id)
+    if frame.empty:
         if as_json:
             out.print_json("[]")
         else:
             out.print("no runs yet: run `bench build --model tiny-math`, then `bench sweep --algo grpo,pg-seq-is --dtype bf16,fp16`")
         return
-    df = df[report_columns()]
+    if runs:
+        _report_runs(frame, csv, as_json)
+    else:
+        _report_cells(frame, csv, as_json)
+
+
+_SANITY = {"PASS": "[green]PASS[/]", "RUNNING": "[yellow]RUNNING[/]"}
+
+
+def _write_csv(df, csv: Optional[Path]) -> None:
     if csv:
         try:
             df.to_csv(csv, index=False)
         except OSError as e:
             fail(f"cannot write {csv}: {e.strerror or e}")
+
+
+def _report_cells(frame, csv: Optional[Path], as_json: bool) -> None:
+    from leaderboard.cells import cells_frame, ranked_cells
+
+    df = ranked_cells(cells_frame(frame))
+    flat = df.assign(seeds=df.seeds.map(lambda xs: " ".join("-" if x is None else str(x) for x in xs)),
+                     runs=df.runs.map(" ".join))
+    _write_csv(flat, csv)
     if as_json:
-        out.print_json(df.to_json(orient="records"))
+        out.print_json(df.to_json(orient="records", double_precision=15))
+        return
+    t = Table("#", "algo", "precision", "sanity", "passes", "peak (mean, 95% t-interval)", "steps→pass median (min–max)",
+              "KL k3 median", "seeds", "run")
+    for i, r in enumerate(df.itertuples(), 1):
+        peak = _f(r.peak_mean) + ("" if r.peak_ci_lo != r.peak_ci_lo else f" [{r.peak_ci_lo:.3f}, {r.peak_ci_hi:.3f}]")
+        steps = "-" if r.steps_to_pass_median != r.steps_to_pass_median else (
+            f"{r.steps_to_pass_median:g}" + ("" if r.steps_to_pass_min == r.steps_to_pass_max
+                                             else f" ({r.steps_to_pass_min:g}–{r.steps_to_pass_max:g})"))
+        t.add_row(str(i), r.algo, r.precision, _SANITY.get(r.sanity, "[red]FAIL[/]"), r.passes, peak, steps,
+                  "-" if r.kl_k3_median != r.kl_k3_median else f"{r.kl_k3_median:.2e}",
+                  " ".join("-" if x is None else str(x) for x in r.seeds),
+                  r.runs[0] if len(r.runs) == 1 else f"{len(r.runs)} runs (--runs)")
+    out.print(t)
+    out.print("peak: mean over seeds with a two-sided 95% Student-t interval (mean ± t(0.975, n−1)·s/√n); "
+              "a cell passes only when every seed passes", highlight=False)
+
+
+def _report_runs(frame, csv: Optional[Path], as_json: bool) -> None:
+    from leaderboard.queries import ranked, report_columns
+
+    df = ranked(frame)[report_columns()]
+    _write_csv(df, csv)
+    if as_json:
+        out.print_json(df.to_json(orient="records", double_precision=15))
         return
     t = Table("#", "algo", "precision", "sanity", "status", "peak", "final", "steps→pass", "eval", "KL k3", "max|Δp|", "steps", "run")
     for i, r in enumerate(df.itertuples(), 1):
-        t.add_row(str(i), r.algo, r.precision, {"PASS": "[green]PASS[/]", "RUNNING": "[yellow]RUNNING[/]"}.get(r.sanity, "[red]FAIL[/]"), r.status,
+        t.add_row(str(i), r.algo, r.precision, _SANITY.get(r.sanity, "[red]FAIL[/]"), r.status,
                   _f(r.peak_accuracy), _f(r.final_accuracy),
                   "-" if r.steps_to_target != r.steps_to_target or r.steps_to_target is None else str(int(r.steps_to_target)),
                   _f(r.best_eval), "-" if r.mean_kl != r.mean_kl or r.mean_kl is None else f"{r.mean_kl:.2e}",

@@ -68,7 +68,10 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
         updates_per_batch: Optional[int] = typer.Option(None, help="Mini-batch updates per rollout batch."),
         eval_every: Optional[int] = typer.Option(None), checkpoint_every: Optional[int] = typer.Option(None),
         eval_split_m: Optional[int] = typer.Option(None, help="Split accuracy is avg@m."),
-        seed: Optional[int] = typer.Option(None), threads: Optional[int] = typer.Option(None),
+        seed: Optional[int] = typer.Option(None),
+        seeds: Optional[str] = typer.Option(None, help="Run the cell once per seed: N for seeds 0..N-1, or a list "
+                                            "such as 0,3,5; (cell, seed) pairs already finished are skipped."),
+        threads: Optional[int] = typer.Option(None),
         checkpoint_dir: Optional[Path] = typer.Option(None, help="Default $BENCH_HOME/runs/<run id>."),
         resume: Optional[str] = typer.Option(None, help="Continue run ID from its last checkpoint."),
         as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
@@ -89,6 +92,10 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
                      seed=seed, threads=threads)
     if trainer not in ("native", "verl"):
         fail(f"unknown trainer {trainer!r}; choose native or verl")
+    if seeds is not None:
+        _seeded_run(algo, dtype, build_id, model, engine, trainer, preset, overrides, seeds, resume,
+                    checkpoint_dir, as_json, db)
+        return
     if resume and _resume_verl(resume, db, as_json):
         return
     if trainer == "verl":
@@ -112,6 +119,54 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
     except (RunError, *_user_errors()) as e:
         fail(str(e))
     _print_run_end(run_id, store, as_json)
+
+
+def _seeded_run(algo, dtype, build_id, model, engine, trainer, preset, overrides, seeds, resume, checkpoint_dir,
+                as_json, db) -> None:
+    """`bench run --seeds`: the one cell once per seed, as a one-cell sweep."""
+    from bench.precision import Precision
+    from runners.sweep import parse_seeds, run_grid
+    from runners.trainer import RunError, resolve_inputs
+
+    if resume:
+        fail("--seeds starts runs; resume one run with --resume RUN_ID alone")
+    if overrides.get("seed") is not None:
+        fail("give --seed or --seeds, not both")
+    if trainer != "native":
+        fail("--seeds runs the native trainer only: the verl launcher passes no seed to verl yet")
+    if not algo:
+        fail("give --algo (see `bench run --algo list`)")
+    store = _store(db)
+    try:
+        seed_list = parse_seeds(seeds)
+        pairs = [Precision.parse(dtype)]
+        if model and not build_id:
+            from bench.store import session
+
+            with session(store) as s:
+                build_id = resolve_inputs(s, None, model)[0].id
+        results = run_grid(store, db, [algo], pairs, build_id, engine, preset,
+                           {k: v for k, v in overrides.items() if v is not None}, 1,
+                           log=lambda msg: console.print(msg, highlight=False, markup=False), seeds=seed_list,
+                           ckpt_root=checkpoint_dir)
+    except (RunError, *_user_errors()) as e:
+        fail(str(e))
+    _print_grid(results, as_json)
+
+
+def _print_grid(results: list[dict], as_json: bool = False) -> None:
+    """The grid's table (a seed column when seeded) or its JSON; exit 1 when a cell failed."""
+    if as_json:
+        out.print_json(json.dumps(results, default=str))
+    else:
+        seeded = any("seed" in r for r in results)
+        t = Table("algo", "precision", *(["seed"] if seeded else []), "status", "peak", "steps", "run")
+        for r in results:
+            t.add_row(r["algo"], r["precision"], *([str(r.get("seed", "-"))] if seeded else []), r["status"],
+                      f"{r['peak']:.3f}" if r["peak"] is not None else "-", str(r["steps"]), r["run"] or "-")
+        out.print(t)
+    if any(r["status"] == "failed" for r in results):
+        raise typer.Exit(1)
 
 
 def _resume_verl(run_id, db, as_json) -> bool:
@@ -208,10 +263,12 @@ def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or a
           verl_python: str = typer.Option("python", help="With --trainer verl: verl's interpreter."),
           gpus: int = typer.Option(1, help="With --trainer verl: GPUs per node."),
           nodes: int = typer.Option(1, help="With --trainer verl: nodes."),
+          seeds: Optional[str] = typer.Option(None, help="Run every cell once per seed: N for seeds 0..N-1, or a list "
+                                              "such as 0,3,5; finished (cell, seed) pairs are skipped."),
           db: Optional[str] = DB_OPT):
     """Run the algorithm × precision grid on one build, skipping cells already finished."""
     from runners.algos import REGISTRY
-    from runners.sweep import run_grid
+    from runners.sweep import parse_seeds, run_grid
     from bench.precision import parse_list
 
     algos = list(REGISTRY) if algo == "all" else [a.strip() for a in algo.split(",") if a.strip()]
@@ -220,6 +277,9 @@ def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or a
             if a not in REGISTRY:
                 raise ValueError(f"unknown algorithm {a!r}; choose one of {', '.join(REGISTRY)}")
         pairs = parse_list(dtype)
+        seed_list = None if seeds is None else parse_seeds(seeds)
+        if seed_list is not None and trainer == "verl":
+            raise ValueError("--seeds runs the native trainer only: the verl launcher passes no seed to verl yet")
     except _user_errors() as e:
         fail(str(e))
     store = _store(db)
@@ -232,13 +292,8 @@ def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or a
                                                        "--nodes", str(nodes)]
         results = run_grid(store, db, algos, pairs, build_id, engine, preset,
                            {k: v for k, v in overrides.items() if v is not None}, jobs,
-                           log=lambda msg: console.print(msg, highlight=False, markup=False), verl_args=verl_args)
+                           log=lambda msg: console.print(msg, highlight=False, markup=False), verl_args=verl_args,
+                           seeds=seed_list)
     except _user_errors() as e:
         fail(str(e))
-    t = Table("algo", "precision", "status", "peak", "steps", "run")
-    for r in results:
-        t.add_row(r["algo"], r["precision"], r["status"], f"{r['peak']:.3f}" if r["peak"] is not None else "-",
-                  str(r["steps"]), r["run"] or "-")
-    out.print(t)
-    if any(r["status"] == "failed" for r in results):
-        raise typer.Exit(1)
+    _print_grid(results)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from sqlalchemy import (JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text,
-                        UniqueConstraint)
+from sqlalchemy import (JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint,
+                        event)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -52,6 +52,8 @@ class Build(Base):
     manifest: Mapped[dict | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime)
+    # content hash of the kept split (bench.problems.split_hash): runs on one hash are comparable across stores
+    split_hash: Mapped[str | None] = mapped_column(String(64), index=True)
 
 
 class BuildProblem(Base):
@@ -112,9 +114,18 @@ class Run(Base):
     calibration: Mapped[dict | None] = mapped_column(JSON)
     # versions, hardware, 16-bit matmul mode, bench's commit, the split-accuracy estimator
     provenance: Mapped[dict | None] = mapped_column(JSON)
+    seed: Mapped[int | None] = mapped_column(Integer)    # config["seed"], copied on insert (see below)
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
     __table_args__ = (Index("ix_runs_build_cell", "build_id", "algo", "rollout_dtype", "train_dtype"),)
+
+
+@event.listens_for(Run, "before_insert")
+def _seed_from_config(mapper, connection, run: Run) -> None:
+    """A run's seed is its config's: every writer (native, verl, an imported bundle) gets the
+    column filled, so a seeded sweep finds its finished (cell, seed) pairs with one query."""
+    if run.seed is None and isinstance(run.config, dict) and isinstance(run.config.get("seed"), int):
+        run.seed = run.config["seed"]
 
 
 class RunStep(Base):

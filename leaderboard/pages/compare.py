@@ -1,38 +1,54 @@
-"""Overlay any metric of several runs; a config table that can show only the differing keys."""
+"""Overlay cells: each metric as the mean over a cell's seeds with a band of ± one standard
+deviation (not one line per run); the config table shows only the keys that differ."""
 
 import altair as alt
 import pandas as pd
 import streamlit as st
 
 from leaderboard import data
+from leaderboard.cells import cells_frame, ranked_cells
 
-st.title("Compare runs")
+st.title("Compare cells")
 url, runs = data.runs_or_stop()
-label = {r.run: f"{r.run} · {r.algo} · {r.precision}" for r in runs.itertuples()}
-chosen = st.multiselect("Runs", list(runs.run), default=list(runs.run[:2]), format_func=label.get)
+cells = ranked_cells(cells_frame(runs))
+keys = [f"{c.algo} · {c.precision} · {c.build} · {c.trainer}" for c in cells.itertuples()]
+by_key = dict(zip(keys, cells.itertuples()))
+label = {k: f"{k.rsplit(' · ', 1)[0]} · {c.passes} pass" for k, c in by_key.items()}
+chosen = st.multiselect("Cells", keys, default=keys[:2], format_func=label.get)
 if not chosen:
-    st.info("Pick at least one run.")
+    st.info("Pick at least one cell.")
     st.stop()
-steps = data.steps(url, tuple(chosen))
+run_cell = {r: k for k in chosen for r in by_key[k].runs}
+steps = data.steps(url, tuple(run_cell))
 metrics = sorted(c for c in steps.columns if c not in ("run_id", "step"))
 default = [m for m in ("reward", "prob_abs_diff_mean") if m in metrics]
 picked = st.multiselect("Metrics", metrics, default=default)
 smooth = st.slider("Smoothing (moving average, steps)", 1, 50, 1)
+st.caption("Line: mean over the cell's seeds at each step; band: ± one standard deviation over the seeds "
+           "(none for a single seed).")
 for m in picked:
     df = steps[["run_id", "step", m]].dropna().copy()
+    if df.empty:
+        continue
     df[m] = df.groupby("run_id")[m].transform(lambda s: s.rolling(smooth, min_periods=1).mean())
-    df["run"] = df.run_id.map(label)
-    st.altair_chart(alt.Chart(df, title=m).mark_line().encode(x="step:Q", y=alt.Y(f"{m}:Q", title=None),
-                                                             color="run:N", tooltip=["run", "step", m]),
-                    width="stretch")
+    df["cell"] = df.run_id.map(lambda r: f"{label[run_cell[r]]} ({len(by_key[run_cell[r]].runs)} seeds)")
+    agg = df.groupby(["cell", "step"])[m].agg(["mean", "std", "count"]).reset_index()
+    agg["std"] = agg["std"].fillna(0.0)
+    agg["lo"], agg["hi"] = agg["mean"] - agg["std"], agg["mean"] + agg["std"]
+    base = alt.Chart(agg, title=m).encode(x="step:Q", color="cell:N")
+    band = base.mark_area(opacity=0.25).encode(y=alt.Y("lo:Q", title=None), y2="hi:Q")
+    line = base.mark_line().encode(y=alt.Y("mean:Q", title=None),
+                                   tooltip=["cell", "step", alt.Tooltip("mean:Q", format=".4g"),
+                                            alt.Tooltip("std:Q", format=".3g"), "count"])
+    st.altair_chart(band + line, width="stretch")
 
 configs = {}
-for r in chosen:
+for r, k in run_cell.items():
     info = data.run_info(url, r)
     flat = pd.json_normalize({"algo": info["algo"], "rollout_dtype": info["rollout_dtype"],
                               "train_dtype": info["train_dtype"], "engine": info["engine"],
                               "build": info["build_id"], **(info["config"] or {})}, sep=".")
-    configs[label[r]] = flat.iloc[0].map(str)
+    configs[f"{label[k]} · {r}"] = flat.iloc[0].map(str)
 table = pd.DataFrame(configs)
 if st.toggle("Only keys that differ", value=True):
     table = table[table.nunique(axis=1) > 1]

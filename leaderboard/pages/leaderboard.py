@@ -1,9 +1,11 @@
-"""One row per run: does the algorithm × precision pass the sanity test, how fast, how large the mismatch."""
+"""One row per cell (algorithm × precision on a build) over its seeds: does it pass the sanity
+test on every seed (k/N), how high and how surely (mean peak with a 95% t-interval), how fast
+(median steps to pass, min–max), how large the mismatch (median KL k3). Single runs one click down."""
 
 import streamlit as st
 
 from leaderboard import data
-from leaderboard.queries import ranked, report_columns
+from leaderboard.cells import INTERVAL, cell_columns, cells_frame, ranked_cells
 
 st.title("Leaderboard")
 url, runs = data.runs_or_stop()
@@ -13,32 +15,50 @@ models = f1.multiselect("Model", sorted(runs.model.unique()))
 builds = f2.multiselect("Build", sorted(runs.build.unique()))
 algos = f3.multiselect("Algorithm", sorted(runs.algo.unique()))
 pairs = f4.multiselect("Precision", sorted(runs.precision.unique()))
-statuses = f5.multiselect("Status", sorted(runs.status.unique()))
-search = st.text_input("Search", placeholder="run id, algorithm, stop reason …")
+verdicts = f5.multiselect("Sanity", ["PASS", "FAIL", "RUNNING"])
+search = st.text_input("Search", placeholder="run id, algorithm, status …")
 
 view = runs
-for col, chosen in (("model", models), ("build", builds), ("algo", algos), ("precision", pairs), ("status", statuses)):
+for col, chosen in (("model", models), ("build", builds), ("algo", algos), ("precision", pairs)):
     if chosen:
         view = view[view[col].isin(chosen)]
-if search:
-    hay = view[["run", "algo", "precision", "status", "stop_reason", "model"]].astype(str).agg(" ".join, axis=1)
-    view = view[hay.str.contains(search, case=False, regex=False)]
-view = ranked(view)
+cells = ranked_cells(cells_frame(view))
+if verdicts:
+    cells = cells[cells.sanity.isin(verdicts)]
+if search and not cells.empty:
+    hay = cells.apply(lambda c: " ".join([c.algo, c.precision, c.status, str(c.model), *c.runs]), axis=1)
+    cells = cells[hay.str.contains(search, case=False, regex=False)]
 
-all_cols = report_columns() + ["trainer", "engine", "stop_reason", "wall_s", "kl_warning_step"]
-cols = st.multiselect("Columns", all_cols, default=report_columns())
-passed = int((view.sanity == "PASS").sum()) if not view.empty else 0
-st.caption(f"{len(view)} runs · {passed} pass the sanity test (converged: the 90% lower bound of split accuracy, pooled over the last evaluations, ≥ 95%)")
+default = ["algo", "precision", "sanity", "passes", "status", "peak_mean", "peak_ci_lo", "peak_ci_hi",
+           "steps_to_pass_median", "steps_to_pass_min", "steps_to_pass_max", "kl_k3_median", "seeds", "build"]
+cols = st.multiselect("Columns", cell_columns(), default=default)
+passed = int((cells.sanity == "PASS").sum()) if not cells.empty else 0
+st.caption(f"{len(cells)} cells · {passed} pass the sanity test on every seed (a seed passes when its run converged: "
+           f"the 90% lower bound of split accuracy, pooled over the last evaluations, ≥ 95%) · peak: {INTERVAL}")
 st.dataframe(
-    view[cols], hide_index=True, width="stretch",
+    cells[cols], hide_index=True, width="stretch",
     column_config={
-        "peak_accuracy": st.column_config.ProgressColumn("peak acc", min_value=0, max_value=1, format="%.3f"),
-        "final_accuracy": st.column_config.NumberColumn("final acc", format="%.3f"),
-        "mean_kl": st.column_config.NumberColumn("mean KL k3 (last 10%)", format="%.2e"),
-        "mean_kl_k1": st.column_config.NumberColumn("mean KL k1 (last 10%)", format="%.2e"),
-        "max_abs_dp": st.column_config.NumberColumn("max |π−μ| (last 10%)", format="%.2e"),
+        "peak_mean": st.column_config.ProgressColumn("peak acc (mean)", min_value=0, max_value=1, format="%.3f"),
+        "peak_ci_lo": st.column_config.NumberColumn("95% CI low", format="%.3f"),
+        "peak_ci_hi": st.column_config.NumberColumn("95% CI high", format="%.3f"),
+        "pass_rate": st.column_config.ProgressColumn("pass rate", min_value=0, max_value=1, format="%.2f"),
+        "steps_to_pass_median": st.column_config.NumberColumn("steps to pass (median)", format="%g"),
+        "steps_to_pass_min": st.column_config.NumberColumn("min", format="%g"),
+        "steps_to_pass_max": st.column_config.NumberColumn("max", format="%g"),
+        "kl_k3_median": st.column_config.NumberColumn("KL k3 (median, last 10%)", format="%.2e"),
     })
-st.download_button("Download CSV", view[cols].to_csv(index=False).encode(), "leaderboard.csv", "text/csv")
-pick = st.selectbox("Open a run", ["—"] + list(view.run))
+flat = cells[cols].copy()
+for c in ("seeds", "runs"):
+    if c in flat:
+        flat[c] = flat[c].map(lambda xs: " ".join("-" if x is None else str(x) for x in xs))
+st.download_button("Download CSV", flat.to_csv(index=False).encode(), "leaderboard.csv", "text/csv")
+
+label = {}
+seed_of = runs.set_index("run").seed.to_dict()
+for c in cells.itertuples():
+    for r in c.runs:
+        s = seed_of.get(r)
+        label[r] = f"{c.algo} · {c.precision} · seed {'-' if s is None or s != s else int(s)} · {r}"
+pick = st.selectbox("Open a run", ["—"] + list(label), format_func=lambda r: label.get(r, r))
 if pick != "—":
     st.switch_page("pages/run.py", query_params={"run": pick})

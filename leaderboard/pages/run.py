@@ -88,3 +88,25 @@ with st.expander("Config"):
 if isinstance(prov, dict):
     with st.expander("Provenance (versions, device, 16-bit matmuls, bench commit)"):
         st.json(prov)
+
+
+def _config_diff():
+    """What else changed: the stored config against its preset's defaults (the preset's
+    definition is runners/presets.py: read as data, the one import here outside the store)."""
+    from runners.presets import config_diff
+
+    preset, diff = config_diff(info["config"])
+    st.subheader("What else changed")
+    if diff is None:
+        st.caption(f"No known preset recorded ({preset}); the Config above is the whole story.")
+    elif not diff:
+        st.caption(f"Every setting is preset {preset}'s default: the precision pair "
+                   f"({info['rollout_dtype']} → {info['train_dtype']}) and the algorithm are the only choices.")
+    else:
+        st.caption(f"Settings that differ from preset {preset}'s defaults (besides the algorithm and the "
+                   f"precision pair {info['rollout_dtype']} → {info['train_dtype']}):")
+        st.dataframe(pd.DataFrame([{"setting": k, f"preset {preset}": str(a), "this run": str(b)} for k, a, b in diff]),
+                     hide_index=True, width="stretch")
+
+
+_config_diff()

@@ -1,0 +1,348 @@
+"""Portable results: runs exported as one self-contained .tar.gz and imported into any store.
+
+A bundle holds `bundle.json` (format, schema version, the runs and builds it carries and the
+sha256 of every other member), one `builds/<id>.json` per build (its row, model, manifest,
+split hash and kept problems with their golds, base accuracy and n) and one `runs/<id>.json`
+per run (its row with config, calibration, provenance and seed, every step and evaluation).
+
+Import validates everything before it writes: a member missing, extra or altered (its sha256),
+JSON that does not parse or does not have the expected fields, another schema version, a path
+that would land outside the extraction folder, a link, a run whose build is not in the bundle,
+a kept split whose recomputed hash differs from the one recorded. Then one transaction: a build
+already in the store with the same id and another split hash refuses the whole bundle; runs
+already present and no further along are left alone, so importing twice changes nothing.
+Every refusal is one BundleError and leaves the store unchanged. Only the store is used
+(no stage): `bench runs export` / `bench runs import` call this.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import shutil
+import tarfile
+import tempfile
+from datetime import datetime
+from pathlib import Path
+
+from sqlalchemy import select
+
+from bench.problems import split_hash
+from bench.store import Build, BuildProblem, Eval, Model, Run, RunStep, get_or_create_model, session
+
+FORMAT = "bench-run-bundle"
+SCHEMA_VERSION = 1
+MANIFEST = "bundle.json"
+_MEMBER = re.compile(r"(builds|runs)/([A-Za-z0-9][A-Za-z0-9._-]{0,39})\.json")
+_ENDED_ORDER = {"running": 0, "failed": 1}       # a finished status is further along than these
+
+
+class BundleError(ValueError):
+    """A bundle that cannot be written or must not be imported; the message says why."""
+
+
+# ------------------------------------------------------------------ export
+
+def _iso(t: datetime | None) -> str | None:
+    return None if t is None else t.isoformat()
+
+
+def _build_record(s, b: Build) -> dict:
+    m = s.get(Model, b.model_id)
+    kept = s.scalars(select(BuildProblem).where(BuildProblem.build_id == b.id, BuildProblem.kept.is_(True))
+                     .order_by(BuildProblem.position)).all()
+    shash = b.split_hash or split_hash((p.problem_id, p.answer) for p in kept)
+    return {"id": b.id, "model": {"name": m.name, "path": m.path, "weights_hash": m.weights_hash},
+            "source": b.source, "engine": b.engine, "dtype": b.dtype, "k": b.k, "lo": b.lo, "hi": b.hi,
+            "seed": b.seed, "shard": b.shard, "settings_hash": b.settings_hash, "status": b.status,
+            "out_dir": b.out_dir, "n_problems": b.n_problems, "n_kept": b.n_kept, "manifest": b.manifest,
+            "split_hash": shash, "created_at": _iso(b.created_at), "finished_at": _iso(b.finished_at),
+            "kept": [{"id": p.problem_id, "position": p.position, "problem": p.problem, "answer": p.answer,
+                      "n": p.n_samples, "correct": p.n_correct, "accuracy": p.accuracy} for p in kept]}
+
+
+def _run_record(s, r: Run, shash: str) -> dict:
+    m = s.get(Model, r.model_id)
+    steps = s.scalars(select(RunStep).where(RunStep.run_id == r.id).order_by(RunStep.step)).all()
+    evals = s.scalars(select(Eval).where(Eval.run_id == r.id).order_by(Eval.step, Eval.benchmark)).all()
+    return {"id": r.id, "model": {"name": m.name, "path": m.path, "weights_hash": m.weights_hash},
+            "build": r.build_id, "split_hash": shash, "algo": r.algo, "rollout_dtype": r.rollout_dtype,
+            "train_dtype": r.train_dtype, "trainer": r.trainer, "engine": r.engine, "seed": r.seed,
+            "config": r.config, "status": r.status, "stop_reason": r.stop_reason, "step": r.step,
+            "peak_accuracy": r.peak_accuracy, "final_accuracy": r.final_accuracy,
+            "steps_to_target": r.steps_to_target, "wall_to_target": r.wall_to_target,
+            "kl_warning_step": r.kl_warning_step, "wall_s": r.wall_s, "checkpoint_dir": r.checkpoint_dir,
+            "calibration": r.calibration, "provenance": r.provenance, "created_at": _iso(r.created_at),
+            "updated_at": _iso(r.updated_at),
+            "steps": [{"step": x.step, "metrics": x.metrics, "created_at": _iso(x.created_at),
+                       **{c: getattr(x, c) for c in RunStep.COLUMNS}} for x in steps],
+            "evals": [{"step": e.step, "benchmark": e.benchmark, "n": e.n, "score": e.score} for e in evals]}
+
+
+def _dumps(obj) -> bytes:
+    return json.dumps(obj, indent=1, sort_keys=True, default=str).encode("utf-8")
+
+
+def export_runs(engine, run_ids: list[str], out: Path) -> dict:
+    """Write the runs (and their builds) to the bundle `out`; returns its bundle.json."""
+    if not run_ids:
+        raise BundleError("name at least one run to export")
+    members: dict[str, bytes] = {}
+    with session(engine) as s:
+        runs = []
+        for rid in dict.fromkeys(run_ids):
+            r = s.get(Run, rid)
+            if r is None:
+                raise BundleError(f"no run {rid!r}; `bench runs` lists them")
+            runs.append(r)
+        hashes = {}
+        for bid in dict.fromkeys(r.build_id for r in runs):
+            rec = _build_record(s, s.get(Build, bid))
+            hashes[bid] = rec["split_hash"]
+            members[f"builds/{bid}.json"] = _dumps(rec)
+        for r in runs:
+            members[f"runs/{r.id}.json"] = _dumps(_run_record(s, r, hashes[r.build_id]))
+    manifest = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "created_at": datetime.now().isoformat(),
+                "runs": [r.id for r in runs], "builds": list(hashes), "split_hashes": hashes,
+                "members": {name: hashlib.sha256(data).hexdigest() for name, data in members.items()}}
+    out = Path(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.tmp")
+        with tarfile.open(tmp, "w:gz") as tar:
+            for name, data in [(MANIFEST, _dumps(manifest)), *members.items()]:
+                info = tarfile.TarInfo(name)
+                info.size, info.mode, info.mtime = len(data), 0o644, 0
+                tar.addfile(info, io.BytesIO(data))
+        tmp.replace(out)
+    except OSError as e:
+        raise BundleError(f"cannot write {out}: {e.strerror or e}") from None
+    return manifest
+
+
+# ------------------------------------------------------------------ validation
+
+def _need(cond: bool, what: str) -> None:
+    if not cond:
+        raise BundleError(what)
+
+
+_NUM = (int, float)
+_OPT_NUM = (int, float, type(None))
+_OPT_STR = (str, type(None))
+_OPT_INT = (int, type(None))
+_OPT_DICT = (dict, type(None))
+
+BUILD_FIELDS = {"id": str, "model": dict, "source": str, "engine": str, "dtype": str, "k": int, "lo": _NUM,
+                "hi": _NUM, "seed": int, "shard": _OPT_STR, "settings_hash": str, "status": str,
+                "out_dir": _OPT_STR, "n_problems": _OPT_INT, "n_kept": _OPT_INT, "manifest": _OPT_DICT,
+                "split_hash": str, "created_at": _OPT_STR, "finished_at": _OPT_STR, "kept": list}
+PROBLEM_FIELDS = {"id": str, "position": int, "problem": str, "answer": str, "n": int, "correct": int,
+                  "accuracy": _OPT_NUM}
+RUN_FIELDS = {"id": str, "model": dict, "build": str, "split_hash": str, "algo": str, "rollout_dtype": str,
+              "train_dtype": str, "trainer": str, "engine": str, "seed": _OPT_INT, "config": dict, "status": str,
+              "stop_reason": _OPT_STR, "step": int, "peak_accuracy": _OPT_NUM, "final_accuracy": _OPT_NUM,
+              "steps_to_target": _OPT_INT, "wall_to_target": _OPT_NUM, "kl_warning_step": _OPT_INT,
+              "wall_s": _NUM, "checkpoint_dir": _OPT_STR, "calibration": _OPT_DICT, "provenance": _OPT_DICT,
+              "created_at": _OPT_STR, "updated_at": _OPT_STR, "steps": list, "evals": list}
+STEP_FIELDS = {"step": int, "metrics": dict, "created_at": _OPT_STR, **{c: _OPT_NUM for c in RunStep.COLUMNS}}
+EVAL_FIELDS = {"step": int, "benchmark": str, "n": int, "score": _NUM}
+MODEL_FIELDS = {"name": str, "path": str, "weights_hash": _OPT_STR}
+
+
+def _check_fields(obj, fields: dict, where: str) -> None:
+    _need(isinstance(obj, dict), f"{where} is not a JSON object")
+    missing = [k for k in fields if k not in obj]
+    _need(not missing, f"{where} lacks {', '.join(missing)}")
+    for k, t in fields.items():
+        v = obj[k]
+        ok = isinstance(v, t) and not (isinstance(v, bool) and t in (int, _NUM, _OPT_NUM, _OPT_INT))
+        _need(ok, f"{where}: field {k!r} has the wrong type ({type(v).__name__})")
+
+
+def _time(v: str | None, where: str) -> datetime | None:
+    if v is None:
+        return None
+    try:
+        return datetime.fromisoformat(v)
+    except ValueError:
+        raise BundleError(f"{where}: {v!r} is not an ISO time") from None
+
+
+def _load_json(data: bytes, name: str):
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BundleError(f"{name} is not valid JSON ({getattr(e, 'msg', e)})") from None
+
+
+def read_bundle(path: Path) -> tuple[dict, dict[str, dict], dict[str, dict]]:
+    """(bundle.json, builds by id, runs by id) from the bundle at `path`, every check done
+    (see the module docstring); BundleError on the first fault."""
+    path = Path(path)
+    _need(path.is_file(), f"{path}: no such file")
+    tmp = Path(tempfile.mkdtemp(prefix="bench-bundle-"))
+    try:
+        try:
+            with tarfile.open(path, "r:gz") as tar:
+                names = []
+                for m in tar.getmembers():
+                    name = m.name
+                    _need(not (name.startswith("/") or name.startswith("\\") or ".." in Path(name).parts
+                               or re.match(r"^[A-Za-z]:", name)),
+                          f"member {name!r} would land outside the extraction folder")
+                    _need(m.isfile(), f"member {name!r} is not a regular file (links and devices are refused)")
+                    _need(name == MANIFEST or _MEMBER.fullmatch(name) is not None, f"unexpected member {name!r}")
+                    _need(name not in names, f"member {name!r} appears twice")
+                    names.append(name)
+                tar.extractall(tmp, filter="data")
+        except (tarfile.TarError, EOFError, OSError, UnicodeDecodeError) as e:
+            raise BundleError(f"not a readable .tar.gz bundle ({e})") from None
+        files = {}
+        for name in names:
+            f = (tmp / name).resolve()
+            _need(f.is_relative_to(tmp.resolve()) and f.is_file(), f"member {name!r} escapes the extraction folder")
+            files[name] = f.read_bytes()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    _need(MANIFEST in files, f"missing member {MANIFEST}")
+    manifest = _load_json(files.pop(MANIFEST), MANIFEST)
+    _need(isinstance(manifest, dict) and manifest.get("format") == FORMAT, f"{MANIFEST}: not a {FORMAT}")
+    version = manifest.get("schema_version")
+    _need(version == SCHEMA_VERSION, f"schema version {version!r}; this bench reads version {SCHEMA_VERSION}")
+    _check_fields(manifest, {"runs": list, "builds": list, "members": dict}, MANIFEST)
+    listed = manifest["members"]
+    missing = sorted(set(listed) - set(files))
+    _need(not missing, f"missing member(s) {', '.join(missing)}")
+    extra = sorted(set(files) - set(listed))
+    _need(not extra, f"member(s) not listed in {MANIFEST}: {', '.join(extra)}")
+    for name, digest in listed.items():
+        _need(hashlib.sha256(files[name]).hexdigest() == digest, f"member {name} was altered (its sha256 differs)")
+    want = {f"builds/{b}.json" for b in manifest["builds"]} | {f"runs/{r}.json" for r in manifest["runs"]}
+    _need(want == set(listed), f"{MANIFEST}: its runs and builds do not match its members")
+
+    builds, runs = {}, {}
+    for name, data in files.items():
+        obj = _load_json(data, name)
+        kind, ident = _MEMBER.fullmatch(name).groups()
+        if kind == "builds":
+            _check_fields(obj, BUILD_FIELDS, name)
+            _check_fields(obj["model"], MODEL_FIELDS, f"{name}: model")
+            for i, p in enumerate(obj["kept"]):
+                _check_fields(p, PROBLEM_FIELDS, f"{name}: kept[{i}]")
+            _need(len({p["id"] for p in obj["kept"]}) == len(obj["kept"]), f"{name}: a kept problem id repeats")
+            _need(split_hash((p["id"], p["answer"]) for p in obj["kept"]) == obj["split_hash"],
+                  f"{name}: the kept problems do not hash to the recorded split hash")
+            _time(obj["created_at"], name), _time(obj["finished_at"], name)
+            builds[ident] = obj
+        else:
+            _check_fields(obj, RUN_FIELDS, name)
+            _check_fields(obj["model"], MODEL_FIELDS, f"{name}: model")
+            for i, x in enumerate(obj["steps"]):
+                _check_fields(x, STEP_FIELDS, f"{name}: steps[{i}]")
+                _time(x["created_at"], name)
+            for i, e in enumerate(obj["evals"]):
+                _check_fields(e, EVAL_FIELDS, f"{name}: evals[{i}]")
+            _need(len({x["step"] for x in obj["steps"]}) == len(obj["steps"]), f"{name}: a step repeats")
+            _need(len({(e["step"], e["benchmark"]) for e in obj["evals"]}) == len(obj["evals"]),
+                  f"{name}: an evaluation repeats")
+            _time(obj["created_at"], name), _time(obj["updated_at"], name)
+            runs[ident] = obj
+        _need(obj["id"] == ident, f"{name} holds id {obj['id']!r}")
+    for rid, r in runs.items():
+        b = builds.get(r["build"])
+        _need(b is not None, f"run {rid}: its build {r['build']} is not in the bundle")
+        _need(r["split_hash"] == b["split_hash"], f"run {rid}: its split hash differs from its build's")
+    return manifest, builds, runs
+
+
+# ------------------------------------------------------------------ import
+
+def _further(bundle_run: dict, local: Run) -> bool:
+    """Whether the bundle's copy of a run is further along than the store's."""
+    def rank(status, step):
+        return (step, _ENDED_ORDER.get(status, 2))
+    return rank(bundle_run["status"], bundle_run["step"]) > rank(local.status, local.step)
+
+
+def import_bundle(engine, path: Path) -> dict:
+    """Load the bundle at `path` into the store in one transaction; returns what was added,
+    updated and already present. BundleError (store unchanged) on any fault or conflict."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    _, builds, runs = read_bundle(path)
+    try:
+        return _write(engine, builds, runs)
+    except SQLAlchemyError as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise BundleError(f"the store refused the bundle ({msg}); nothing imported") from None
+
+
+def _write(engine, builds: dict, runs: dict) -> dict:
+    summary = {"builds_added": [], "builds_present": [], "runs_added": [], "runs_updated": [], "runs_present": []}
+    with session(engine) as s:
+        existing = {}
+        for bid, b in builds.items():
+            local = s.get(Build, bid)
+            if local is not None:
+                local_hash = local.split_hash or split_hash(s.execute(
+                    select(BuildProblem.problem_id, BuildProblem.answer)
+                    .where(BuildProblem.build_id == bid, BuildProblem.kept.is_(True))).all())
+                _need(local_hash == b["split_hash"],
+                      f"build {bid} exists in this store with split hash {local_hash[:12]}…, the bundle's is "
+                      f"{b['split_hash'][:12]}…: not the same split; nothing imported")
+            existing[bid] = local
+        for rid, r in runs.items():
+            local = s.get(Run, rid)
+            _need(local is None or local.build_id == r["build"],
+                  f"run {rid} exists in this store on build {local.build_id if local else ''}, the bundle's on "
+                  f"{r['build']}: a different run; nothing imported")
+        for bid, b in builds.items():
+            if existing[bid] is not None:
+                summary["builds_present"].append(bid)
+                continue
+            m = get_or_create_model(s, **b["model"])
+            s.add(Build(id=bid, model_id=m.id, source=b["source"], engine=b["engine"], dtype=b["dtype"], k=b["k"],
+                        lo=b["lo"], hi=b["hi"], seed=b["seed"], shard=b["shard"], settings_hash=b["settings_hash"],
+                        status=b["status"], out_dir=b["out_dir"], n_problems=b["n_problems"], n_kept=b["n_kept"],
+                        manifest=b["manifest"], split_hash=b["split_hash"], created_at=_time(b["created_at"], bid),
+                        finished_at=_time(b["finished_at"], bid)))
+            s.flush()
+            s.add_all(BuildProblem(build_id=bid, problem_id=p["id"], position=p["position"], problem=p["problem"],
+                                   answer=p["answer"], n_samples=p["n"], n_correct=p["correct"],
+                                   accuracy=p["accuracy"], bucket="kept", kept=True) for p in b["kept"])
+            summary["builds_added"].append(bid)
+        s.flush()
+        for rid, r in runs.items():
+            local = s.get(Run, rid)
+            if local is not None and not _further(r, local):
+                summary["runs_present"].append(rid)
+                continue
+            m = get_or_create_model(s, **r["model"])
+            fields = dict(model_id=m.id, build_id=r["build"], algo=r["algo"], rollout_dtype=r["rollout_dtype"],
+                          train_dtype=r["train_dtype"], trainer=r["trainer"], engine=r["engine"], seed=r["seed"],
+                          config=r["config"], status=r["status"], stop_reason=r["stop_reason"], step=r["step"],
+                          peak_accuracy=r["peak_accuracy"], final_accuracy=r["final_accuracy"],
+                          steps_to_target=r["steps_to_target"], wall_to_target=r["wall_to_target"],
+                          kl_warning_step=r["kl_warning_step"], wall_s=r["wall_s"],
+                          checkpoint_dir=r["checkpoint_dir"], calibration=r["calibration"],
+                          provenance=r["provenance"], created_at=_time(r["created_at"], rid),
+                          updated_at=_time(r["updated_at"], rid))
+            if local is None:
+                s.add(Run(id=rid, **fields))
+                summary["runs_added"].append(rid)
+            else:
+                s.query(RunStep).filter(RunStep.run_id == rid).delete()
+                s.query(Eval).filter(Eval.run_id == rid).delete()
+                for k, v in fields.items():
+                    setattr(local, k, v)
+                summary["runs_updated"].append(rid)
+            s.flush()
+            s.add_all(RunStep(run_id=rid, step=x["step"], metrics=x["metrics"], created_at=_time(x["created_at"], rid),
+                              **{c: x[c] for c in RunStep.COLUMNS}) for x in r["steps"])
+            s.add_all(Eval(run_id=rid, step=e["step"], benchmark=e["benchmark"], n=e["n"], score=e["score"])
+                      for e in r["evals"])
+    return summary

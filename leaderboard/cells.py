@@ -1,0 +1,176 @@
+"""A leaderboard cell: one algorithm at one precision pair on one build (and trainer), over its
+seeds. Shared by the Streamlit pages and `bench report`; pure functions of `runs_frame`.
+
+Per cell: passes k/N (a seed passes when its run's verdict is PASS, i.e. the run stopped
+converged); the verdict is PASS only when every seed passes, RUNNING while no seed has failed
+and one still runs, else FAIL; peak split accuracy as the mean over seeds with a two-sided 95%
+Student-t interval (mean ± t(0.975, n−1) · s/√n, s the sample standard deviation over the
+seeds that have a peak; none for one seed); steps to pass as the median over the passing seeds
+with their min–max; the mismatch as the median over seeds of each run's mean KL k3 (last tenth
+of the run). A seed counts once: when it ran more than once, its newest run stands for it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pandas as pd
+
+CELL_KEY = ["model", "build", "algo", "precision", "trainer"]
+LEVEL = 0.95
+INTERVAL = "95% Student-t interval over seeds (mean ± t(0.975, n−1)·s/√n)"
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the incomplete beta function (modified Lentz)."""
+    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 400):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """Regularized incomplete beta I_x(a, b)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    lbeta = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(lbeta) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(lbeta) * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t >= 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """Inverse CDF of Student's t with `df` degrees of freedom (0 < p < 1), by bisection."""
+    if not 0.0 < p < 1.0 or df <= 0:
+        raise ValueError("t_quantile needs 0 < p < 1 and df > 0")
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        hi *= 2.0
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        if t_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-13 * max(1.0, hi):
+            break
+    return (lo + hi) / 2.0
+
+
+def t_interval(values, level: float = LEVEL) -> tuple[float, float, float]:
+    """(mean, lower, upper): the two-sided Student-t interval for the mean of `values`
+    (NaN bounds for fewer than two values; NaN everything for none)."""
+    xs = [float(v) for v in values if v is not None and v == v]
+    n = len(xs)
+    if n == 0:
+        return math.nan, math.nan, math.nan
+    mean = sum(xs) / n
+    if n < 2:
+        return mean, math.nan, math.nan
+    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
+    half = t_quantile(0.5 + level / 2.0, n - 1) * sd / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    if n == 0:
+        return math.nan
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2.0
+
+
+def _present(series) -> list[float]:
+    return [float(v) for v in series if v is not None and v == v]
+
+
+def verdict(sanities: list[str]) -> str:
+    """PASS only when every seed passes; FAIL once one seed failed; RUNNING otherwise."""
+    if sanities and all(s == "PASS" for s in sanities):
+        return "PASS"
+    return "FAIL" if any(s == "FAIL" for s in sanities) or not sanities else "RUNNING"
+
+
+def cell_columns() -> list[str]:
+    return ["model", "build", "algo", "precision", "trainer", "sanity", "passes", "seeds", "status", "pass_rate",
+            "peak_mean", "peak_ci_lo", "peak_ci_hi", "peak_sd", "steps_to_pass_median", "steps_to_pass_min",
+            "steps_to_pass_max", "kl_k3_median", "n_seeds", "runs"]
+
+
+def seed_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """One run per (cell, seed): the newest (a seed rerun after a failure counts once)."""
+    if runs.empty:
+        return runs
+    r = runs.copy()
+    if "seed" not in r.columns:
+        r["seed"] = None
+    r["_seed"] = r.seed.map(lambda x: -1 if x is None or x != x else int(x))
+    r = r.sort_values("created_at", kind="stable") if "created_at" in r.columns else r
+    r = r.groupby(CELL_KEY + ["_seed"], dropna=False, sort=False).tail(1)
+    return r.drop(columns=["_seed"])
+
+
+def cells_frame(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell (see the module docstring), in no particular order (`ranked_cells`)."""
+    if runs.empty:
+        return pd.DataFrame(columns=cell_columns())
+    rows = []
+    for key, g in seed_runs(runs).groupby(CELL_KEY, dropna=False, sort=False):
+        g = g.assign(_s=g.seed.map(lambda x: math.inf if x is None or x != x else x)).sort_values("_s", kind="stable")
+        sanities = list(g.sanity)
+        k, n = sanities.count("PASS"), len(sanities)
+        mean, lo, hi = t_interval(g.peak_accuracy)
+        peaks = _present(g.peak_accuracy)
+        sd = (math.sqrt(sum((x - mean) ** 2 for x in peaks) / (len(peaks) - 1)) if len(peaks) > 1 else math.nan)
+        steps = _present(g.steps_to_target[g.sanity == "PASS"])
+        statuses = Counter(g.status)
+        rows.append({**dict(zip(CELL_KEY, key)), "sanity": verdict(sanities), "passes": f"{k}/{n}",
+                     "seeds": [None if x is None or x != x else int(x) for x in g.seed],
+                     "status": ", ".join(st if c == 1 else f"{st} ×{c}" for st, c in statuses.items()),
+                     "pass_rate": k / n, "peak_mean": mean, "peak_ci_lo": lo, "peak_ci_hi": hi, "peak_sd": sd,
+                     "steps_to_pass_median": _median(steps), "steps_to_pass_min": min(steps) if steps else math.nan,
+                     "steps_to_pass_max": max(steps) if steps else math.nan,
+                     "kl_k3_median": _median(_present(g.mean_kl)) if "mean_kl" in g else math.nan,
+                     "n_seeds": n, "runs": list(g.run)})
+    return pd.DataFrame(rows, columns=cell_columns())
+
+
+def ranked_cells(cells: pd.DataFrame) -> pd.DataFrame:
+    """Best first: cells that pass on every seed by median steps to pass, then the rest by pass
+    rate and mean peak accuracy."""
+    if cells.empty:
+        return cells
+    c = cells.copy()
+    c["_pass"] = c.sanity == "PASS"
+    c["_steps"] = c.steps_to_pass_median.where(c._pass)
+    c = c.sort_values(["_pass", "_steps", "pass_rate", "peak_mean"], ascending=[False, True, False, False],
+                      na_position="last", kind="stable")
+    return c.drop(columns=["_pass", "_steps"]).reset_index(drop=True)

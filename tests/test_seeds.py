@@ -1,0 +1,161 @@
+"""Seeds and confidence: a cell aggregated over its seeds against hand-computed values (k/N,
+the t-interval, medians), `--seeds` parsing, and a partly finished seeded sweep resumed."""
+
+import json
+import math
+from datetime import datetime, timedelta
+
+import pytest
+from sqlalchemy import func, select, update
+from typer.testing import CliRunner
+
+from bench.cli import app
+from bench.store import Build, Model, Run, RunStep, open_store, session
+from leaderboard.cells import t_interval, t_quantile
+from runners.sweep import parse_seeds
+
+T_0975 = {1: 12.706204736174707, 2: 4.302652729911275, 4: 2.7764451051977987, 9: 2.2621571627409915,
+          29: 2.045229642132703}       # Student t, 0.975 quantile (statistical tables)
+
+
+def test_t_quantile_matches_the_tables():
+    for df, t in T_0975.items():
+        assert t_quantile(0.975, df) == pytest.approx(t, rel=1e-9)
+    assert t_quantile(0.025, 4) == pytest.approx(-T_0975[4], rel=1e-9)
+
+
+def test_t_interval_by_hand():
+    mean, lo, hi = t_interval([0.96, 0.98, 0.90])
+    # mean 0.94666…; deviations 0.01333…, 0.03333…, −0.04666…; s² = (0.000177… + 0.001111… + 0.002177…)/2
+    s = math.sqrt((0.04 / 3) ** 2 / 2 + (0.1 / 3) ** 2 / 2 + (0.14 / 3) ** 2 / 2)
+    half = 4.302652729911275 * s / math.sqrt(3)
+    assert mean == pytest.approx(2.84 / 3)
+    assert s == pytest.approx(0.0416333199893, rel=1e-9)
+    assert (lo, hi) == (pytest.approx(2.84 / 3 - half), pytest.approx(2.84 / 3 + half))
+    assert lo == pytest.approx(0.843243, abs=1e-6) and hi == pytest.approx(1.050090, abs=1e-6)
+    m1, lo1, hi1 = t_interval([0.7])
+    assert m1 == 0.7 and math.isnan(lo1) and math.isnan(hi1)
+    assert all(math.isnan(x) for x in t_interval([None, float("nan")]))
+
+
+def test_parse_seeds():
+    assert parse_seeds("3") == [0, 1, 2]
+    assert parse_seeds("0,3,5") == [0, 3, 5]
+    assert parse_seeds("5,") == [5]
+    assert parse_seeds("2,2,1") == [2, 1]
+    for bad in ("0", "-1", "a", "1,-2", ","):
+        with pytest.raises(ValueError, match="--seeds"):
+            parse_seeds(bad)
+
+
+def _store_with_cells(url):
+    """Three cells on one build, hand-made:
+    A pg-seq-is fp16, seeds 0,1,2: PASS (peak .96, 40 steps), PASS (.98, 60), max_steps (.90); seed 2 also
+      has an older failed run (counted once: the newest run stands for the seed); KL k3 1e-3, 2e-3, 4e-3
+    B grpo fp16, seeds 0,1: PASS (.97, 30), PASS (.99, 50)
+    C gspo bf16, seed 0: running (.50)"""
+    engine = open_store(url)
+    t0 = datetime(2026, 1, 1)
+    with session(engine) as s:
+        m = Model(name="tiny-math", path="/x", weights_hash="h")
+        s.add(m)
+        s.flush()
+        s.add(Build(id="b0", model_id=m.id, source="synthetic", engine="torch", dtype="fp32", k=8, lo=0.2, hi=0.8,
+                    seed=0, settings_hash="h", status="complete", n_problems=10, n_kept=5))
+        s.flush()
+        rows = [("a0", "pg-seq-is", "fp16", 0, "converged", 0.96, 40, 1e-3),
+                ("a1", "pg-seq-is", "fp16", 1, "converged", 0.98, 60, 2e-3),
+                ("a2-old", "pg-seq-is", "fp16", 2, "failed", 0.10, None, 9.0),
+                ("a2", "pg-seq-is", "fp16", 2, "max_steps", 0.90, None, 4e-3),
+                ("b0", "grpo", "fp16", 0, "converged", 0.97, 30, 5e-4),
+                ("b1", "grpo", "fp16", 1, "converged", 0.99, 50, 7e-4),
+                ("c0", "gspo", "bf16", 0, "running", 0.50, None, 1e-2)]
+        for i, (rid, algo, dt, seed, status, peak, to_target, kl) in enumerate(rows):
+            s.add(Run(id=rid, model_id=m.id, build_id="b0", algo=algo, rollout_dtype=dt, train_dtype=dt,
+                      trainer="native", engine="torch", config={"preset": "tiny", "seed": seed}, status=status,
+                      peak_accuracy=peak, steps_to_target=to_target, step=100, created_at=t0 + timedelta(minutes=i)))
+            s.flush()
+            s.add(RunStep.from_metrics(rid, 100, {"kl_k3": kl}))
+    return engine
+
+
+def test_cells_against_hand_computed_values(tmp_path):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    engine = _store_with_cells(url)
+    with session(engine) as s:                       # the seed column is filled from the config on insert
+        assert dict(s.execute(select(Run.id, Run.seed)).all())["a2-old"] == 2
+    r = CliRunner().invoke(app, ["report", "--db", url, "--json"])
+    assert r.exit_code == 0, r.output
+    cells = json.loads(r.stdout)
+    assert [(c["algo"], c["sanity"], c["passes"]) for c in cells] == [
+        ("grpo", "PASS", "2/2"), ("pg-seq-is", "FAIL", "2/3"), ("gspo", "RUNNING", "0/1")]
+    b, a, c = cells
+    s_a = math.sqrt(((0.96 - 2.84 / 3) ** 2 + (0.98 - 2.84 / 3) ** 2 + (0.90 - 2.84 / 3) ** 2) / 2)
+    assert a["seeds"] == [0, 1, 2] and a["runs"] == ["a0", "a1", "a2"] and a["n_seeds"] == 3
+    assert a["peak_mean"] == pytest.approx(2.84 / 3)
+    assert a["peak_ci_lo"] == pytest.approx(2.84 / 3 - 4.302652729911275 * s_a / math.sqrt(3))
+    assert a["peak_ci_hi"] == pytest.approx(2.84 / 3 + 4.302652729911275 * s_a / math.sqrt(3))
+    assert a["peak_sd"] == pytest.approx(s_a)
+    assert (a["steps_to_pass_median"], a["steps_to_pass_min"], a["steps_to_pass_max"]) == (50, 40, 60)
+    assert a["kl_k3_median"] == pytest.approx(2e-3)
+    assert a["pass_rate"] == pytest.approx(2 / 3) and a["status"] == "converged ×2, max_steps"
+    s_b = math.sqrt(((0.97 - 0.98) ** 2 + (0.99 - 0.98) ** 2) / 1)
+    assert b["peak_mean"] == pytest.approx(0.98)
+    assert b["peak_ci_hi"] - b["peak_mean"] == pytest.approx(12.706204736174707 * s_b / math.sqrt(2))
+    assert (b["steps_to_pass_median"], b["steps_to_pass_min"], b["steps_to_pass_max"]) == (40, 30, 50)
+    assert b["kl_k3_median"] == pytest.approx(6e-4)
+    assert c["peak_ci_lo"] is None and c["steps_to_pass_median"] is None
+    # the terminal table says the same; --runs lists every run
+    r = CliRunner().invoke(app, ["report", "--db", url])
+    assert "2/3" in r.stdout and "50 (40–60)" in r.stdout and "0.947 [0.843, 1.050]" in r.stdout
+    r = CliRunner().invoke(app, ["report", "--db", url, "--runs", "--json"])
+    assert len(json.loads(r.stdout)) == 7
+
+
+def test_seeds_refusals(tmp_path):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    for args, needle in ((["run", "--algo", "grpo", "--seeds", "2", "--seed", "1"], "not both"),
+                         (["run", "--algo", "grpo", "--seeds", "2", "--resume", "x"], "--resume"),
+                         (["run", "--algo", "grpo", "--seeds", "2", "--trainer", "verl"], "native trainer only"),
+                         (["sweep", "--seeds", "2", "--trainer", "verl"], "native trainer only"),
+                         (["sweep", "--seeds", "x"], "bad --seeds")):
+        r = CliRunner().invoke(app, [*args, "--db", url])
+        assert r.exit_code == 2 and needle in r.stderr, (args, r.output)
+
+
+FAST = ["--max-steps", "2", "--eval-every", "2", "--prompts-per-step", "2", "--samples-per-prompt", "2"]
+
+
+@pytest.mark.integration
+def test_a_partly_finished_seeded_sweep_resumes_the_missing_pairs(tmp_path):
+    """Seeds 0 and 1 ran; seed 1 was then killed (its run failed). `--seeds 3` skips seed 0,
+    runs seed 1 again and seed 2; `bench run --seeds 0,2` afterwards has nothing to do."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    r = CliRunner().invoke(app, ["build", "--limit", "12", "--k", "4", "--engine", "torch", "--dtype", "fp32",
+                                 "--band", "0", "--band", "1", "--db", url, "--json"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, ["sweep", "--algo", "pg-seq-is", "--dtype", "fp32", "--seeds", "2", *FAST, "--db", url])
+    assert r.exit_code == 0, r.output
+    engine = open_store(url)
+    with session(engine) as s:
+        first = {x.seed: x.id for x in s.scalars(select(Run))}
+        assert sorted(first) == [0, 1]
+        assert all(x.config["seed"] == x.seed for x in s.scalars(select(Run)))
+        s.execute(update(Run).where(Run.id == first[1]).values(status="failed", stop_reason="interrupted"))
+    r = CliRunner().invoke(app, ["sweep", "--algo", "pg-seq-is", "--dtype", "fp32", "--seeds", "3", *FAST, "--db", url])
+    assert r.exit_code == 0, r.output
+    assert f"skip pg-seq-is fp32 seed 0: finished as run {first[0]}" in r.stderr
+    assert "run pg-seq-is fp32 seed 1 on build" in r.stderr and "run pg-seq-is fp32 seed 2 on build" in r.stderr
+    with session(engine) as s:
+        runs = s.scalars(select(Run).order_by(Run.created_at)).all()
+        assert sorted((x.seed, x.status) for x in runs) == [(0, "max_steps"), (1, "failed"), (1, "max_steps"),
+                                                             (2, "max_steps")]
+    r = CliRunner().invoke(app, ["run", "--algo", "pg-seq-is", "--dtype", "fp32", "--seeds", "0,2", *FAST,
+                                 "--db", url, "--json"])
+    assert r.exit_code == 0, r.output
+    assert [x["status"] for x in json.loads(r.stdout)] == ["max_steps (earlier)", "max_steps (earlier)"]
+    with session(engine) as s:
+        assert s.scalar(select(func.count()).select_from(Run)) == 4
+    cells = json.loads(CliRunner().invoke(app, ["report", "--db", url, "--json"]).stdout)
+    assert len(cells) == 1 and cells[0]["passes"] == "0/3" and cells[0]["seeds"] == [0, 1, 2]
+    assert len(set(cells[0]["runs"])) == 3 and first[1] not in cells[0]["runs"]    # the rerun stands for seed 1
