@@ -1,0 +1,212 @@
+"""Portable results: `bench runs export` → `bench runs import` into a fresh SQLite and a fresh
+PostgreSQL store gives identical report rows; importing twice changes nothing; a split-hash
+conflict and every malformed or tampered bundle are refused with one message, the store left
+unchanged."""
+
+import hashlib
+import io
+import json
+import tarfile
+
+import pytest
+from sqlalchemy import func, select
+from typer.testing import CliRunner
+
+from bench.cli import app
+from bench.store import Base, Build, BuildProblem, Model, Run, open_store, session
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    """A real store: a small build and one cell run with seeds 0 and 1, exported to a bundle."""
+    tmp = tmp_path_factory.mktemp("bundle")
+    url = f"sqlite:///{tmp / 'src.db'}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BENCH_HOME", str(tmp / "home"))
+        r = CliRunner().invoke(app, ["build", "--limit", "12", "--k", "4", "--engine", "torch", "--dtype", "fp32",
+                                     "--band", "0", "--band", "1", "--db", url, "--json"])
+        assert r.exit_code == 0, r.output
+        r = CliRunner().invoke(app, ["run", "--algo", "grpo", "--dtype", "fp32", "--seeds", "2", "--max-steps", "2",
+                                     "--eval-every", "2", "--prompts-per-step", "2", "--samples-per-prompt", "2",
+                                     "--db", url, "--json"])
+        assert r.exit_code == 0, r.output
+        runs = [x["run"] for x in json.loads(r.stdout)]
+        bundle = tmp / "bundle.tar.gz"
+        r = CliRunner().invoke(app, ["runs", "export", *runs, "--out", str(bundle), "--db", url])
+        assert r.exit_code == 0, r.output
+    return {"url": url, "runs": runs, "bundle": bundle}
+
+
+def _cli(*args):
+    return CliRunner().invoke(app, list(args))
+
+
+def _views(url, runs):
+    """What a reader sees: the cell report, the per-run report, each run's `runs show --json`."""
+    cells = json.loads(_cli("report", "--db", url, "--json").stdout)
+    per_run = json.loads(_cli("report", "--runs", "--db", url, "--json").stdout)
+    shows = [json.loads(_cli("runs", "show", r, "--db", url, "--json").stdout) for r in runs]
+    return cells, per_run, shows
+
+
+def _counts(url):
+    engine = open_store(url)
+    with engine.connect() as c:
+        return {t.name: c.execute(select(func.count()).select_from(t)).scalar() for t in Base.metadata.sorted_tables}
+
+
+def test_export_import_gives_identical_report_rows(source, db_url):
+    r = _cli("runs", "import", str(source["bundle"]), "--db", db_url, "--json")
+    assert r.exit_code == 0, r.output
+    assert len(json.loads(r.stdout)["runs_added"]) == 2
+    got, want = _views(db_url, source["runs"]), _views(source["url"], source["runs"])
+    assert got == want
+    cells = got[0]
+    assert len(cells) == 1 and cells[0]["seeds"] == [0, 1] and cells[0]["passes"] == "0/2"
+    show = got[2][0]
+    assert show["calibration"] and show["provenance"] and show["config"]["seed"] == 0 and show["evals"]
+    before = _counts(db_url)
+    r = _cli("runs", "import", str(source["bundle"]), "--db", db_url, "--json")     # idempotent
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout)
+    assert sorted(summary["runs_present"]) == sorted(source["runs"]) and not summary["runs_added"]
+    assert _counts(db_url) == before
+    with session(open_store(db_url)) as s:
+        b = s.scalars(select(Build)).one()
+        assert b.split_hash == json.loads(_cli("builds", "show", b.id, "--db", source["url"], "--json").stdout)["split_hash"]
+
+
+def test_a_build_with_another_split_hash_refuses_the_bundle(source, tmp_path):
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    with tarfile.open(source["bundle"]) as tar:
+        build_id = json.load(tar.extractfile("bundle.json"))["builds"][0]
+    with session(open_store(url)) as s:
+        m = Model(name="tiny-math", path="/x", weights_hash="other")
+        s.add(m)
+        s.flush()
+        s.add(Build(id=build_id, model_id=m.id, source="elsewhere", engine="torch", dtype="fp32", k=4, lo=0, hi=1,
+                    seed=0, settings_hash="h", status="complete", n_problems=1, n_kept=1))
+        s.flush()
+        s.add(BuildProblem(build_id=build_id, problem_id="q", position=0, problem="1+1", answer="2", n_samples=4,
+                           n_correct=2, accuracy=0.5, bucket="kept", kept=True))
+    before = _counts(url)
+    r = _cli("runs", "import", str(source["bundle"]), "--db", url)
+    assert r.exit_code == 2 and "not the same split" in r.stderr, r.output
+    assert _counts(url) == before
+
+
+def _members(bundle):
+    with tarfile.open(bundle) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+
+
+def _write(path, members, extra=()):
+    """A .tar.gz of `members` (name → bytes) plus raw TarInfo members `extra`."""
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for info, data in extra:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return path
+
+
+def _reseal(members):
+    """Recompute bundle.json's member hashes (a tamperer who knows the format)."""
+    manifest = json.loads(members["bundle.json"])
+    manifest["members"] = {n: hashlib.sha256(d).hexdigest() for n, d in members.items() if n != "bundle.json"}
+    members["bundle.json"] = json.dumps(manifest).encode()
+    return members
+
+
+def _run_member(members):
+    return next(n for n in members if n.startswith("runs/"))
+
+
+def _build_member(members):
+    return next(n for n in members if n.startswith("builds/"))
+
+
+def _edit_json(members, name, fn):
+    obj = json.loads(members[name])
+    fn(obj)
+    members[name] = json.dumps(obj).encode()
+    return members
+
+
+def _link(name, target):
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = tarfile.SYMTYPE, target
+    return info
+
+
+CASES = {
+    "bad JSON": (lambda m: _reseal({**m, _run_member(m): b"{not json"}), (), "is not valid JSON"),
+    "missing member": (lambda m: {n: d for n, d in m.items() if n != _run_member(m)}, (), "missing member(s) runs/"),
+    "missing bundle.json": (lambda m: {n: d for n, d in m.items() if n != "bundle.json"}, (),
+                            "missing member bundle.json"),
+    "wrong schema version": (lambda m: _edit_json(m, "bundle.json", lambda o: o.update(schema_version=2)), (),
+                             "schema version 2"),
+    "not a bench bundle": (lambda m: _edit_json(m, "bundle.json", lambda o: o.update(format="x")), (),
+                           "not a bench-run-bundle"),
+    "path escaping with ..": (lambda m: m, ((tarfile.TarInfo("../escape.json"), b"{}"),), "outside the extraction"),
+    "absolute path": (lambda m: m, ((tarfile.TarInfo("/tmp/escape.json"), b"{}"),), "outside the extraction"),
+    "nested ..": (lambda m: m, ((tarfile.TarInfo("runs/../../escape.json"), b"{}"),), "outside the extraction"),
+    "symlink": (lambda m: m, ((_link("runs/link.json", "/etc/passwd"), None),), "not a regular file"),
+    "unexpected member": (lambda m: {**m, "notes.txt": b"hi"}, (), "unexpected member 'notes.txt'"),
+    "altered member": (lambda m: _edit_json(m, _run_member(m), lambda o: o.update(peak_accuracy=0.99)), (),
+                       "was altered"),
+    "tampered gold": (lambda m: _reseal(_edit_json(m, _build_member(m),
+                                                   lambda o: o["kept"][0].update(answer="12345"))), (),
+                      "do not hash to the recorded split hash"),
+    "wrong field type": (lambda m: _reseal(_edit_json(m, _run_member(m), lambda o: o["steps"][0].update(step="1"))),
+                         (), "has the wrong type"),
+    "run without its build": (lambda m: _reseal(_edit_json(m, _run_member(m), lambda o: o.update(build="zzz"))), (),
+                              "is not in the bundle"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES) + ["not a tar.gz"])
+def test_malformed_bundles_are_refused_and_change_nothing(source, tmp_path, case):
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    with session(open_store(url)) as s:                       # a store with something in it already
+        s.add(Model(name="resident", path="/r", weights_hash=None))
+    before = _counts(url)
+    bad = tmp_path / "bad.tar.gz"
+    if case == "not a tar.gz":
+        bad.write_bytes(b"\x1f\x8b garbage")
+        needle = "not a readable .tar.gz bundle"
+    else:
+        mutate, extra, needle = CASES[case]
+        _write(bad, mutate(_members(source["bundle"])), extra)
+    r = _cli("runs", "import", str(bad), "--db", url)
+    err = " ".join(r.stderr.split())
+    assert r.exit_code == 2, r.output
+    assert err.count("error:") == 1 and "refused:" in err and needle in err, err
+    assert _counts(url) == before
+    assert not (tmp_path / "escape.json").exists() and not (tmp_path.parent / "escape.json").exists()
+
+
+def test_export_refuses_an_unknown_run(source, tmp_path):
+    r = _cli("runs", "export", "nope", "--out", str(tmp_path / "x.tar.gz"), "--db", source["url"])
+    assert r.exit_code == 2 and "no run 'nope'" in r.stderr
+    assert not (tmp_path / "x.tar.gz").exists()
+
+
+def test_a_further_along_copy_updates_the_run(source, tmp_path):
+    """A run exported while it ran, then again once it ended: the second import updates it."""
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    members = _members(source["bundle"])
+    name = _run_member(members)
+    early = _reseal(_edit_json(dict(members), name, lambda o: (o.update(status="running", step=1),
+                                                                o["steps"].__delitem__(slice(1, None)))))
+    _write(tmp_path / "early.tar.gz", early)
+    assert _cli("runs", "import", str(tmp_path / "early.tar.gz"), "--db", url).exit_code == 0
+    r = _cli("runs", "import", str(source["bundle"]), "--db", url, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["runs_updated"] == [name[len("runs/"):-len(".json")]]
+    with session(open_store(url)) as s:
+        assert s.get(Run, name[len("runs/"):-len(".json")]).status == "max_steps"
