@@ -120,11 +120,24 @@ def test_run_page_by_query_param_shows_curves(store):
 
 
 def test_grid_lists_commands_for_empty_cells(store):
+    """One algorithm at a time, every rollout format × every training format (6 × 5)."""
     url, info = store
     at = page(url, "pages/grid.py")
+    assert at.selectbox(key="grid_algo").value == "pg-seq-is"
     codes = [c.value for c in at.code]
-    assert f"bench run --algo gspo --dtype fp16 --build {info['build']}" in codes
-    assert not any("--algo grpo --dtype bf16 " in c for c in codes)
+    assert f"bench run --algo pg-seq-is --dtype rollout=int8,train=fp32 --build {info['build']}" in codes
+    assert not any(" --dtype bf16 " in c or " --dtype fp32 " in c for c in codes) and len(codes) == 30 - 2
+    at.selectbox(key="grid_algo").set_value("gspo").run()
+    codes = [c.value for c in at.code]
+    assert f"bench run --algo gspo --dtype fp16 --build {info['build']}" in codes and len(codes) == 30
+    at.selectbox(key="grid_algo").set_value("grpo").run()
+    assert not any("--algo grpo --dtype bf16 " in c for c in at.code)
+    at.radio[0].set_value("peak_mean").run()
+    specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
+    scales = [layer["encoding"]["color"].get("scale", {}) for sp in specs for layer in sp.get("layer", [])
+              if "color" in layer.get("encoding", {})]
+    assert any(sc.get("domain", [None])[0] == 0.0 and 0.95 in sc["domain"] and sc["domain"][-1] == 1.0
+               for sc in scales), scales                                 # a fixed scale, not min–max
 
 
 def test_empty_store_says_what_to_run(tmp_path):

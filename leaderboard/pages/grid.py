@@ -1,38 +1,62 @@
-"""Algorithm × precision-pair heatmaps for one build: peak accuracy, steps to convergence, mean KL."""
+"""Rollout × training precision for one algorithm on one build: peak split accuracy on a fixed
+0–1 colour scale with the 0.95 pass line marked, steps to pass, or mean KL; every format of
+bench/formats.py as a row (rollout) or a column (training). A cell is its runs over seeds
+(leaderboard/cells.py): mean peak, PASS only when every seed passed."""
 
 import altair as alt
 import pandas as pd
 import streamlit as st
 
 from bench.algorithms import ALGORITHMS     # the grid shows cells not run yet
-from bench.precision import ALL_PAIRS
+from bench.formats import ROLLOUT_FORMATS, TRAIN_FORMATS
+from leaderboard import cells as cell_stats
 from leaderboard import data
+
+PASS_LINE = 0.95
 
 st.title("Precision grid")
 url, runs = data.runs_or_stop()
 build = st.selectbox("Build", list(dict.fromkeys(runs.build)))
-view = runs[runs.build == build]
-latest = view.sort_values("created_at").groupby(["algo", "precision"]).tail(1)
+algo = st.selectbox("Algorithm", list(ALGORITHMS), key="grid_algo")
+view = runs[(runs.build == build) & (runs.algo == algo)]
+trainers = sorted(set(view.trainer)) or ["native"]
+trainer = st.selectbox("Trainer", trainers) if len(trainers) > 1 else trainers[0]
+stats = cell_stats.cells_frame(view[view.trainer == trainer])
+split = stats.precision.str.split("→")
+stats["rollout_dtype"], stats["train_dtype"] = split.str[0], split.str[-1]
 
-pairs = [p.rollout if p.rollout == p.train else f"{p.rollout}→{p.train}" for p in ALL_PAIRS]
-cells = pd.DataFrame([(a, p) for a in ALGORITHMS for p in pairs], columns=["algo", "precision"])
-grid = cells.merge(latest, on=["algo", "precision"], how="left")
-grid["cell"] = grid.peak_accuracy.map(lambda v: "—" if pd.isna(v) else f"{v:.2f}")
+grid = pd.DataFrame([(r, t) for r in ROLLOUT_FORMATS for t in TRAIN_FORMATS], columns=["rollout_dtype", "train_dtype"])
+grid = grid.merge(stats, on=["rollout_dtype", "train_dtype"], how="left")
+grid["cell"] = [("—" if pd.isna(v) else f"{v:.2f}" + (" ✓" if s == "PASS" else "") + (f" {k}" if n and n > 1 else ""))
+                for v, s, k, n in zip(grid.peak_mean, grid.sanity, grid.passes, grid.n_seeds.fillna(0))]
 
-metric = st.radio("Metric", ["peak_accuracy", "steps_to_target", "mean_kl"], horizontal=True,
-                  format_func={"peak_accuracy": "peak accuracy", "steps_to_target": "steps to pass",
-                               "mean_kl": "mean KL"}.get)
-scale = alt.Scale(scheme="viridis", reverse=metric != "peak_accuracy")
-chart = alt.Chart(grid).mark_rect().encode(
-    x=alt.X("precision:N", sort=pairs, title="rollout → train"), y=alt.Y("algo:N", sort=list(ALGORITHMS)),
-    color=alt.Color(f"{metric}:Q", scale=scale), tooltip=["algo", "precision", "status", metric, "run"])
-text = alt.Chart(grid).mark_text(color="white").encode(x=alt.X("precision:N", sort=pairs),
-                                                      y=alt.Y("algo:N", sort=list(ALGORITHMS)), text="cell:N")
+metric = st.radio("Metric", ["peak_mean", "steps_to_pass_median", "kl_k3_median"], horizontal=True,
+                  format_func={"peak_mean": "peak accuracy", "steps_to_pass_median": "steps to pass",
+                               "kl_k3_median": "mean KL k3"}.get)
+if metric == "peak_mean":
+    # fixed, not min–max (which coloured 0.786 and 0.799 as opposites); the hue turns from blue
+    # to green at the pass line
+    scale = alt.Scale(domain=[0.0, PASS_LINE - 1e-4, PASS_LINE, 1.0],
+                      range=["#f7fbff", "#2171b5", "#a1d99b", "#00441b"], clamp=True)
+    legend = alt.Legend(values=[0.0, 0.25, 0.5, 0.75, PASS_LINE, 1.0], title=f"peak (pass line {PASS_LINE})")
+    ink = alt.condition(f"datum.peak_mean > 0.55 && datum.peak_mean < {PASS_LINE} || datum.peak_mean > 0.98",
+                        alt.value("white"), alt.value("black"))
+else:
+    scale, legend, ink = alt.Scale(scheme="viridis", reverse=True), alt.Legend(), alt.value("black")
+x = alt.X("train_dtype:N", sort=list(TRAIN_FORMATS), title="training format (π)")
+y = alt.Y("rollout_dtype:N", sort=list(ROLLOUT_FORMATS), title="rollout format (μ)")
+chart = alt.Chart(grid).mark_rect(stroke="white").encode(
+    x=x, y=y, color=alt.Color(f"{metric}:Q", scale=scale, legend=legend),
+    tooltip=["rollout_dtype", "train_dtype", "sanity", "passes", "status", "peak_mean", "peak_ci_lo", "peak_ci_hi",
+             "steps_to_pass_median", "kl_k3_median"])
+text = alt.Chart(grid).mark_text().encode(x=x, y=y, text="cell:N", color=ink)
 st.altair_chart(chart + text, width="stretch")
-missing = grid[grid.run.isna()]
+st.caption(f"{algo} on build {build} ({trainer}): mean peak split accuracy over seeds on a fixed 0–1 scale whose "
+           f"colour turns from blue to green at the {PASS_LINE} pass line; ✓: PASS (every seed stopped "
+           "converged); k/N: seeds passed. The default colour is that pass rate.")
+missing = grid[grid.peak_mean.isna() & grid.n_seeds.isna()]
 if not missing.empty:
     st.subheader("Empty cells")
     for r in missing.itertuples():
-        p = r.precision.replace("→", ",train=")
-        dtype = p if "," not in p else "rollout=" + p
-        st.code(f"bench run --algo {r.algo} --dtype {dtype} --build {build}", language="bash")
+        dtype = r.rollout_dtype if r.rollout_dtype == r.train_dtype else f"rollout={r.rollout_dtype},train={r.train_dtype}"
+        st.code(f"bench run --algo {algo} --dtype {dtype} --build {build}", language="bash")

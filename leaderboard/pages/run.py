@@ -77,6 +77,8 @@ def charts():
         curve(steps, ["prob_diff_max", "prob_diff_min", "prob_abs_diff_mean"], "π − μ on sampled tokens")
         curve(steps, ["log_ratio_slope"], "log(π/μ) vs length slope (per 1k tokens)")
         curve(steps, ["is_ratio_seq_min", "is_ratio_seq_mean", "is_ratio_seq_max"], "sequence IS ratio π/μ", log=True)
+        curve(steps, ["rollout_weights_moved"], "rollout weights moved at the sync (fraction of linear weights)")
+        curve(steps, ["rollout_update_to_step"], "update size / the rollout format's grid step (median)", log=True)
         curve(steps, ["time_rollout", "time_scoring", "time_update", "time_eval"], "seconds per step")
     other = [c for c in steps.columns if c.startswith("loss/")] + ["loss"]
     curve(steps, other, "loss and loss metrics")
