@@ -123,7 +123,7 @@ def run_evals(engine: Engine, run_ids: list[str]) -> pd.DataFrame:
 def builds_frame(engine: Engine) -> pd.DataFrame:
     return _read(engine, select(Build.id.label("build"), Model.name.label("model"), Build.status, Build.source,
                                 Build.engine, Build.dtype, Build.k, Build.lo, Build.hi, Build.shard, Build.n_problems,
-                                Build.n_kept, Build.manifest, Build.created_at)
+                                Build.n_kept, Build.manifest, Build.split_hash, Build.created_at)
                  .join(Model, Model.id == Build.model_id).order_by(Build.created_at.desc()))
 
 
