@@ -23,7 +23,7 @@ c[1].metric("too easy", counts.get("too_easy", 0))
 c[2].metric("too hard", counts.get("too_hard", 0))
 c[3].metric("bad gold", counts.get("bad_gold", 0))
 c[4].metric("rollouts/s", "—" if not m.get("rollouts_per_s") else f"{m['rollouts_per_s']:.0f}")
-st.caption(f"model {b.model} · engine {b.engine} · dtype {b["dtype"]} · k={b.k} · band [{b.lo}, {b.hi}] (inclusive) · "
+st.caption(f"model {b.model} · engine {b.engine} · dtype {b['dtype']} · k={b.k} · band [{b.lo}, {b.hi}] (inclusive) · "
            f"sampling {m.get('sampling')} · wall {m.get('wall_s', 0):.0f}s")
 dup = m.get("duplicates") or {}
 st.caption(f"split hash `{b.split_hash or '—'}` (sha256 of the kept [[id, gold], …] sorted by id: runs on one hash "
