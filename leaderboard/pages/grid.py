@@ -27,13 +27,16 @@ stats["rollout_dtype"], stats["train_dtype"] = split.str[0], split.str[-1]
 
 grid = pd.DataFrame([(r, t) for r in ROLLOUT_FORMATS for t in TRAIN_FORMATS], columns=["rollout_dtype", "train_dtype"])
 grid = grid.merge(stats, on=["rollout_dtype", "train_dtype"], how="left")
-grid["cell"] = [("—" if pd.isna(v) else f"{v:.2f}" + (" ✓" if s == "PASS" else "") + (f" {k}" if n and n > 1 else ""))
+grid["cell"] = [("—" if pd.isna(v) else f"{v:.2f}") + (" ✓" if s == "PASS" else "") + (f" {k}" if n else "")
                 for v, s, k, n in zip(grid.peak_mean, grid.sanity, grid.passes, grid.n_seeds.fillna(0))]
 
-metric = st.radio("Metric", ["peak_mean", "steps_to_pass_median", "kl_k3_median"], horizontal=True,
-                  format_func={"peak_mean": "peak accuracy", "steps_to_pass_median": "steps to pass",
-                               "kl_k3_median": "mean KL k3"}.get)
-if metric == "peak_mean":
+metric = st.radio("Metric", ["pass_rate", "peak_mean", "steps_to_pass_median", "kl_k3_median"], horizontal=True,
+                  format_func={"pass_rate": "pass rate (k/N seeds)", "peak_mean": "peak accuracy",
+                               "steps_to_pass_median": "steps to pass", "kl_k3_median": "mean KL k3"}.get)
+if metric == "pass_rate":                  # the share of seeds that passed, red (none) → green (all)
+    scale = alt.Scale(domain=[0.0, 0.5, 1.0], range=["#d73027", "#fee08b", "#1a9850"])
+    legend, ink = alt.Legend(values=[0.0, 0.5, 1.0], title="seeds passed (k/N)"), alt.value("black")
+elif metric == "peak_mean":
     # fixed, not min–max (which coloured 0.786 and 0.799 as opposites); the hue turns from blue
     # to green at the pass line
     scale = alt.Scale(domain=[0.0, PASS_LINE - 1e-4, PASS_LINE, 1.0],
@@ -47,13 +50,13 @@ x = alt.X("train_dtype:N", sort=list(TRAIN_FORMATS), title="training format (π)
 y = alt.Y("rollout_dtype:N", sort=list(ROLLOUT_FORMATS), title="rollout format (μ)")
 chart = alt.Chart(grid).mark_rect(stroke="white").encode(
     x=x, y=y, color=alt.Color(f"{metric}:Q", scale=scale, legend=legend),
-    tooltip=["rollout_dtype", "train_dtype", "sanity", "passes", "status", "peak_mean", "peak_ci_lo", "peak_ci_hi",
+    tooltip=["rollout_dtype", "train_dtype", "sanity", "passes", "pass_rate", "status", "peak_mean", "peak_ci_lo", "peak_ci_hi",
              "steps_to_pass_median", "kl_k3_median"])
 text = alt.Chart(grid).mark_text().encode(x=x, y=y, text="cell:N", color=ink)
 st.altair_chart(chart + text, width="stretch")
-st.caption(f"{algo} on build {build} ({trainer}): mean peak split accuracy over seeds on a fixed 0–1 scale whose "
-           f"colour turns from blue to green at the {PASS_LINE} pass line; ✓: PASS (every seed stopped "
-           "converged); k/N: seeds passed. The default colour is that pass rate.")
+st.caption(f"{algo} on build {build} ({trainer}), a cell over its seeds: the text is the mean peak split accuracy, "
+           "✓ for PASS (every seed stopped converged) and k/N seeds passed; the colour is that pass rate (red none, "
+           f"green all), or the peak on a fixed 0–1 scale turning from blue to green at the {PASS_LINE} pass line.")
 missing = grid[grid.peak_mean.isna() & grid.n_seeds.isna()]
 if not missing.empty:
     st.subheader("Empty cells")
