@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from bench import configdiff
+
 from .algos import AlgoConfig
 from .stop import StopConfig
 
@@ -102,24 +104,6 @@ def get_preset(name: str, benchmark: str | None = None, **overrides) -> RunConfi
     return check_run_config(cfg)
 
 
-def _leaves(value, prefix: str = "") -> dict:
-    """Dotted key → leaf value (lists of dicts by index: benchmarks[0].source)."""
-    if isinstance(value, dict):
-        out = {}
-        for k, v in value.items():
-            out.update(_leaves(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-        out = {}
-        for i, v in enumerate(value):
-            out.update(_leaves(v, f"{prefix}[{i}]"))
-        return out
-    return {prefix: value}
-
-
-ABSENT = "(absent)"
-
-
 def config_diff(config: dict | None) -> tuple[str | None, list[tuple[str, object, object]] | None]:
     """(preset name, [(key, preset default, run value), ...]) for every setting of a stored run
     config (`{"preset": name, **asdict(RunConfig)}`) that differs from its preset's defaults;
@@ -129,11 +113,13 @@ def config_diff(config: dict | None) -> tuple[str | None, list[tuple[str, object
     name = config.get("preset")
     if name not in PRESETS:
         return name, None
+    return name, configdiff.diff(preset_defaults(name), config)
+
+
+def preset_defaults(name: str) -> dict:
+    """The preset's RunConfig as a run stores it (JSON types); runs keep a copy in their
+    provenance so the app can show what else changed without importing the presets."""
     import json
     from dataclasses import asdict
 
-    base = _leaves(json.loads(json.dumps(asdict(PRESETS[name]()))))     # as stored: tuples become lists
-    run = _leaves({k: v for k, v in config.items() if k not in ("preset", "verl")})
-    keys = list(dict.fromkeys([*base, *run]))
-    return name, [(k, base.get(k, ABSENT), run.get(k, ABSENT)) for k in keys
-                  if base.get(k, ABSENT) != run.get(k, ABSENT)]
+    return json.loads(json.dumps(asdict(PRESETS[name]())))

@@ -36,7 +36,7 @@ from bench.store.schema import BuildProblem, utcnow
 
 from . import stop as stop_rules
 from .algos import AlgoConfig, LossInputs, get_loss, leave_one_out_advantages
-from .presets import Benchmark, RunConfig, check_run_config
+from .presets import PRESETS, Benchmark, RunConfig, check_run_config, preset_defaults
 
 
 class RunError(ValueError):
@@ -455,7 +455,7 @@ def start_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: 
         _check_ckpt_dir(ckpt_dir)
         config = {"preset": preset, **asdict(cfg)}
         facts = provenance.collect("cpu", precision.train, split_accuracy_estimator=SPLIT_ESTIMATOR.format(
-            m=cfg.eval_split_m))
+            m=cfg.eval_split_m), preset_defaults=preset_defaults(preset) if preset in PRESETS else None)
         s.add(Run(id=run_id, model_id=m.id, build_id=build.id, algo=algo, rollout_dtype=precision.rollout,
                   train_dtype=precision.train, trainer="native", engine=engine, config=config, status="running",
                   checkpoint_dir=str(ckpt_dir), provenance=facts))

@@ -29,7 +29,7 @@ from sqlalchemy import delete
 from bench.store import Eval, Run, RunStep, session
 
 from . import stop as stop_rules
-from .presets import RunConfig
+from .presets import PRESETS, RunConfig, preset_defaults
 from .verl_runner import map_metrics
 
 
@@ -81,6 +81,7 @@ class Follower:
     state: stop_rules.StopState = field(default_factory=stop_rules.StopState)
     wall: float = 0.0
     rewards: deque = field(init=False)      # the training rewards of the last pass over the split
+    calibrated: bool = False                # the step-1 calibration gate has run (or the run has one)
 
     def __post_init__(self):
         self.rewards = deque(maxlen=max(1, math.ceil(self.split_size / self.cfg.prompts_per_step)))
@@ -91,7 +92,9 @@ class Follower:
         (a step replayed from the store)."""
         if m.get("reward") is not None:
             self.rewards.append(m["reward"])
-        if _finite(m.get("kl_k3")) is not None and stop_rules.after_step(self.state, self.cfg.stop, step, m["kl_k3"]):
+        kl = _finite(m.get("kl_k3"))
+        kl = _finite(m.get("bypass/kl_k3")) if kl is None else kl          # bypass cells log only that
+        if kl is not None and stop_rules.after_step(self.state, self.cfg.stop, step, kl):
             m["kl_warning"] = 1.0
         due = step % self.cfg.eval_every == 0 or step >= self.cfg.max_steps
         if split_acc is None and may_eval and due and len(self.rewards) == self.rewards.maxlen:
@@ -104,7 +107,9 @@ class Follower:
         m = map_metrics(data)
         verdict = None
         self.wall += _finite(data.get("timing_s/step")) or 0.0
-        if step > 0:
+        if step > 0 and not self.calibrated:
+            verdict = self.calibrate(step, m)
+        if step > 0 and verdict is None:
             if "actor/pg_loss" in data and _finite(data["actor/pg_loss"]) is None:
                 self.track(step, m, may_eval=False)
                 verdict = (stop_rules.DIVERGED, f"non-finite loss at step {step}")
@@ -120,6 +125,30 @@ class Follower:
                               m["eval/split"])
         self._write(step, m, evals, converged=bool(verdict) and verdict[0] == stop_rules.CONVERGED)
         return verdict
+
+    def calibrate(self, step: int, m: dict) -> tuple[str, str] | None:
+        """verl's step-0 calibration, as early as verl allows: the mismatch metrics of its first
+        training step are computed from the rollout's μ and the actor's π at the weights that
+        sampled the batch, before that step's update (bypass cells: the first micro-batch's π_θ
+        is still those weights). Judged on k3 against the pair's band (bench/calibration.py);
+        outside it the run ends `failed` and verl is stopped."""
+        from bench import calibration
+
+        self.calibrated = True
+        k3 = _finite(m.get("kl_k3"))
+        source = "rollout_corr/k3_kl"
+        if k3 is None:
+            k3, source = _finite(m.get("bypass/kl_k3")), "actor/rollout_corr/k3_kl (bypass)"
+        if k3 is None:
+            return None                     # verl logged no mismatch (calculate_log_probs off): nothing to judge
+        with session(self.store) as s:
+            run = s.get(Run, self.run_id)
+            result = calibration.judge({"k3": k3, "source": f"verl step {step}: {source}",
+                                        **{k: _finite(m.get(k)) for k in ("kl_k1_token", "ppl_ratio",
+                                                                          "prob_abs_diff_mean", "prob_abs_diff_max")}},
+                                       run.rollout_dtype, run.train_dtype)
+            run.calibration = result
+        return None if result["ok"] else (stop_rules.FAILED, result["message"])
 
     def _write(self, step: int, m: dict, evals: dict[str, tuple[int, float]], converged: bool = False) -> None:
         clean = {k: _finite(v) for k, v in m.items()}
@@ -294,9 +323,9 @@ def start_verl_run(store, algo: str, precision, cfg: RunConfig, preset: str, job
     to its end; returns the run id."""
     from dataclasses import asdict
 
-    from .algos import get_loss
-
     from bench import provenance
+
+    from .algos import get_loss
 
     get_loss(algo)
     run_id = job["run_id"]
@@ -304,7 +333,8 @@ def start_verl_run(store, algo: str, precision, cfg: RunConfig, preset: str, job
     facts = provenance.collect("cpu", split_accuracy_estimator=SPLIT_ESTIMATOR,
                                verl_env=provenance.package_versions_of(job["argv"][0]),
                                verl_gpus=f"{opts.get('trainer.n_gpus_per_node')} GPU(s) x "
-                                         f"{opts.get('trainer.nnodes')} node(s)")
+                                         f"{opts.get('trainer.nnodes')} node(s)",
+                               preset_defaults=preset_defaults(preset) if preset in PRESETS else None)
     with session(store) as s:
         s.add(Run(id=run_id, model_id=job["model_id"], build_id=job["build_id"], algo=algo,
                   rollout_dtype=precision.rollout, train_dtype=precision.train, trainer="verl", engine="vllm",
@@ -322,13 +352,13 @@ def resume_verl_run(store, run_id: str, progress=None) -> str:
 
     with session(store) as s:
         run = resumable_run(s, run_id)
-        cfg, job = config_from_dict(run.config), run.config["verl"]
+        cfg, job, calibrated = config_from_dict(run.config), run.config["verl"], run.calibration is not None
     root = Path(job["root"])
     old = root / "metrics.jsonl"
     if old.exists():
         n = len(list(root.glob("metrics.*.jsonl")))
         old.rename(root / f"metrics.{n}.jsonl")
-    follower = Follower(store, run_id, cfg, job["split_size"])
+    follower = Follower(store, run_id, cfg, job["split_size"], calibrated=calibrated)
     replay_for_resume(follower, latest_checkpoint(root / "checkpoints"))
     with session(store) as s:
         run = s.get(Run, run_id)

@@ -27,12 +27,13 @@ per level) above C / below the lower bound (`is_ratio_frac_*`). `rollout_is_max`
 `verl/…`: verl reports the applied weight at token level but the raw ratio at sequence level.
 Bypass mode (the pg-seq-* cells) skips all of that: verl computes the same diagnostics inside
 the actor's loss, for π_θ (the policy being updated) against μ, per micro-batch (one sequence
-in this command), and logs their mean over micro-batches as `actor/rollout_corr/*`. These are
-stored under the same names, being the only mismatch such runs log (the KL early warning reads
-`kl_k3`), with two differences: per-token means (kl, k3_kl, chi2_token) become means over
-sequences of per-sequence token means, and after the first of `updates_per_batch` optimizer
-steps π_θ has moved from π_old, so drift adds to the mismatch. Their `_max`/`_min` and IS-weight
-statistics (micro-batch values averaged or maxed across mini-batches) stay `verl/actor/…`.
+in this command), and logs their mean over micro-batches as `actor/rollout_corr/*`. Their
+meaning differs from the batch metrics in two ways — per-token means (kl, k3_kl, chi2_token)
+become means over sequences of per-sequence token means, and after the first of
+`updates_per_batch` optimizer steps π_θ has moved from π_old, so drift adds to the mismatch —
+so they are stored under `bypass/<bench name>` (e.g. `bypass/kl_k3`), never under the native
+names; the KL early warning and the step-1 calibration read `bypass/kl_k3` when a run has no
+`kl_k3`. Their `_max`/`_min` and IS-weight statistics stay `verl/actor/…`.
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ METRIC_MAP = {
     "response_length/max": "response_len_max",
     "response_length/clip_ratio": "truncated_frac",
     **{f"rollout_corr/{k}": v for k, v in OFFPOLICY_MAP.items()},
-    **{f"actor/rollout_corr/{k}": OFFPOLICY_MAP[k] for k in BYPASS_OFFPOLICY},
+    **{f"actor/rollout_corr/{k}": f"bypass/{OFFPOLICY_MAP[k]}" for k in BYPASS_OFFPOLICY},
     **{f"rollout_corr/{k}": v for k, v in IS_WEIGHT_MAP.items()},
     "training/rollout_probs_diff_mean": "prob_abs_diff_mean",     # |p_rollout − p_actor|, a probability
     "training/rollout_probs_diff_max": "prob_abs_diff_max",
@@ -288,11 +289,10 @@ def shell_line(argv: list[str], env: dict) -> str:
 
 def map_metrics(data: dict) -> dict[str, float | None]:
     """One verl log line's metrics under bench's names (unmapped ones keep verl's name under
-    a `verl/` prefix; validation scores become `eval/<data_source>`). Should a line hold both
-    `rollout_corr/<x>` and bypass mode's `actor/rollout_corr/<x>`, the batch value wins."""
+    a `verl/` prefix; validation scores become `eval/<data_source>`)."""
     out: dict[str, float | None] = {}
     for k, v in data.items():
-        if k in METRIC_MAP and not (k.startswith("actor/rollout_corr/") and k[len("actor/"):] in data):
+        if k in METRIC_MAP:
             out[METRIC_MAP[k]] = v
         elif k.startswith("val-core/") and "/acc/mean@" in k:
             out[f"eval/{k[len('val-core/'):].rsplit('/acc/mean@', 1)[0]}"] = v

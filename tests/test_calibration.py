@@ -18,7 +18,7 @@ from bench.engines.torch_engine import TorchEngine
 from bench.models import load_model, load_tokenizer, resolve_model
 from bench.precision import Precision
 from bench.store import Run, open_store, session
-from runners.presets import get_preset
+from runners.presets import get_preset, preset_defaults
 from runners.trainer import start_run
 
 
@@ -108,6 +108,7 @@ def test_gate_passes_every_correct_pair(built, tmp_path, rollout):
         assert status == "max_steps", (rollout, train, reason)
         assert cal["ok"] and cal["pair"] == f"{rollout}/{train}" and cal["tokens"] > 100, cal
         assert prov["versions"]["torch"] and prov["split_accuracy_estimator"].startswith("avg@1")
+        assert prov["preset_defaults"] == preset_defaults("tiny")          # what the Run page diffs against
 
 
 class HotterRollouts(TorchEngine):

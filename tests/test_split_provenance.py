@@ -119,3 +119,13 @@ def test_config_diff_against_the_preset():
     assert ("algo.C", 3.0, 5.0) in config_diff(cfg)[1] and ("benchmarks[0].n", 4, 8) in config_diff(cfg)[1]
     assert config_diff({"preset": "paper", **json.loads(json.dumps(asdict(get_preset("paper"))))}) == ("paper", [])
     assert config_diff({}) == (None, None)
+
+
+def test_the_apps_diff_from_stored_defaults_equals_the_clis():
+    """The Run page diffs against the preset defaults the run stored (it imports no runners)."""
+    from bench import configdiff
+    from runners.presets import config_diff, get_preset, preset_defaults
+
+    cfg = {"preset": "tiny", **json.loads(json.dumps(asdict(get_preset("tiny", max_steps=5, lr=1e-3))))}
+    assert configdiff.diff(preset_defaults("tiny"), cfg) == config_diff(cfg)[1] == [("lr", 5e-4, 1e-3),
+                                                                                   ("max_steps", 300, 5)]

@@ -53,6 +53,10 @@ def test_ingests_verls_file_and_stops_verl_when_converged(store, verl_python, tm
         # split accuracy 0.9, 1.0, 1.0 at the evals of 20-30: the pooled bound passes 0.95 at 30
         assert (run.trainer, run.status, run.step) == ("verl", "converged", 30)
         assert run.peak_accuracy == pytest.approx(1.0) and run.steps_to_target == 30     # the verdict's step
+        assert run.calibration["ok"] and run.calibration["k3"] == pytest.approx(1.2e-4)
+        assert "bypass" in run.calibration["source"]                     # pg-seq-is: verl's bypass mode
+        assert run.provenance["verl_env"]["verl"] == "0.9.1" and "verl's training reward" in \
+            run.provenance["split_accuracy_estimator"]
         evals = {(e.step, e.benchmark): (e.n, e.score) for e in s.scalars(select(Eval).where(Eval.run_id == run_id))}
     # everything verl wrote is in the store, under bench's names, and verl was stopped at 30 of 300
     lines = [json.loads(x) for x in (tmp_path / "verl" / "run1" / "metrics.jsonl").read_text().splitlines()]
@@ -88,6 +92,22 @@ def test_a_crashed_verl_run_fails_then_resumes_from_its_checkpoint(store, verl_p
     first = (tmp_path / "verl" / "run1" / "metrics.0.jsonl").read_text().splitlines()       # kept: verl truncates on start
     assert json.loads(first[-1])["step"] == 11
     assert json.loads((tmp_path / "verl" / "run1" / "metrics.jsonl").read_text().splitlines()[0])["step"] == 11
+
+
+def test_calibration_gate_stops_verl_after_its_first_step(store, verl_python, tmp_path, monkeypatch):
+    """A k3 of 0.05 per token at fp16 (band 5e-4) is a plumbing fault, not precision: the run
+    fails at step 1 and verl is stopped."""
+    cfg = get_preset("tiny", eval_every=5, max_steps=300, checkpoint_every=5)
+    job = fake_job(store, verl_python, cfg, tmp_path)
+    monkeypatch.setenv("FAKE_VERL_K3", "0.05")
+    run_id = start_verl_run(store, "pg-seq-is", Precision.parse("fp16"), cfg, "tiny", job)
+    with session(store) as s:
+        run = s.get(Run, run_id)
+        assert run.status == "failed" and run.stop_reason.startswith("step-0 calibration failed"), run.stop_reason
+        assert run.calibration["ok"] is False and run.calibration["k3"] == pytest.approx(0.05)
+        assert run.step == 1 and run.peak_accuracy is None
+    lines = (tmp_path / "verl" / "run1" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) < 60                                              # stopped within a few of 300 steps
 
 
 def test_metrics_tail_waits_for_whole_lines_and_follows_truncation(tmp_path):

@@ -47,7 +47,7 @@ def make_inputs(seed=0):
 def native_targets() -> set[str]:
     """The METRIC_MAP names that describe the mismatch of π and μ on the sampled tokens, i.e.
     that mismatch_metrics must produce (the IS-weight ones depend on the algorithm's threshold)."""
-    keys = [k for k in METRIC_MAP if k.startswith(("rollout_corr/", "actor/rollout_corr/", "training/rollout_"))]
+    keys = [k for k in METRIC_MAP if k.startswith(("rollout_corr/", "training/rollout_"))]   # bypass/*: verl-only
     return {METRIC_MAP[k] for k in keys} - set(IS_WEIGHT_MAP.values())
 
 
@@ -71,17 +71,17 @@ def test_verl_values_never_land_on_names_with_another_meaning():
     assert "rollout_corr/rollout_is_max" not in METRIC_MAP and "rollout_corr/rollout_is_min" not in METRIC_MAP
 
 
-def test_bypass_keys_map_as_decoupled_ones():
-    assert METRIC_MAP["actor/rollout_corr/kl"] == METRIC_MAP["rollout_corr/kl"] == "kl_k1_token"
-    assert METRIC_MAP["actor/rollout_corr/k3_kl"] == METRIC_MAP["rollout_corr/k3_kl"] == "kl_k3"
+def test_bypass_keys_keep_their_own_names():
+    """Bypass means are means of per-sequence means under a moving π_θ: not the native metric."""
+    assert METRIC_MAP["rollout_corr/kl"] == "kl_k1_token" and METRIC_MAP["actor/rollout_corr/kl"] == "bypass/kl_k1_token"
+    assert METRIC_MAP["rollout_corr/k3_kl"] == "kl_k3" and METRIC_MAP["actor/rollout_corr/k3_kl"] == "bypass/kl_k3"
     for k in BYPASS_OFFPOLICY:
-        assert METRIC_MAP[f"actor/rollout_corr/{k}"] == METRIC_MAP[f"rollout_corr/{k}"] == OFFPOLICY_MAP[k]
+        assert METRIC_MAP[f"actor/rollout_corr/{k}"] == f"bypass/{OFFPOLICY_MAP[k]}"
     # micro-batch maxima/minima and IS-weight statistics are not the batch's: kept as verl's
     assert map_metrics({"actor/rollout_corr/log_ppl_diff_max": 1.0, "actor/rollout_corr/rollout_is_mean": 2.0}) == {
         "verl/actor/rollout_corr/log_ppl_diff_max": 1.0, "verl/actor/rollout_corr/rollout_is_mean": 2.0}
-    # both in one line (not in bench's cells): the batch's value wins
     m = map_metrics({"rollout_corr/k3_kl": 1e-3, "actor/rollout_corr/k3_kl": 5e-3})
-    assert m == {"kl_k3": 1e-3, "verl/actor/rollout_corr/k3_kl": 5e-3}
+    assert m == {"kl_k3": 1e-3, "bypass/kl_k3": 5e-3}
 
 
 def test_a_bypass_run_feeds_the_kl_early_warning():
@@ -109,8 +109,11 @@ def verl_out(verl_python, tmp_path_factory):
 
 
 def compared(native: dict, logged: dict) -> dict[str, tuple[float, float]]:
-    """verl key → (verl's value, bench's value under METRIC_MAP's name) for every shared metric."""
-    return {k: (v, native[METRIC_MAP[k]]) for k, v in logged.items() if METRIC_MAP.get(k) in native}
+    """verl key → (verl's value, bench's value under METRIC_MAP's name) for every shared metric;
+    a `bypass/<name>` value is compared with <name> (equal when the whole batch is one micro-batch
+    and π_θ = π_old, as in these cases)."""
+    names = {k: METRIC_MAP.get(k, "").removeprefix("bypass/") for k in logged}
+    return {k: (v, native[names[k]]) for k, v in logged.items() if names[k] in native}
 
 
 @pytest.mark.verl
@@ -146,7 +149,7 @@ def test_every_shared_metric_verl_logs_equals_bench(verl_out):
 @pytest.mark.verl
 def test_which_keys_each_mode_logs(verl_out):
     """Decoupled cells log `rollout_corr/*`; bypass cells (pg-seq-*) only `actor/rollout_corr/*`,
-    whose KL keys map to kl_k1_token / kl_k3 (the stop rules' early warning)."""
+    stored as bypass/<name> (another quantity: means of per-sequence means, π_θ moving)."""
     _, _, v = verl_out
     for name, case in v["cases"].items():
         keys = set(case["logged"])
@@ -154,8 +157,8 @@ def test_which_keys_each_mode_logs(verl_out):
             assert case["bypass"] and not any(k.startswith("rollout_corr/") for k in keys)
             assert {f"actor/rollout_corr/{k}" for k in OFFPOLICY_MAP} <= keys
             m = map_metrics(case["logged"])
-            assert m["kl_k3"] == case["logged"]["actor/rollout_corr/k3_kl"]
-            assert m["kl_k1_token"] == case["logged"]["actor/rollout_corr/kl"]
+            assert m["bypass/kl_k3"] == case["logged"]["actor/rollout_corr/k3_kl"] and "kl_k3" not in m
+            assert m["bypass/kl_k1_token"] == case["logged"]["actor/rollout_corr/kl"] and "kl_k1_token" not in m
         else:
             assert not case["bypass"] and {f"rollout_corr/{k}" for k in OFFPOLICY_MAP} <= keys
         unmapped = {k for k in keys if k.startswith("rollout_corr/") and k not in METRIC_MAP}

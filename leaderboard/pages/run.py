@@ -93,14 +93,16 @@ if isinstance(prov, dict):
 
 
 def _config_diff():
-    """What else changed: the stored config against its preset's defaults (the preset's
-    definition is runners/presets.py: read as data, the one import here outside the store)."""
-    from runners.presets import config_diff
+    """What else changed: the stored config against its preset's defaults, as the run recorded
+    them in its provenance (the app reads the store only)."""
+    from bench import configdiff
 
-    preset, diff = config_diff(info["config"])
+    preset = (info["config"] or {}).get("preset")
+    defaults = (prov or {}).get("preset_defaults") if isinstance(prov, dict) else None
+    diff = None if defaults is None else configdiff.diff(defaults, info["config"] or {})
     st.subheader("What else changed")
     if diff is None:
-        st.caption(f"No known preset recorded ({preset}); the Config above is the whole story.")
+        st.caption(f"The run recorded no preset defaults (preset {preset}); the Config above is the whole story.")
     elif not diff:
         st.caption(f"Every setting is preset {preset}'s default: the precision pair "
                    f"({info['rollout_dtype']} → {info['train_dtype']}) and the algorithm are the only choices.")

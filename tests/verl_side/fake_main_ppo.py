@@ -4,7 +4,9 @@ logs through verl's own `Tracking` (console + file backend at $VERL_FILE_LOGGER_
 main_ppo logs, validation at step 0 and every `trainer.test_freq` steps, checkpoints to
 `trainer.default_local_dir` every `trainer.save_freq` steps, and on start continues from
 `latest_checkpointed_iteration.txt` (resume_mode=auto). The training reward follows
-0.5 + FAKE_VERL_SLOPE · step; FAKE_VERL_CRASH_AT=N exits with code 3 at step N.
+0.5 + FAKE_VERL_SLOPE · step; FAKE_VERL_CRASH_AT=N exits with code 3 at step N; the mismatch
+k3 is FAKE_VERL_K3 (default 1.2e-4), logged as verl does: `rollout_corr/*` in decoupled mode,
+`actor/rollout_corr/*` in bypass mode (the pg-seq-* cells).
 """
 
 import os
@@ -23,6 +25,8 @@ def main(argv: list[str]) -> None:
     start = int(marker.read_text()) if marker.exists() else 0
     crash_at = int(os.environ.get("FAKE_VERL_CRASH_AT", "0"))
     slope = float(os.environ.get("FAKE_VERL_SLOPE", "0.02"))
+    k3 = float(os.environ.get("FAKE_VERL_K3", "1.2e-4"))
+    corr = "actor/rollout_corr" if o.get("algorithm.rollout_correction.bypass_mode") == "True" else "rollout_corr"
     val = f"val-core/aime24/acc/mean@{o['actor_rollout_ref.rollout.val_kwargs.n']}"
     tracking = Tracking(o["trainer.project_name"], o["trainer.experiment_name"], default_backend=["console", "file"])
     if start == 0:
@@ -32,7 +36,7 @@ def main(argv: list[str]) -> None:
             sys.exit(3)
         acc = min(1.0, 0.5 + slope * step)
         data = {"critic/score/mean": acc, "actor/pg_loss": -0.01, "actor/grad_norm": 0.3, "actor/entropy": 0.5,
-                "rollout_corr/kl": 1e-4, "rollout_corr/k3_kl": 1.2e-4, "training/rollout_probs_diff_mean": 1e-3,
+                f"{corr}/kl": 1e-4, f"{corr}/k3_kl": k3, "training/rollout_probs_diff_mean": 1e-3,
                 "response_length/mean": 40.0, "timing_s/step": 0.05, "training/global_step": step}
         if step % freq == 0 or step == steps:
             data[val] = acc / 2

@@ -1,0 +1,33 @@
+"""What else changed: a stored run config against the defaults of its preset.
+
+Pure dict functions shared by the CLI (which knows the presets) and the leaderboard (which
+reads the preset's defaults as the run stored them, in `runs.provenance["preset_defaults"]`)."""
+
+from __future__ import annotations
+
+ABSENT = "(absent)"
+NOT_SETTINGS = ("preset", "verl")       # the preset's name and the verl job description
+
+
+def leaves(value, prefix: str = "") -> dict:
+    """Dotted key → leaf value (lists of dicts by index: benchmarks[0].source)."""
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            out.update(leaves(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        out = {}
+        for i, v in enumerate(value):
+            out.update(leaves(v, f"{prefix}[{i}]"))
+        return out
+    return {prefix: value}
+
+
+def diff(defaults: dict, config: dict) -> list[tuple[str, object, object]]:
+    """[(key, default, run value), ...] for every leaf of `config` (or of `defaults`) that
+    differs; both as stored (JSON: tuples are lists)."""
+    base = leaves({k: v for k, v in defaults.items() if k not in NOT_SETTINGS})
+    run = leaves({k: v for k, v in config.items() if k not in NOT_SETTINGS})
+    keys = list(dict.fromkeys([*base, *run]))
+    return [(k, base.get(k, ABSENT), run.get(k, ABSENT)) for k in keys if base.get(k, ABSENT) != run.get(k, ABSENT)]
