@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 python benchmarks/rollout_engine.py --dtype fp32 --vllm
 python benchmarks/rollout_engine.py --dtype bf16
 python benchmarks/grading.py --problems 300
+python benchmarks/mismatch_rope.py
 python -c "import trl" 2>/dev/null || pip install -q -e ".[benchmarks]"
 python benchmarks/train_step.py
 python benchmarks/leaderboard_render.py
