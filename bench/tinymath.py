@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .models import PLAIN_TEMPLATE, TINY_MATH_DIR
-from .problems import synthetic_examples
+from .problems import SFT_POOL, SFT_SEED, synthetic_examples
 
 SPECIALS = ["<pad>", "<eos>", "<unk>"]
 CHARS = list("0123456789+-*=.,:?!()/ \n{}\\$^_") + list("abcdefghijklmnopqrstuvwxyz") + list("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
@@ -57,8 +57,8 @@ class TrainConfig:
     lr: float = 3e-3           # AdamW, constant after linear warm-up
     warmup: int = 50
     weight_decay: float = 0.01
-    pool: int = 20000          # distinct training problems drawn
-    seed: int = 0
+    pool: int = SFT_POOL       # training problems drawn (with repeats); synthetic-hard excludes them
+    seed: int = SFT_SEED
     threads: int = 1           # one thread is often faster on a busy 2-core machine
     out: Path = TINY_MATH_DIR
     arch: TinyConfig = None  # type: ignore[assignment]
