@@ -211,18 +211,20 @@ def test_app_on_postgresql(pg_url, tmp_path):
 
 def test_mismatch_reports_side_by_side(store, tmp_path):
     url, _ = store
-    r = CliRunner().invoke(app, ["mismatch", "--dtype", "all", "--limit", "8", "--n", "8", "--db", url, "--json",
+    every_rollout = ";".join(f"rollout={d},train=fp32" for d in ("fp32", "bf16", "bf16+head32", "fp16", "fp8", "int8"))
+    r = CliRunner().invoke(app, ["mismatch", "--dtype", every_rollout, "--limit", "8", "--n", "8", "--db", url, "--json",
                                  "--out", str(tmp_path / "plots")])
     assert r.exit_code == 0, r.output
     reports = {(x["rollout"], x["train"]): x for x in json.loads(r.stdout)}
-    assert len(reports) == 9
-    dp = {d: reports[(d, d)]["prob_abs_diff_mean"] for d in ("fp32", "fp16", "bf16")}
-    assert dp["bf16"] > dp["fp16"] > dp["fp32"], dp
+    assert len(reports) == 6                          # every rollout format against fp32 (`all`: 30 pairs)
+    dp = {d: reports[(d, "fp32")]["prob_abs_diff_mean"] for d in ("fp32", "fp16", "bf16", "fp8")}
+    assert dp["fp8"] > dp["bf16"] > dp["fp16"] > dp["fp32"], dp
     for x in reports.values():
         assert all(Path(p).stat().st_size > 5_000 for p in x["plots"].values())
     at = page(url, "pages/mismatch.py")
     table = at.dataframe[0].value
-    assert len(table) == 9 and {"kl_k1", "prob_abs_diff_mean", "log_ratio_slope"} <= set(table.columns)
+    assert len(table) == 6 and {"kl_k1", "prob_abs_diff_mean", "log_ratio_slope"} <= set(table.columns)
+    assert "bf16+head32" in set(table.rollout_dtype) and "int8" in set(table.rollout_dtype)
 
 
 def test_mismatch_refuses_reshaped_sampling():
