@@ -2,13 +2,18 @@
 processes); a cell that already finished on that build with the same trainer is skipped.
 With seeds, every cell runs once per seed and a finished (cell, seed) pair is skipped.
 With the verl trainer each cell is one `bench run --trainer verl` after another: verl takes
-the whole cluster."""
+the whole cluster.
+
+Progress: one line per training step and cell (`log`), from the trainer's progress callback
+in process, or relayed from a subprocess cell's stderr, where `bench run --progress-lines`
+prints each step as a `progress: ` line; and one line when a cell ends."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from sqlalchemy import select
@@ -20,6 +25,50 @@ from .trainer import latest_build, resolve_inputs, start_run
 from .presets import get_preset
 
 FINISHED = ("converged", "plateaued", "collapsed", "diverged", "max_steps")
+PROGRESS_PREFIX = "progress: "     # a step line on a subprocess cell's stderr (`bench run --progress-lines`)
+
+
+def step_line(step: int, total: int | None, m: dict) -> str:
+    """One training step as text: the step, mean reward and KL k3 every step; split accuracy
+    (and every benchmark) at the steps that evaluated. `m`: the native trainer's step metrics
+    (`reward`, `kl_k3`, `eval/<name>`) or verl's (`critic/score/mean`)."""
+    parts = [f"step {step}/{total}" if total else f"step {step}"]
+    reward = m.get("reward", m.get("critic/score/mean"))
+    if isinstance(reward, (int, float)):
+        parts.append(f"reward {reward:.3f}")
+    evals = {k[len("eval/"):]: v for k, v in m.items() if k.startswith("eval/") and isinstance(v, (int, float))}
+    if "split" in evals:
+        parts.append(f"split {evals.pop('split'):.3f}")
+    parts += [f"{name} {v:.3f}" for name, v in sorted(evals.items())]
+    if isinstance(m.get("kl_k3"), (int, float)):
+        parts.append(f"kl_k3 {m['kl_k3']:.2e}")
+    return "  ".join(parts)
+
+
+def _ended_line(s, run_id: str | None) -> str:
+    r = s.get(Run, run_id) if run_id else None
+    if r is None:
+        return "failed"
+    peak = "-" if r.peak_accuracy is None else f"{r.peak_accuracy:.3f}"
+    return f"{r.status} after {r.step} steps, peak split {peak}"
+
+
+def _relay(cmd: list[str], on_line) -> tuple[int, str, str]:
+    """Run `cmd`; every `progress: ` line of its stderr goes to `on_line` as it arrives.
+    Returns (exit code, stdout, the rest of stderr)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+    stdout: list[str] = []
+    reader = threading.Thread(target=lambda: stdout.append(proc.stdout.read()), daemon=True)
+    reader.start()
+    rest = []
+    for line in proc.stderr:
+        if line.startswith(PROGRESS_PREFIX):
+            on_line(line[len(PROGRESS_PREFIX):].rstrip())
+        else:
+            rest.append(line)
+    code = proc.wait()
+    reader.join()
+    return code, "".join(stdout), "".join(rest)
 
 
 def _finished_run(s, build_id: str, algo: str, p: Precision, trainer: str = "native",
@@ -62,11 +111,13 @@ def _summary(s, run_id: str | None, algo: str, p: Precision, status: str | None 
 def run_grid(store, db_url: str | None, algos: list[str], pairs: list[Precision], build_id: str | None,
              engine: str, preset: str, overrides: dict, jobs: int = 1, log=print,
              verl_args: list[str] | None = None, seeds: list[int] | None = None,
-             ckpt_root=None) -> list[dict]:
+             ckpt_root=None, progress: bool = True) -> list[dict]:
     """Run the grid; `verl_args` (e.g. ["--verl-python", PY, "--gpus", "8"]) runs every cell
     with the verl trainer, one at a time. `seeds` runs every cell once per seed (the run
     config's `seed`), skipping the (cell, seed) pairs that already finished; without it a cell
-    is run once with the preset's seed and skipped when any of its runs finished."""
+    is run once with the preset's seed and skipped when any of its runs finished. `progress`:
+    `log` one line per step of every cell (`<algo> <precision>[ seed N] step …`) and one
+    when it ends."""
     trainer = "native" if verl_args is None else "verl"
     if verl_args is not None:
         jobs = 1
@@ -92,15 +143,26 @@ def run_grid(store, db_url: str | None, algos: list[str], pairs: list[Precision]
     def one(cell) -> str | None:
         a, p, seed = cell
         at = "" if seed is None else f" seed {seed}"
-        args = dict(overrides) if seed is None else {**overrides, "seed": seed}
         log(f"run {a} {p.name}{at} on build {build_id}")
+        rid = _one(cell)
+        if progress and rid is not None:
+            with session(store) as s:
+                log(f"  {a} {p.name}{at}: {_ended_line(s, rid)}")
+        return rid
+
+    def _one(cell) -> str | None:
+        a, p, seed = cell
+        at = "" if seed is None else f" seed {seed}"
+        args = dict(overrides) if seed is None else {**overrides, "seed": seed}
+        label = f"{a} {p.name}{at}"
         if jobs == 1 and verl_args is None:
             cfg = get_preset(preset, **args)
+            cb = (lambda step, total, m: log(f"  {label} {step_line(step, total, m)}")) if progress else None
             try:
                 return start_run(store, a, p, cfg, build_id=build_id, engine=engine, preset=preset,
-                                 ckpt_root=ckpt_root)
+                                 ckpt_root=ckpt_root, progress=cb)
             except Exception as e:  # the failed run is recorded in the store; go on with the grid
-                log(f"  {a} {p.name}{at} failed: {e}")
+                log(f"  {label} failed: {e}")
                 return None
         cmd = [sys.executable, "-m", "bench.cli", "run", "--algo", a, "--dtype", p.name, "--build", build_id,
                "--engine", engine, "--preset", preset, "--json"]
@@ -112,12 +174,14 @@ def run_grid(store, db_url: str | None, algos: list[str], pairs: list[Precision]
             cmd += ["--checkpoint-dir", str(ckpt_root)]
         if db_url:
             cmd += ["--db", db_url]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            err = r.stderr[r.stderr.rfind("error:"):] if "error:" in r.stderr else r.stderr.strip()[-500:]
-            log(f"  {a} {p.name}{at} failed: {' '.join(err.split()) or r.returncode}")
+        if progress:
+            cmd += ["--progress-lines"]
+        code, stdout, stderr = _relay(cmd, lambda line: log(f"  {label} {line}"))
+        if code != 0:
+            err = stderr[stderr.rfind("error:"):] if "error:" in stderr else stderr.strip()[-500:]
+            log(f"  {label} failed: {' '.join(err.split()) or code}")
             return None
-        return json.loads(r.stdout)["id"]
+        return json.loads(stdout)["id"]
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         ids = list(pool.map(one, todo))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -22,6 +24,27 @@ def _run_progress(prog, task):
                     rate=f"reward {m['reward']:.2f}" + (f" split {acc:.2f}" if acc is not None else "")
                     + f" kl {m['kl_k1']:.1e}")
     return cb
+
+
+def _line_progress():
+    """`--progress-lines`: each step as one plain `progress: step …` line on stderr (what a
+    sweep relays from its subprocess cells), in place of the progress bar."""
+    from runners.sweep import PROGRESS_PREFIX, step_line
+
+    def cb(step, total, m):
+        print(PROGRESS_PREFIX + step_line(step, total, m), file=sys.stderr, flush=True)
+    return cb
+
+
+@contextlib.contextmanager
+def _step_progress(lines: bool, bar_callback):
+    """The step callback for a run: the progress bar (`bar_callback(prog, task)`), or plain
+    lines on stderr when `lines`."""
+    if lines:
+        yield _line_progress()
+        return
+    with _progress("steps") as prog:
+        yield bar_callback(prog, prog.add_task("steps", total=None, rate=""))
 
 
 def _print_run_end(run_id: str, store, as_json: bool = False) -> None:
@@ -75,6 +98,9 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
         checkpoint_dir: Optional[Path] = typer.Option(None, help="Default $BENCH_HOME/runs/<run id>."),
         resume: Optional[str] = typer.Option(None, help="Continue run ID from its last checkpoint."),
         as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
+        progress_lines: bool = typer.Option(False, "--progress-lines", hidden=True,
+                                            help="One `progress: step …` line per step on stderr instead of the "
+                                            "bar (what `bench sweep --jobs N` relays from its cells)."),
         db: Optional[str] = DB_OPT):
     """Train one algorithm at one precision pair on a build until it converges, plateaus,
     collapses, diverges or reaches max steps."""
@@ -96,26 +122,25 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
         _seeded_run(algo, dtype, build_id, model, engine, trainer, preset, overrides, seeds, resume,
                     checkpoint_dir, as_json, db)
         return
-    if resume and _resume_verl(resume, db, as_json):
+    if resume and _resume_verl(resume, db, as_json, progress_lines):
         return
     if trainer == "verl":
-        _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, dry_run, gpus, nodes, as_json)
+        _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, dry_run, gpus, nodes, as_json,
+                  progress_lines)
         return
     if not algo and not resume:
         fail("give --algo (see `bench run --algo list`) or --resume RUN_ID")
     store = _store(db)
     try:
-        with _progress("steps") as prog:
-            task = prog.add_task("steps", total=None, rate="")
+        with _step_progress(progress_lines, _run_progress) as cb:
             if resume:
-                run_id = resume_run(store, resume, progress=_run_progress(prog, task))
+                run_id = resume_run(store, resume, progress=cb)
             else:
                 from runners.presets import get_preset
 
                 cfg = get_preset(preset, **overrides)
                 run_id = start_run(store, algo, Precision.parse(dtype), cfg, build_id=build_id, model=model,
-                                   engine=engine, ckpt_root=checkpoint_dir, preset=preset,
-                                   progress=_run_progress(prog, task))
+                                   engine=engine, ckpt_root=checkpoint_dir, preset=preset, progress=cb)
     except (RunError, *_user_errors()) as e:
         fail(str(e))
     _print_run_end(run_id, store, as_json)
@@ -147,11 +172,16 @@ def _seeded_run(algo, dtype, build_id, model, engine, trainer, preset, overrides
                 build_id = resolve_inputs(s, None, model)[0].id
         results = run_grid(store, db, [algo], pairs, build_id, engine, preset,
                            {k: v for k, v in overrides.items() if v is not None}, 1,
-                           log=lambda msg: console.print(msg, highlight=False, markup=False), seeds=seed_list,
+                           log=_log, seeds=seed_list,
                            ckpt_root=checkpoint_dir)
     except (RunError, *_user_errors()) as e:
         fail(str(e))
     _print_grid(results, as_json)
+
+
+def _log(msg: str) -> None:
+    """A sweep's log line on stderr, never wrapped (a step line is longer than 80 columns)."""
+    console.print(msg, highlight=False, markup=False, soft_wrap=True)
 
 
 def _print_grid(results: list[dict], as_json: bool = False) -> None:
@@ -169,7 +199,7 @@ def _print_grid(results: list[dict], as_json: bool = False) -> None:
         raise typer.Exit(1)
 
 
-def _resume_verl(run_id, db, as_json) -> bool:
+def _resume_verl(run_id, db, as_json, progress_lines: bool = False) -> bool:
     """Resume `run_id` if verl ran it (False for a native run)."""
     from bench.store import Run, session
     from runners.trainer import RunError
@@ -181,16 +211,16 @@ def _resume_verl(run_id, db, as_json) -> bool:
         if run is None or run.trainer != "verl":
             return False
     try:
-        with _progress("steps") as prog:
-            task = prog.add_task("steps", total=None, rate="")
-            resume_verl_run(store, run_id, progress=_verl_progress(prog, task))
+        with _step_progress(progress_lines, _verl_progress) as cb:
+            resume_verl_run(store, run_id, progress=cb)
     except RunError as e:
         fail(str(e))
     _print_run_end(run_id, store, as_json)
     return True
 
 
-def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, dry_run, gpus, nodes, as_json) -> None:
+def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, dry_run, gpus, nodes, as_json,
+              progress_lines: bool = False) -> None:
     import shutil
     import uuid
 
@@ -235,9 +265,8 @@ def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, 
         out.print(shell_line(job["argv"], job["env"]), highlight=False, markup=False, soft_wrap=True)
         return
     console.print(f"verl log: {job['root']}/verl.log", highlight=False)
-    with _progress("steps") as prog:
-        task = prog.add_task("steps", total=None, rate="")
-        run_id = start_verl_run(store, algo, p, cfg, preset, job, progress=_verl_progress(prog, task))
+    with _step_progress(progress_lines, _verl_progress) as cb:
+        run_id = start_verl_run(store, algo, p, cfg, preset, job, progress=cb)
     _print_run_end(run_id, store, as_json)
 
 
@@ -292,7 +321,7 @@ def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or a
                                                        "--nodes", str(nodes)]
         results = run_grid(store, db, algos, pairs, build_id, engine, preset,
                            {k: v for k, v in overrides.items() if v is not None}, jobs,
-                           log=lambda msg: console.print(msg, highlight=False, markup=False), verl_args=verl_args,
+                           log=_log, verl_args=verl_args,
                            seeds=seed_list)
     except _user_errors() as e:
         fail(str(e))
