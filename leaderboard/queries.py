@@ -18,6 +18,10 @@ def sanity(status: str | None) -> str:
     return {"converged": "PASS", "running": "RUNNING"}.get(status, "FAIL")
 
 
+# split accuracy as training sees it (rollout format) and as the trained policy answers (train format)
+SPLIT_EVALS = ("split", "split@train")
+
+
 def read_only(engine: Engine) -> Engine:
     """Make every connection of `engine` refuse writes (SQLite query_only, PostgreSQL read-only
     transactions): the app never writes to the store."""
@@ -68,12 +72,12 @@ def runs_frame(engine: Engine, build_id: str | None = None) -> pd.DataFrame:
     tail["max_abs_dp"] = tail[["dp_max", "dp_min"]].max(axis=1)
     runs = runs.merge(tail.drop(columns=["dp_max", "dp_min"]), on="run", how="left")
     best = _read(engine, select(Eval.run_id.label("run"), func.max(Eval.score).label("best_eval"))
-                 .where(Eval.benchmark != "split").group_by(Eval.run_id))
-    last_eval = select(Eval.run_id, func.max(Eval.step).label("s")).where(Eval.benchmark != "split") \
+                 .where(Eval.benchmark.notin_(SPLIT_EVALS)).group_by(Eval.run_id))
+    last_eval = select(Eval.run_id, func.max(Eval.step).label("s")).where(Eval.benchmark.notin_(SPLIT_EVALS)) \
         .group_by(Eval.run_id).subquery()
     lastv = _read(engine, select(Eval.run_id.label("run"), func.avg(Eval.score).label("last_eval"))
                   .join(last_eval, (last_eval.c.run_id == Eval.run_id) & (last_eval.c.s == Eval.step))
-                  .where(Eval.benchmark != "split").group_by(Eval.run_id))
+                  .where(Eval.benchmark.notin_(SPLIT_EVALS)).group_by(Eval.run_id))
     runs = runs.merge(best, on="run", how="left").merge(lastv, on="run", how="left")
     runs["precision"] = [r if r == t else f"{r}→{t}" for r, t in zip(runs.rollout_dtype, runs.train_dtype)]
     runs["sanity"] = [sanity(st) for st in runs.status]
