@@ -45,8 +45,8 @@ def _cli(*args):
 
 def _views(url, runs):
     """What a reader sees: the cell report, the per-run report, each run's `runs show --json`."""
-    cells = json.loads(_cli("report", "--db", url, "--json").stdout)
-    per_run = json.loads(_cli("report", "--runs", "--db", url, "--json").stdout)
+    cells = json.loads(_cli("report", "--db", url, "--json").stdout)["cells"]
+    per_run = json.loads(_cli("report", "--runs", "--db", url, "--json").stdout)["runs"]
     shows = [json.loads(_cli("runs", "show", r, "--db", url, "--json").stdout) for r in runs]
     return cells, per_run, shows
 

@@ -168,11 +168,11 @@ def test_report_ranks_real_runs(store, tmp_path):
     url, _ = store
     r = CliRunner().invoke(app, ["report", "--runs", "--db", url, "--json", "--csv", str(tmp_path / "r.csv")])
     assert r.exit_code == 0, r.output
-    rows = json.loads(r.stdout)
+    rows = json.loads(r.stdout)["runs"]
     assert len(rows) == 4 and {"sanity", "mean_kl", "max_abs_dp", "peak_accuracy"} <= set(rows[0])
     assert (tmp_path / "r.csv").read_text().startswith("run,model,build,algo")
     r = CliRunner().invoke(app, ["report", "--db", url, "--json"])          # one row per cell (one seed each)
-    cells = json.loads(r.stdout)
+    cells = json.loads(r.stdout)["cells"]
     assert len(cells) == 4 and all(c["passes"] in ("0/1", "1/1") and len(c["runs"]) == 1 for c in cells)
 
 

@@ -86,7 +86,7 @@ def test_cells_against_hand_computed_values(tmp_path):
         assert dict(s.execute(select(Run.id, Run.seed)).all())["a2-old"] == 2
     r = CliRunner().invoke(app, ["report", "--db", url, "--json"])
     assert r.exit_code == 0, r.output
-    cells = json.loads(r.stdout)
+    cells = json.loads(r.stdout)["cells"]
     assert [(c["algo"], c["sanity"], c["passes"]) for c in cells] == [
         ("grpo", "PASS", "2/2"), ("pg-seq-is", "FAIL", "2/3"), ("gspo", "RUNNING", "0/1")]
     b, a, c = cells
@@ -109,7 +109,7 @@ def test_cells_against_hand_computed_values(tmp_path):
     r = CliRunner().invoke(app, ["report", "--db", url])
     assert "2/3" in r.stdout and "50 (40–60)" in r.stdout and "0.947 [0.843, 1.050]" in r.stdout
     r = CliRunner().invoke(app, ["report", "--db", url, "--runs", "--json"])
-    assert len(json.loads(r.stdout)) == 7
+    assert len(json.loads(r.stdout)["runs"]) == 7
 
 
 def test_seeds_refusals(tmp_path):
@@ -156,6 +156,6 @@ def test_a_partly_finished_seeded_sweep_resumes_the_missing_pairs(tmp_path):
     assert [x["status"] for x in json.loads(r.stdout)] == ["max_steps (earlier)", "max_steps (earlier)"]
     with session(engine) as s:
         assert s.scalar(select(func.count()).select_from(Run)) == 4
-    cells = json.loads(CliRunner().invoke(app, ["report", "--db", url, "--json"]).stdout)
+    cells = json.loads(CliRunner().invoke(app, ["report", "--db", url, "--json"]).stdout)["cells"]
     assert len(cells) == 1 and cells[0]["passes"] == "0/3" and cells[0]["seeds"] == [0, 1, 2]
     assert len(set(cells[0]["runs"])) == 3 and first[1] not in cells[0]["runs"]    # the rerun stands for seed 1

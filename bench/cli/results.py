@@ -149,26 +149,46 @@ def _print_config_diff(preset, diff) -> None:
 
 @app.command()
 def report(csv: Optional[Path] = typer.Option(None, "--csv", help="Also write the table as CSV."),
-           as_json: bool = typer.Option(False, "--json"), build_id: Optional[str] = typer.Option(None, "--build"),
+           as_json: bool = typer.Option(False, "--json", help="One object: the rows (`cells`, or `runs` with "
+                                        "--runs), the closing `summary` and the paper's `reference` rows."),
+           build_id: Optional[str] = typer.Option(None, "--build"),
            runs: bool = typer.Option(False, "--runs", help="One row per run instead of one per cell."),
            db: Optional[str] = DB_OPT):
     """The leaderboard ranking in the terminal, one row per cell (algorithm × precision on a build) over
     its seeds: PASS only when every seed's run converged (the lower confidence bound of split accuracy,
     pooled over its last evaluations, reached 0.95); passes k/N, peak accuracy mean with a 95% t-interval,
-    median steps to pass (min–max), median KL k3. --runs: one row per run."""
-    from leaderboard.queries import runs_frame
+    median steps to pass (min–max), median KL k3. --runs: one row per run. Then a summary (which cells
+    pass, why each run ended, the bf16 ÷ fp16 mismatch ratios) and, apart and never ranked, the paper's
+    published results for the same algorithm × precision cells."""
+    from leaderboard.cells import cells_frame, ranked_cells
+    from leaderboard.queries import mismatch_frame, runs_frame
+    from leaderboard.reference import matching_rows, paper_offline_mismatch
+    from leaderboard.summary import report_summary
 
-    frame = runs_frame(_store(db), build_id)
-    if frame.empty:
-        if as_json:
-            out.print_json("[]")
-        else:
-            out.print("no runs yet: run `bench build --model tiny-math`, then `bench sweep --algo grpo,pg-seq-is --dtype bf16,fp16`")
+    store = _store(db)
+    frame = runs_frame(store, build_id)
+    key = "runs" if runs else "cells"
+    if frame.empty and not as_json:
+        out.print("no runs yet: run `bench build --model tiny-math`, then `bench sweep --algo grpo,pg-seq-is --dtype bf16,fp16`")
         return
-    if runs:
-        _report_runs(frame, csv, as_json)
-    else:
-        _report_cells(frame, csv, as_json)
+    cells = ranked_cells(cells_frame(frame))
+    try:
+        mismatch = mismatch_frame(store)
+    except Exception:          # a store from before mismatch reports: no offline ratios
+        mismatch = None
+    summary = report_summary(cells, frame, mismatch)
+    from bench.problems import paper_reference
+
+    ref = paper_reference()
+    hit, others = matching_rows(zip(cells.algo, cells.precision))
+    reference = {"source": ref.get("source"), "rows": hit, "others": others,
+                 "offline_mismatch": paper_offline_mismatch(ref)}
+    rows = _report_runs(frame, csv, as_json) if runs else _report_cells(cells, csv, as_json)
+    if as_json:
+        out.print_json(json.dumps({key: rows, "summary": summary, "reference": reference}, default=str))
+        return
+    _print_summary(summary)
+    _print_reference(reference)
 
 
 _SANITY = {"PASS": "[green]PASS[/]", "RUNNING": "[yellow]RUNNING[/]"}
@@ -182,16 +202,16 @@ def _write_csv(df, csv: Optional[Path]) -> None:
             fail(f"cannot write {csv}: {e.strerror or e}")
 
 
-def _report_cells(frame, csv: Optional[Path], as_json: bool) -> None:
-    from leaderboard.cells import cells_frame, ranked_cells
+def _records(df) -> list[dict]:
+    return json.loads(df.to_json(orient="records", double_precision=15)) if not df.empty else []
 
-    df = ranked_cells(cells_frame(frame))
+
+def _report_cells(df, csv: Optional[Path], as_json: bool) -> list[dict] | None:
     flat = df.assign(seeds=df.seeds.map(lambda xs: " ".join("-" if x is None else str(x) for x in xs)),
-                     runs=df.runs.map(" ".join))
+                     runs=df.runs.map(" ".join)) if not df.empty else df
     _write_csv(flat, csv)
     if as_json:
-        out.print_json(df.to_json(orient="records", double_precision=15))
-        return
+        return _records(df)
     t = Table("#", "algo", "precision", "sanity", "passes", "peak (mean, 95% t-interval)", "steps→pass median (min–max)",
               "KL k3 median", "seeds", "run")
     for i, r in enumerate(df.itertuples(), 1):
@@ -206,16 +226,16 @@ def _report_cells(frame, csv: Optional[Path], as_json: bool) -> None:
     out.print(t)
     out.print("peak: mean over seeds with a two-sided 95% Student-t interval (mean ± t(0.975, n−1)·s/√n); "
               "a cell passes only when every seed passes", highlight=False)
+    return None
 
 
-def _report_runs(frame, csv: Optional[Path], as_json: bool) -> None:
+def _report_runs(frame, csv: Optional[Path], as_json: bool) -> list[dict] | None:
     from leaderboard.queries import ranked, report_columns
 
-    df = ranked(frame)[report_columns()]
+    df = ranked(frame)[report_columns()] if not frame.empty else frame
     _write_csv(df, csv)
     if as_json:
-        out.print_json(df.to_json(orient="records", double_precision=15))
-        return
+        return _records(df)
     t = Table("#", "algo", "precision", "sanity", "status", "peak", "final", "steps→pass", "eval", "KL k3", "max|Δp|", "steps", "run")
     for i, r in enumerate(df.itertuples(), 1):
         t.add_row(str(i), r.algo, r.precision, _SANITY.get(r.sanity, "[red]FAIL[/]"), r.status,
@@ -225,6 +245,78 @@ def _report_runs(frame, csv: Optional[Path], as_json: bool) -> None:
                   "-" if r.max_abs_dp != r.max_abs_dp or r.max_abs_dp is None else f"{r.max_abs_dp:.2e}",
                   str(r.steps), r.run)
     out.print(t)
+    return None
+
+
+def _ending(run: dict) -> str:
+    """How one run ended, in words: the step it passed, or its status, steps and stop reason;
+    and the step of the KL early warning when it fired."""
+    seed = "" if run["seed"] is None else f"seed {run['seed']}: "
+    if run["steps_to_pass"] is not None:
+        text = f"converged at step {run['steps_to_pass']}"
+    elif run["status"] == "running":
+        text = f"running, at step {run['steps']}"
+    else:
+        text = f"{run['status']} after {run['steps']} steps" + (f" ({run['stop_reason']})" if run["stop_reason"] else "")
+    if run["kl_warning_step"] is not None:
+        text += f"; KL early warning at step {run['kl_warning_step']}"
+    return seed + text
+
+
+def _print_summary(summary: dict) -> None:
+    from rich.markup import escape
+
+    from leaderboard.summary import ratio_text
+
+    out.print(f"\n[bold]Summary[/]: {summary['pass']} of {summary['cells']} cells pass on every seed "
+              f"({summary['fail']} fail, {summary['running']} running)", highlight=False)
+    for c in summary["per_cell"]:
+        endings = "; ".join(_ending(r) for r in c["runs"]) or c["status"]
+        out.print(f"  {_SANITY.get(c['sanity'], '[red]FAIL[/]')} {escape(c['algo'])} {escape(c['precision'])} "
+                  f"({c['passes']}): {escape(endings)}", highlight=False)
+    ratios = summary["mismatch_ratios"]
+    if ratios:
+        out.print("Mismatch, bf16 ÷ fp16 (median over seeds of each run's mean KL k3 over its last tenth):",
+                  highlight=False)
+        for r in ratios:
+            out.print(f"  {escape(r['algo'])}: {_e(r['kl_k3_bf16'])} ÷ {_e(r['kl_k3_fp16'])} = {ratio_text(r['ratio'])}"
+                      + ("" if len({x['build'] for x in ratios}) == 1 else f" (build {r['build']})"), highlight=False)
+    else:
+        out.print("Mismatch, bf16 ÷ fp16: no algorithm has both a bf16 and an fp16 cell here", highlight=False)
+    for r in summary["offline_mismatch_ratios"]:
+        k1 = f", KL k1 {ratio_text(r.get('ratio_k1'))}" if "ratio_k1" in r else ""
+        out.print(f"Offline mismatch (bench mismatch, {escape(str(r['model']))} on {escape(str(r['source']))}), "
+                  f"bf16 ÷ fp16: KL k3 {_e(r['kl_k3_bf16'])} ÷ {_e(r['kl_k3_fp16'])} = {ratio_text(r['ratio'])}{k1}",
+                  highlight=False)
+
+
+def _e(x) -> str:
+    return "-" if x is None else f"{x:.2e}"
+
+
+def _print_reference(reference: dict) -> None:
+    from rich.markup import escape
+
+    rows, others = reference["rows"], reference["others"]
+    out.print("\n[bold]Reference[/] — the paper's published results (Qi et al. 2025: DeepSeek-R1-Distill-Qwen-1.5B "
+              "on its 1,460-problem split, 8×A100, 2,000+ steps; not ranked with the runs above)", highlight=False)
+    if rows:
+        t = Table("algo", "precision", "source", "peak train acc", "AIME24", "outcome", "note")
+        for r in rows:
+            t.add_row(escape(r["algo"] or "(precision ablation)"), r["precision"], escape(r["source"]),
+                      _f(r["peak_train_acc"]), escape(r["aime24"] or "-"), escape(r["outcome"] or "-"),
+                      escape(r["note"] or ""))
+        out.print(t)
+    else:
+        out.print("  no published result for the algorithm × precision cells of this report", highlight=False)
+    m = reference.get("offline_mismatch")
+    if m and m.get("ratio_bf16_over_fp16"):
+        out.print(f"  paper's offline mismatch, bf16 ÷ fp16: KL {m['kl_bits_bf16']:g} ÷ {m['kl_bits_fp16']:g} bits = "
+                  f"{m['ratio_bf16_over_fp16']:.3g}× ({escape(str(m['ratio_as_published']))} as published)",
+                  highlight=False)
+    if others:
+        out.print(f"  {others} more published row(s) for cells not in this report (the Leaderboard page's "
+                  "Reference expander lists them all)", highlight=False)
 
 
 @app.command()
@@ -250,7 +342,7 @@ def leaderboard(db: Optional[str] = DB_OPT, port: int = typer.Option(8501, help=
 
 @app.command()
 def mismatch(model: str = typer.Option("tiny-math"), dtype: str = typer.Option("all", help="A pair (fp16, "
-             "rollout=fp32,train=bf16), a comma list of dtypes, or all (the nine pairs)."),
+             "rollout=fp32,train=bf16), a comma list of dtypes, all (30 pairs) or all16 (the paper's nine)."),
              source: str = typer.Option("synthetic-hard", help="Problems (any `bench build --source`)."),
              n: int = typer.Option(32, help="Responses per problem."),
              limit: Optional[int] = typer.Option(100, help="First N problems."),

@@ -1,0 +1,106 @@
+"""The closing summary of `bench report`: which cells pass, why each run ended (stop reason,
+the step of the KL early warning), and the mismatch ratios — median KL k3 of the bf16 cell
+over the fp16 cell of the same algorithm on the same build, and the same ratio from the
+offline reports of `bench mismatch` when the store has both. Pure functions of the frames
+`bench report` already reads (`cells_frame`, `runs_frame`, `mismatch_frame`)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+RATIO = ("bf16", "fp16")        # numerator, denominator: the paper's contrast
+
+
+def _num(x) -> float | None:
+    """A finite float, else None (NaN, None and pandas' NA read as missing)."""
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _int(x) -> int | None:
+    x = _num(x)
+    return None if x is None else int(x)
+
+
+def _text(x) -> str | None:
+    return x if isinstance(x, str) and x else None
+
+
+def _ratio(a, b) -> float | None:
+    a, b = _num(a), _num(b)
+    return a / b if a is not None and b is not None and b > 0 and a >= 0 else None
+
+
+def _ended(runs: pd.DataFrame, run_ids: list[str]) -> list[dict]:
+    by_id = runs.set_index("run") if not runs.empty else runs
+    out = []
+    for rid in run_ids:
+        if rid not in by_id.index:
+            continue
+        r = by_id.loc[rid]
+        out.append({"run": rid, "seed": _int(r.get("seed")), "status": _text(r.get("status")),
+                    "stop_reason": _text(r.get("stop_reason")), "steps": _int(r.get("steps")),
+                    "steps_to_pass": _int(r.get("steps_to_target")) if r.get("sanity") == "PASS" else None,
+                    "kl_warning_step": _int(r.get("kl_warning_step"))})
+    return out
+
+
+def mismatch_ratios(cells: pd.DataFrame) -> list[dict]:
+    """bf16 over fp16 median KL k3 for every (model, build, trainer, algorithm) with both cells."""
+    if cells.empty:
+        return []
+    num, den = RATIO
+    out = []
+    for (model, build, trainer, algo), g in cells.groupby(["model", "build", "trainer", "algo"], sort=True):
+        kl = dict(zip(g.precision, g.kl_k3_median))
+        if num in kl and den in kl:
+            out.append({"model": model, "build": build, "trainer": trainer, "algo": algo,
+                        f"kl_k3_{num}": _num(kl[num]), f"kl_k3_{den}": _num(kl[den]),
+                        "ratio": _ratio(kl[num], kl[den])})
+    return out
+
+
+def offline_ratios(mismatch: pd.DataFrame | None) -> list[dict]:
+    """bf16/bf16 over fp16/fp16 from the newest offline report of each (model, source)."""
+    if mismatch is None or mismatch.empty or "kl_k3" not in mismatch.columns:
+        return []
+    num, den = RATIO
+    m = mismatch[(mismatch.rollout_dtype == mismatch.train_dtype) & mismatch.rollout_dtype.isin(RATIO)]
+    if "created_at" in m.columns:
+        m = m.sort_values("created_at", kind="stable")
+    out = []
+    for (model, source), g in m.groupby(["model", "source"], sort=True):
+        newest = g.groupby("rollout_dtype").tail(1).set_index("rollout_dtype")
+        if num in newest.index and den in newest.index:
+            a, b = newest.loc[num], newest.loc[den]
+            row = {"model": model, "source": source, f"kl_k3_{num}": _num(a.kl_k3), f"kl_k3_{den}": _num(b.kl_k3),
+                   "ratio": _ratio(a.kl_k3, b.kl_k3)}
+            if "kl_k1" in newest.columns:
+                row.update({f"kl_k1_{num}": _num(a.kl_k1), f"kl_k1_{den}": _num(b.kl_k1),
+                            "ratio_k1": _ratio(a.kl_k1, b.kl_k1)})
+            out.append(row)
+    return out
+
+
+def report_summary(cells: pd.DataFrame, runs: pd.DataFrame, mismatch: pd.DataFrame | None = None) -> dict:
+    """{"cells", "pass", "fail", "running": counts; "per_cell": verdict, passes, status and
+    each run's ending; "mismatch_ratios"; "offline_mismatch_ratios"} for the ranked cells."""
+    per_cell = []
+    for c in cells.itertuples():
+        per_cell.append({"algo": c.algo, "precision": c.precision, "build": c.build, "trainer": c.trainer,
+                         "sanity": c.sanity, "passes": c.passes, "status": c.status,
+                         "steps_to_pass_median": _num(c.steps_to_pass_median),
+                         "kl_k3_median": _num(c.kl_k3_median), "runs": _ended(runs, list(c.runs))})
+    verdicts = [c["sanity"] for c in per_cell]
+    return {"cells": len(per_cell), "pass": verdicts.count("PASS"), "fail": verdicts.count("FAIL"),
+            "running": verdicts.count("RUNNING"), "per_cell": per_cell,
+            "mismatch_ratios": mismatch_ratios(cells), "offline_mismatch_ratios": offline_ratios(mismatch)}
+
+
+def ratio_text(r: float | None) -> str:
+    return "–" if r is None else f"{r:.3g}×"
