@@ -16,102 +16,31 @@ import math
 import os
 import random
 import time
-import uuid
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from sqlalchemy import delete, select
+from sqlalchemy import delete
 
-from bench import calibration, provenance
-from bench.engines import Sampling, make_engine, resolve_engine
+from bench import calibration
+from bench.engines import Sampling, make_engine
+from bench.engines.torch_engine import TorchEngine
 from bench.grading import Grader
 from bench.mismatch import mismatch_metrics
-from bench.models import ModelRef, load_model, load_tokenizer, render_prompt, resolve_model
-from bench.engines.torch_engine import TorchEngine
-from bench.precision import LossScaler, Precision, device_supports, prepare_compute_model
+from bench.models import ModelRef, load_model, load_tokenizer, render_prompt
+from bench.precision import LossScaler, Precision, prepare_compute_model
 from bench.problems import Problem, SourceSpec, load_problems
-from bench.store import Build, Eval, Model, Run, RunStep, bench_home, session
-from bench.store.schema import BuildProblem, utcnow
+from bench.store import Eval, Run, RunStep, session
 
 from . import stop as stop_rules
-from .algos import AlgoConfig, LossInputs, get_loss, leave_one_out_advantages
-from .presets import PRESETS, Benchmark, RunConfig, check_run_config, preset_defaults
+from .algos import LossInputs, get_loss, leave_one_out_advantages
+from .logprobs import pack, response_logprobs
+from .presets import RunConfig
 
-
-class RunError(ValueError):
-    """Bad run input; the message says what is wrong and what to run instead."""
-
-
-# ------------------------------------------------------------------ inputs
-
-def latest_build(s, model: str | None = None) -> Build | None:
-    q = select(Build).where(Build.status == "complete", Build.shard.is_(None))
-    if model:
-        q = q.join(Model, Model.id == Build.model_id).where(Model.name == model)
-    return s.scalars(q.order_by(Build.finished_at.desc())).first()
-
-
-def load_split(s, build_id: str) -> list[Problem]:
-    rows = s.scalars(select(BuildProblem).where(BuildProblem.build_id == build_id, BuildProblem.kept.is_(True))
-                     .order_by(BuildProblem.position)).all()
-    return [Problem(r.problem_id, r.problem, r.answer) for r in rows]
-
-
-def resolve_inputs(s, build_id: str | None, model: str | None) -> tuple[Build, Model, ModelRef]:
-    """The build to train on (given, or the latest complete one) and its model."""
-    if build_id:
-        build = s.get(Build, build_id)
-        if build is None:
-            raise RunError(f"no build {build_id!r}; `bench builds` lists them")
-        if build.status != "complete":
-            raise RunError(f"build {build_id} is {build.status}; finish it with `bench build ... --resume`")
-        if build.shard is not None:
-            raise RunError(f"build {build_id} is shard {build.shard}; merge the shards first with `bench build merge`")
-    else:
-        build = latest_build(s, model)
-        if build is None:
-            raise RunError("no build yet" + (f" for model {model!r}" if model else "")
-                           + f": make one with `bench build --model {model or 'tiny-math'}`")
-    m = s.get(Model, build.model_id)
-    if model and model != m.name:
-        raise RunError(f"build {build.id} was made from model {m.name!r}, not {model!r}")
-    try:
-        ref = resolve_model(m.name)
-    except ValueError:
-        ref = ModelRef(m.name, m.path, False)
-    return build, m, ref
-
-
-# ------------------------------------------------------------------ tensors
-
-def pack(prompt_ids: list[list[int]], responses: list[list[int]], pad: int):
-    """Right-padded prompt+response ids [N, W], attention mask, and for the response tokens
-    their positions in the sequence [N, T], their ids [N, T] and a mask [N, T]."""
-    n = len(responses)
-    width = max(len(p) + len(r) for p, r in zip(prompt_ids, responses))
-    t_max = max(1, max(map(len, responses)))
-    ids = torch.full((n, width), pad, dtype=torch.long)
-    attn = torch.zeros((n, width), dtype=torch.long)
-    tok = torch.full((n, t_max), pad, dtype=torch.long)
-    pos = torch.zeros((n, t_max), dtype=torch.long)
-    mask = torch.zeros((n, t_max))
-    for i, (p, r) in enumerate(zip(prompt_ids, responses)):
-        seq = p + r
-        ids[i, :len(seq)] = torch.tensor(seq)
-        attn[i, :len(seq)] = 1
-        if r:
-            tok[i, :len(r)] = torch.tensor(r)
-            pos[i, :len(r)] = torch.arange(len(p) - 1, len(p) - 1 + len(r))
-            mask[i, :len(r)] = 1
-    return ids, attn, tok, pos, mask
-
-
-def response_logprobs(model, ids, attn, tok, pos) -> torch.Tensor:
-    """log π(y_t) of the response tokens [N, T]: logits cast to fp32 before log-softmax."""
-    logits = model(input_ids=ids, attention_mask=attn).logits
-    logits = logits.gather(1, pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-    return torch.log_softmax(logits.float(), dim=-1).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+# The run bookkeeping lives in runners/runs.py, the tensors in runners/logprobs.py; their names
+# stay importable from here (`from runners.trainer import start_run`, ...).
+from .runs import (SPLIT_ESTIMATOR, RunError, _check_ckpt_dir, _train, config_from_dict,  # noqa: F401
+                   latest_build, load_split, record_end, record_failure, resolve_inputs, resumable_run,
+                   resume_run, start_run)
 
 
 def _norm_order(x: float) -> float:
@@ -416,108 +345,3 @@ class NativeTrainer:
             run.kl_warning_step = self.stop_state.kl_warning_step
             if converged:
                 run.steps_to_target, run.wall_to_target = self.step, self.wall
-
-
-# ------------------------------------------------------------------ entry points
-
-SPLIT_ESTIMATOR = "avg@{m} of fresh rollout-engine samples over every split problem (native)"
-
-
-def _check_ckpt_dir(path: Path) -> None:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise RunError(f"checkpoint directory {path} is not writable: {e.strerror or e}") from None
-
-
-def start_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: str | None = None,
-              model: str | None = None, engine: str = "torch", ckpt_root: Path | None = None,
-              preset: str = "tiny", progress=None, rollout_engine=None) -> str:
-    """Validate everything, create the run row, train; returns the run id."""
-    get_loss(algo)
-    check_run_config(cfg)
-    engine = resolve_engine(engine)
-    for d in {precision.rollout, precision.train}:
-        if not device_supports(d):
-            raise RunError(f"{d} is not supported on this device; choose another --dtype")
-    if cfg.samples_per_prompt < 2:
-        raise RunError("samples per prompt must be >= 2 (leave-one-out advantages)")
-    with session(store) as s:
-        build, m, ref = resolve_inputs(s, build_id, model)
-        split = load_split(s, build.id)
-        if not split:
-            raise RunError(f"build {build.id} kept no problems; rebuild with another --band or model")
-        run_id = uuid.uuid4().hex[:12]
-        ckpt_dir = Path(ckpt_root or bench_home() / "runs") / run_id
-        _check_ckpt_dir(ckpt_dir)
-        config = {"preset": preset, **asdict(cfg)}
-        facts = provenance.collect("cpu", precision.train, split_accuracy_estimator=SPLIT_ESTIMATOR.format(
-            m=cfg.eval_split_m), preset_defaults=preset_defaults(preset) if preset in PRESETS else None)
-        s.add(Run(id=run_id, model_id=m.id, build_id=build.id, algo=algo, rollout_dtype=precision.rollout,
-                  train_dtype=precision.train, trainer="native", engine=engine, config=config, status="running",
-                  checkpoint_dir=str(ckpt_dir), provenance=facts))
-    _train(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress, rollout_engine)
-    return run_id
-
-
-def config_from_dict(c: dict) -> RunConfig:
-    """The RunConfig stored with a run (asdict form) back as dataclasses."""
-    c = {k: v for k, v in c.items() if k not in ("preset", "verl")}
-    return RunConfig(**{**c, "algo": AlgoConfig(**c["algo"]), "stop": stop_rules.StopConfig(**c["stop"]),
-                        "benchmarks": [Benchmark(**b) for b in c["benchmarks"]]})
-
-
-def resumable_run(s, run_id: str) -> Run:
-    """The run `run_id` if it can be continued (killed or failed), else RunError."""
-    run = s.get(Run, run_id)
-    if run is None:
-        raise RunError(f"no run {run_id!r}; `bench runs` lists them")
-    if run.status not in ("running", "failed"):
-        raise RunError(f"run {run_id} already ended ({run.status}: {run.stop_reason})")
-    return run
-
-
-def record_failure(store, run_id: str, e: BaseException) -> None:
-    """Mark a run failed (resumable) by the exception that stopped it."""
-    with session(store) as s:
-        run = s.get(Run, run_id)
-        run.status = stop_rules.FAILED
-        run.stop_reason = "interrupted" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"[:1000]
-
-
-def record_end(store, run_id: str, status: str, reason: str) -> None:
-    with session(store) as s:
-        run = s.get(Run, run_id)
-        run.status, run.stop_reason, run.updated_at = status, reason[:4000], utcnow()
-
-
-def resume_run(store, run_id: str, progress=None) -> str:
-    """Continue a killed or failed run from its last checkpoint."""
-    with session(store) as s:
-        run = resumable_run(s, run_id)
-        build, m, ref = resolve_inputs(s, run.build_id, None)
-        split = load_split(s, build.id)
-        cfg = config_from_dict(run.config)
-        algo, precision, engine, ckpt_dir = run.algo, Precision(run.rollout_dtype, run.train_dtype), run.engine, Path(run.checkpoint_dir)
-    _check_ckpt_dir(ckpt_dir)
-    _train(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress)
-    return run_id
-
-
-def _train(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress, rollout_engine=None) -> None:
-    trainer = None
-    try:
-        trainer = NativeTrainer(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress,
-                                rollout_engine)
-        trainer.load_checkpoint()
-        status, reason = trainer.fit()
-    except BaseException as e:
-        record_failure(store, run_id, e)
-        raise
-    finally:
-        if trainer is not None:
-            trainer.close()
-    record_end(store, run_id, status, reason)
