@@ -62,7 +62,8 @@ def test_paper_offline_mismatch():
 def _store(url):
     """pg-seq-is fp16 (seed 0 converged at 37, seed 1 converged at 45), pg-seq-is bf16 (max_steps,
     KL warning at step 12), grpo bf16 (collapsed), grpo fp32 (running); KL k3 by run; offline
-    mismatch reports for bf16 and fp16 (an older bf16 one is superseded)."""
+    mismatch reports for bf16 and fp16 (an older bf16 one is superseded); run f0's config has
+    threads None (a missing value for the Compare page)."""
     engine = open_store(url)
     t0 = datetime(2026, 1, 1)
     with session(engine) as s:
@@ -82,7 +83,8 @@ def _store(url):
                 ("r0", "grpo", "fp32", 0, "running", None, 0.60, None, 20, None, 1e-6)]
         for i, (rid, algo, dt, seed, status, reason, peak, to_target, step, warn, kl) in enumerate(rows):
             s.add(Run(id=rid, model_id=m.id, build_id="b0", algo=algo, rollout_dtype=dt, train_dtype=dt,
-                      trainer="native", engine="torch", config={"preset": "tiny", "seed": seed}, status=status,
+                      trainer="native", engine="torch", status=status,
+                      config={"preset": "tiny", "seed": seed, "threads": None if rid == "f0" else 1},
                       stop_reason=reason, peak_accuracy=peak, steps_to_target=to_target, step=step,
                       kl_warning_step=warn, created_at=t0 + timedelta(minutes=i)))
             s.flush()

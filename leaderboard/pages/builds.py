@@ -4,7 +4,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from leaderboard import data
+from leaderboard import data, display
 
 st.title("Builds")
 url = data.store_url()
@@ -45,7 +45,7 @@ if not probs.empty:
     view = probs if not bucket else probs[probs.bucket.isin(bucket)]
     if text:
         view = view[view.problem.str.contains(text, case=False, regex=False)]
-    st.dataframe(view, hide_index=True, width="stretch",
-                 column_config={"accuracy": st.column_config.ProgressColumn("accuracy", min_value=0, max_value=1)})
+    display.dataframe(view, hide_index=True, width="stretch",
+                      column_config={"accuracy": st.column_config.ProgressColumn("accuracy", min_value=0, max_value=1)})
 with st.expander("Manifest"):
     st.json(m)

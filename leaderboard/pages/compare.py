@@ -5,7 +5,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from leaderboard import data
+from leaderboard import data, display
 from leaderboard.cells import cells_frame, ranked_cells
 
 st.title("Compare cells")
@@ -48,8 +48,8 @@ for r, k in run_cell.items():
     flat = pd.json_normalize({"algo": info["algo"], "rollout_dtype": info["rollout_dtype"],
                               "train_dtype": info["train_dtype"], "engine": info["engine"],
                               "build": info["build_id"], **(info["config"] or {})}, sep=".")
-    configs[f"{label[k]} · {r}"] = flat.iloc[0].map(str)
+    configs[f"{label[k]} · {r}"] = flat.iloc[0].map(display.cell_text)
 table = pd.DataFrame(configs)
 if st.toggle("Only keys that differ", value=True):
     table = table[table.nunique(axis=1) > 1]
-st.dataframe(table, width="stretch")
+display.dataframe(table, width="stretch")

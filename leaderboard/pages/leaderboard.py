@@ -1,11 +1,14 @@
 """One row per cell (algorithm × precision on a build) over its seeds: does it pass the sanity
 test on every seed (k/N), how high and how surely (mean peak with a 95% t-interval), how fast
-(median steps to pass, min–max), how large the mismatch (median KL k3). Single runs one click down."""
+(median steps to pass, min–max), how large the mismatch (median KL k3). Single runs one click down.
+Below, apart and never ranked: the paper's published results (Reference)."""
 
+import pandas as pd
 import streamlit as st
 
-from leaderboard import data
+from leaderboard import data, display
 from leaderboard.cells import INTERVAL, cell_columns, cells_frame, ranked_cells
+from leaderboard.reference import matching_rows, paper_offline_mismatch, reference_rows
 
 st.title("Leaderboard")
 url, runs = data.runs_or_stop()
@@ -35,7 +38,7 @@ cols = st.multiselect("Columns", cell_columns(), default=default)
 passed = int((cells.sanity == "PASS").sum()) if not cells.empty else 0
 st.caption(f"{len(cells)} cells · {passed} pass the sanity test on every seed (a seed passes when its run converged: "
            f"the 90% lower bound of split accuracy, pooled over the last evaluations, ≥ 95%) · peak: {INTERVAL}")
-st.dataframe(
+display.dataframe(
     cells[cols], hide_index=True, width="stretch",
     column_config={
         "peak_mean": st.column_config.ProgressColumn("peak acc (mean)", min_value=0, max_value=1, format="%.3f"),
@@ -52,6 +55,25 @@ for c in ("seeds", "runs"):
     if c in flat:
         flat[c] = flat[c].map(lambda xs: " ".join("-" if x is None else str(x) for x in xs))
 st.download_button("Download CSV", flat.to_csv(index=False).encode(), "leaderboard.csv", "text/csv")
+
+with st.expander("Reference: the paper's published results (not ranked)"):
+    refs = reference_rows()
+    here, _ = matching_rows(zip(cells.algo, cells.precision), refs)
+    table = pd.DataFrame([{"on this page": any(r is h for h in here), **r} for r in refs])
+    table = table.sort_values("on this page", ascending=False, kind="stable")
+    st.caption(f"Qi et al. 2025 on DeepSeek-R1-Distill-Qwen-1.5B (its 1,460-problem perfectible split, 8×A100, "
+               f"2,000+ steps), read from the paper's text (packaged paper_reference.json): another model and "
+               f"scale, so a row to compare a cell's outcome with, never a rank. {len(here)} of {len(refs)} rows are "
+               "for an algorithm × precision cell shown above (a precision-ablation row, which names no "
+               "algorithm, matches any cell at its precision).")
+    display.dataframe(table, hide_index=True, width="stretch", column_config={
+        "algo": st.column_config.TextColumn("algo", help="– : the paper's precision ablation (no algorithm named)"),
+        "peak_train_acc": st.column_config.NumberColumn("peak train acc", format="%.2f"),
+        "aime24": st.column_config.TextColumn("AIME24 (avg@32)")})
+    m = paper_offline_mismatch()
+    if m and m.get("ratio_bf16_over_fp16"):
+        st.caption(f"The paper's offline mismatch: KL[μ‖π] {m['kl_bits_bf16']:g} bits in bf16 vs "
+                   f"{m['kl_bits_fp16']:g} in fp16, {m['ratio_bf16_over_fp16']:.3g}× ({m['setup']}).")
 
 label = {}
 seed_of = runs.set_index("run").seed.to_dict()

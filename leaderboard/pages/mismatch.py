@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from leaderboard import data
+from leaderboard import data, display
 
 st.title("Training–inference mismatch")
 url = data.store_url()
@@ -15,7 +15,7 @@ view = reports[reports.model == model]
 cols = [c for c in ("rollout_dtype", "train_dtype", "source", "n", "kl_k1", "kl_k1_bits", "kl_k3", "prob_abs_diff_mean",
                     "prob_diff_max", "prob_diff_min", "log_ratio_slope", "log_ratio_slope_se", "created_at")
         if c in view.columns]
-st.dataframe(view[cols], hide_index=True, width="stretch")
+display.dataframe(view[cols], hide_index=True, width="stretch")
 for r in view.itertuples():
     plots = r.plots or {}
     if plots:
