@@ -193,7 +193,10 @@ def synthetic_examples(split: str, n: int, seed: int = 0, test_fraction: float =
     solves 0.125–0.141 of the first 64 (the tiny preset's benchmark: avg@4 at T=0.6, top-p 0.95,
     64 tokens, torch engine, the trainer's eval seeds for steps 0/10/20; fp32 0.125/0.137/0.137,
     bf16 0.129/0.141/0.137, fp16 0.125/0.137/0.137). It fails mostly at the second step, the
-    three-digit subtraction, which training on a split of the same kinds can improve."""
+    three-digit subtraction, which training on a split of the same kinds improves: pg-seq-is in
+    fp32 on the default tiny build (tiny preset, 60 steps) read 0.125, 0.148, 0.148, 0.117,
+    0.145, 0.191, 0.176 at steps 0, 10, …, 60 while split accuracy rose 0.49 → 0.81 (each
+    reading ±0.02 of sampling noise)."""
     if split not in SYNTHETIC_SPLITS:
         raise SourceError(f"unknown synthetic split {split!r}; choose one of {', '.join(SYNTHETIC_SPLITS)}")
     if split == "synthetic-hard":
