@@ -1,9 +1,24 @@
 """Tensors of the training engine: a batch of prompt + response ids packed for one forward,
-and log π of the sampled response tokens."""
+and log π of the sampled response tokens.
+
+`response_logprobs` never holds the [N, T, V] logits of a batch: it runs the model's body
+once (hidden states [N, W, H]), keeps the response positions ([N, T, H]) and applies the
+model's own `lm_head` (whatever a format made of it: quantized, fp32 "head32", tied to the
+embedding) to a chunk of positions at a time, taking log-softmax in fp32 per chunk and
+gathering the sampled tokens. With grad, each chunk is recomputed in backward
+(torch.utils.checkpoint), so autograd keeps only the hidden states, not the chunk logits.
+Per chunk the arithmetic is the full-logits function's (`full_response_logprobs`), so the
+values are the same bits on CPU; the memory is one chunk's logits: at most
+`max_logit_elements` values (default 2^26: 256 MiB in fp32), e.g. for 8 responses of 8,192
+tokens over Qwen's 151,936-token vocabulary 55 positions per chunk instead of 40 GB at once.
+"""
 
 from __future__ import annotations
 
 import torch
+from torch.utils.checkpoint import checkpoint
+
+LOGIT_CHUNK_ELEMENTS = 2 ** 26          # values of one chunk's logits (fp32: 256 MiB)
 
 
 # ------------------------------------------------------------------ tensors
@@ -30,8 +45,75 @@ def pack(prompt_ids: list[list[int]], responses: list[list[int]], pad: int):
     return ids, attn, tok, pos, mask
 
 
-def response_logprobs(model, ids, attn, tok, pos) -> torch.Tensor:
-    """log π(y_t) of the response tokens [N, T]: logits cast to fp32 before log-softmax."""
+def full_response_logprobs(model, ids, attn, tok, pos) -> torch.Tensor:
+    """log π(y_t) of the response tokens [N, T] from the whole [N, W, V] logits of one
+    forward, cast to fp32 before log-softmax: the reference `response_logprobs` equals, and
+    the fallback for a model whose head cannot be applied on its own."""
     logits = model(input_ids=ids, attention_mask=attn).logits
     logits = logits.gather(1, pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
     return torch.log_softmax(logits.float(), dim=-1).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+
+
+# post-head logit transforms that some architectures apply in their CausalLM forward and that
+# `lm_head` alone would miss; soft-capping is applied here, the others fall back to the full path
+_UNSUPPORTED_SCALES = ("logits_scaling", "logit_scale", "output_multiplier", "lm_head_multiplier")
+
+
+def split_head(model):
+    """(body, head) of a transformers causal LM such that logits = head(body(...).last_hidden_state),
+    or None when the model does more after its head than bench knows (then the full path).
+    `head` is `model.lm_head` as it is now (a format may have patched or replaced it), with
+    the config's `final_logit_softcapping` (Gemma 2/3) applied when set. A tied head is the
+    embedding's Parameter: its gradient reaches that one tensor from both uses."""
+    cfg = getattr(model, "config", None)
+    body = getattr(model, "base_model", None)
+    head = getattr(model, "lm_head", None)
+    if cfg is None or head is None or body is None or body is model:
+        return None
+    text = getattr(cfg, "text_config", None) or cfg
+    for c in (cfg, text):
+        if any(getattr(c, k, None) not in (None, 1, 1.0) for k in _UNSUPPORTED_SCALES):
+            return None
+    if any(getattr(m, "lm_head_multiplier", None) is not None for m in (model, body)):
+        return None
+    cap = getattr(text, "final_logit_softcapping", None)
+    if not cap:
+        return body, head
+
+    def capped(h):
+        return torch.tanh(head(h) / cap) * cap
+    return body, capped
+
+
+def _chunk_logprobs(head, h: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
+    """log-softmax in fp32 of head(h) [N, c, V], at the tokens `tok` [N, c]."""
+    return torch.log_softmax(head(h).float(), dim=-1).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+
+
+def response_logprobs(model, ids, attn, tok, pos, max_logit_elements: int | None = None,
+                      chunk: int | None = None) -> torch.Tensor:
+    """log π(y_t) of the response tokens [N, T] (ids/attn [N, W]; tok, pos [N, T] from `pack`):
+    the body's hidden states at the response positions, then `lm_head` and fp32 log-softmax
+    over `chunk` positions at a time (default: as many as keep one chunk's logits within
+    `max_logit_elements`, LOGIT_CHUNK_ELEMENTS unless given). Equal to
+    `full_response_logprobs` (same bits per chunk on CPU), with or without grad."""
+    parts = split_head(model)
+    if parts is None:
+        return full_response_logprobs(model, ids, attn, tok, pos)
+    body, head = parts
+    h = body(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
+    h = h.gather(1, pos.unsqueeze(-1).expand(-1, -1, h.shape[-1]))          # [N, T, H]
+    n, t = tok.shape
+    if chunk is None:
+        vocab = getattr(model.config, "vocab_size", None) or getattr(getattr(model.config, "text_config", None),
+                                                                     "vocab_size")
+        chunk = max(1, (max_logit_elements or LOGIT_CHUNK_ELEMENTS) // max(1, n * vocab))
+    if chunk >= t:
+        return _chunk_logprobs(head, h, tok)
+    recompute = torch.is_grad_enabled() and h.requires_grad
+    out = []
+    for t0 in range(0, t, chunk):
+        hc, tc = h[:, t0:t0 + chunk], tok[:, t0:t0 + chunk]
+        out.append(checkpoint(_chunk_logprobs, head, hc, tc, use_reentrant=False) if recompute
+                   else _chunk_logprobs(head, hc, tc))
+    return torch.cat(out, dim=1)

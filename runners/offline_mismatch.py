@@ -18,7 +18,7 @@ from bench.precision import Precision, prepare_compute_model
 from bench.problems import SourceSpec, load_problems
 from bench.store import MismatchReport, bench_home, get_or_create_model, session
 
-from .trainer import pack, response_logprobs
+from .logprobs import pack, response_logprobs
 
 
 @dataclass
