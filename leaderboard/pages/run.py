@@ -5,7 +5,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from leaderboard import data
+from leaderboard import data, display
 
 st.title("Run")
 url, runs = data.runs_or_stop()
@@ -109,8 +109,8 @@ def _config_diff():
     else:
         st.caption(f"Settings that differ from preset {preset}'s defaults (besides the algorithm and the "
                    f"precision pair {info['rollout_dtype']} → {info['train_dtype']}):")
-        st.dataframe(pd.DataFrame([{"setting": k, f"preset {preset}": str(a), "this run": str(b)} for k, a, b in diff]),
-                     hide_index=True, width="stretch")
+        display.dataframe(pd.DataFrame([{"setting": k, f"preset {preset}": a, "this run": b} for k, a, b in diff]),
+                          hide_index=True, width="stretch")
 
 
 _config_diff()
