@@ -70,6 +70,8 @@ case "${1:-}" in
     # build the split, train two algorithms at bf16 and fp16, rank them (DEMO_STEPS per cell)
     setup
     bench build --model tiny-math --engine torch     # reuses an identical complete build
+    # offline μ vs π for fp16, bf16 and fp8 rollouts (the Mismatch page; the report's ratios)
+    bench mismatch --model tiny-math --dtype "fp16;bf16;rollout=fp8,train=fp16" --limit 32 --n 8
     bench sweep --algo pg-seq-is,grpo --dtype bf16,fp16 --max-steps "${DEMO_STEPS:-40}"
     bench report
     ;;
