@@ -52,14 +52,25 @@ class AlgoConfig:
 LossFn = Callable[[LossInputs, AlgoConfig], tuple[torch.Tensor, dict[str, float]]]
 REGISTRY: dict[str, LossFn] = {}
 DESCRIPTIONS: dict[str, str] = {}
+MEAN_OVER: dict[str, str] = {}     # what the loss averages over: "sequences" (all) or "nonempty" (≥ 1 token)
 
 
-def register_loss(name: str, description: str):
+def register_loss(name: str, description: str, mean_over: str = "sequences"):
     def deco(fn: LossFn) -> LossFn:
         REGISTRY[name] = fn
         DESCRIPTIONS[name] = description
+        MEAN_OVER[name] = mean_over
         return fn
     return deco
+
+
+def sequences_in_mean(name: str, mask: torch.Tensor) -> int:
+    """How many of the sequences of `mask` [B, T] the loss `name` averages over: all B, or for
+    GSPO those with at least one token. A loss over a batch split in parts equals the sum of
+    the parts' losses each weighted by its share of this count (the trainer's micro-batches)."""
+    if MEAN_OVER.get(name, "sequences") == "nonempty":
+        return int((mask.sum(-1) > 0).sum().item())
+    return int(mask.shape[0])
 
 
 def get_loss(name: str) -> LossFn:
@@ -166,7 +177,8 @@ def grpo_seq_mis(x: LossInputs, cfg: AlgoConfig):
                   **ratio_stats(lrho, "is_weight")}
 
 
-@register_loss("gspo", "GSPO: sequence ratio s = geometric mean of r_t, clipped to [1−3e-4, 1+4e-4]")
+@register_loss("gspo", "GSPO: sequence ratio s = geometric mean of r_t, clipped to [1−3e-4, 1+4e-4]",
+               mean_over="nonempty")
 def gspo(x: LossInputs, cfg: AlgoConfig):
     """L = mean_i [ −min(s_i A_i, clip(s_i, 1−lo, 1+hi) A_i) ] over sequences with ≥ 1 token,
     s_i = exp(mean_t (logp_t − logp_old_t))."""

@@ -43,6 +43,24 @@ class RunConfig:
     checkpoint_every: int = 10
     seed: int = 0
     threads: int | None = 1             # torch threads (one is often faster on a busy 2-core box)
+    max_tokens_per_microbatch: int | None = None
+                                        # run each mini-batch's forward/backward (and the π_old and
+                                        #   calibration forwards) in micro-batches of at most this many
+                                        #   padded prompt+response tokens (rows × longest row), summing
+                                        #   the gradients into the one optimizer step: the same step as
+                                        #   the whole mini-batch's, up to float rounding (each micro-batch's
+                                        #   loss weighted by its share of the sequences the loss averages
+                                        #   over). A longer sequence is a micro-batch of its own. None: the
+                                        #   whole mini-batch in one forward/backward (the same bits as before)
+    gradient_checkpointing: bool = False
+                                        # recompute each decoder layer's activations in backward
+                                        #   (transformers' gradient_checkpointing_enable on the training
+                                        #   compute model): activation memory of one layer instead of all,
+                                        #   about one more forward of compute
+    gpu_memory_utilization: float = 0.5 # --engine vllm: the fraction of the GPU vLLM may take for its
+                                        #   weights and KV cache; on one GPU shared with the native trainer
+                                        #   leave room for the fp32 master, AdamW state, gradients and the
+                                        #   compute copy (README: "One GPU")
     loss_scale_init: float = 2.0 ** 16  # fp16 dynamic loss scaling
     loss_scale_growth_interval: int = 400
     loss_scale_backoff: float = 0.5
@@ -83,6 +101,10 @@ def check_run_config(cfg: RunConfig) -> RunConfig:
             "of precision (benchmarks keep their own sampling)")
     if cfg.max_nonfinite_in_a_row < 1:
         raise ValueError("max_nonfinite_in_a_row must be >= 1")
+    if cfg.max_tokens_per_microbatch is not None and cfg.max_tokens_per_microbatch < 1:
+        raise ValueError("max_tokens_per_microbatch must be >= 1 (or unset: the whole mini-batch at once)")
+    if not 0 < cfg.gpu_memory_utilization <= 1:
+        raise ValueError("gpu_memory_utilization must lie in (0, 1]")
     return cfg
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from sqlalchemy import select
 
 from bench import provenance
+from bench.device import resolve_device
 from bench.engines import resolve_engine
 from bench.models import ModelRef, resolve_model
 from bench.precision import Precision, device_supports
@@ -84,14 +85,16 @@ def _check_ckpt_dir(path: Path) -> None:
 
 def start_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: str | None = None,
               model: str | None = None, engine: str = "torch", ckpt_root: Path | None = None,
-              preset: str = "tiny", progress=None, rollout_engine=None) -> str:
-    """Validate everything, create the run row, train; returns the run id."""
+              preset: str = "tiny", progress=None, rollout_engine=None, device: str = "cpu") -> str:
+    """Validate everything, create the run row, train; returns the run id. `device`: auto,
+    cpu or cuda[:i] (bench/device.py), kept in the run's provenance."""
     get_loss(algo)
     check_run_config(cfg)
     engine = resolve_engine(engine)
+    device = resolve_device(device)
     for d in {precision.rollout, precision.train}:
-        if not device_supports(d):
-            raise RunError(f"{d} is not supported on this device; choose another --dtype")
+        if not device_supports(d, device):
+            raise RunError(f"{d} is not supported on {device}; choose another --dtype")
     if cfg.samples_per_prompt < 2:
         raise RunError("samples per prompt must be >= 2 (leave-one-out advantages)")
     with session(store) as s:
@@ -103,12 +106,12 @@ def start_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: 
         ckpt_dir = Path(ckpt_root or bench_home() / "runs") / run_id
         _check_ckpt_dir(ckpt_dir)
         config = {"preset": preset, **asdict(cfg)}
-        facts = provenance.collect("cpu", precision.train, split_accuracy_estimator=SPLIT_ESTIMATOR.format(
+        facts = provenance.collect(device, precision.train, split_accuracy_estimator=SPLIT_ESTIMATOR.format(
             m=cfg.eval_split_m), preset_defaults=preset_defaults(preset) if preset in PRESETS else None)
         s.add(Run(id=run_id, model_id=m.id, build_id=build.id, algo=algo, rollout_dtype=precision.rollout,
                   train_dtype=precision.train, trainer="native", engine=engine, config=config, status="running",
                   checkpoint_dir=str(ckpt_dir), provenance=facts))
-    _train(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress, rollout_engine)
+    _train(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress, rollout_engine, device)
     return run_id
 
 
@@ -143,26 +146,36 @@ def record_end(store, run_id: str, status: str, reason: str) -> None:
         run.status, run.stop_reason, run.updated_at = status, reason[:4000], utcnow()
 
 
-def resume_run(store, run_id: str, progress=None) -> str:
-    """Continue a killed or failed run from its last checkpoint."""
+def resume_run(store, run_id: str, progress=None, device: str | None = None) -> str:
+    """Continue a killed or failed run from its last checkpoint, on `device` (default: the
+    device it started on; a resume elsewhere is appended to its provenance's `resumes`)."""
     with session(store) as s:
         run = resumable_run(s, run_id)
         build, m, ref = resolve_inputs(s, run.build_id, None)
         split = load_split(s, build.id)
         cfg = config_from_dict(run.config)
         algo, precision, engine, ckpt_dir = run.algo, Precision(run.rollout_dtype, run.train_dtype), run.engine, Path(run.checkpoint_dir)
+        started_on = (run.provenance or {}).get("device", "cpu")
+        try:
+            device = resolve_device(device or started_on)
+        except ValueError as e:
+            raise RunError(f"run {run_id} started on {started_on}: {e}") from None
+        if device != started_on:
+            run.provenance = {**(run.provenance or {}), "resumes": [*(run.provenance or {}).get("resumes", []),
+                                                                     {"step": run.step, "device": device}]}
     _check_ckpt_dir(ckpt_dir)
-    _train(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress)
+    _train(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress, device=device)
     return run_id
 
 
-def _train(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress, rollout_engine=None) -> None:
+def _train(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress, rollout_engine=None,
+           device: str = "cpu") -> None:
     from .trainer import NativeTrainer     # runners/trainer.py re-exports this module's names
 
     trainer = None
     try:
         trainer = NativeTrainer(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress,
-                                rollout_engine)
+                                rollout_engine, device)
         trainer.load_checkpoint()
         status, reason = trainer.fit()
     except BaseException as e:

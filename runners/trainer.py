@@ -1,12 +1,15 @@
-"""The native trainer: one process, CPU or one GPU.
+"""The native trainer: one process, CPU or one GPU (`device`: bench/device.py).
 
 Per step: sample B prompts × G responses with the rollout engine (μ log-probs) → grade →
 π_old log-probs with the training engine (the extra forward) → leave-one-out advantages →
 `updates_per_batch` mini-batch updates of the registered loss → push the new weights to the
-rollout engine. fp32 master weights and AdamW state; forward and backward run on a compute
-copy in the train dtype; logits go to fp32 before log-softmax; fp16 uses dynamic loss scaling.
-Metrics land in the store every step; checkpoints every N steps make a killed run resumable
-with no gap and no duplicate step.
+rollout engine. The training engine (runners/train_engine.py): fp32 master weights and AdamW
+state; forward and backward on a compute copy in the train dtype, in micro-batches of a token
+budget when set; log-softmax in fp32 over chunks of the logits (runners/logprobs.py); fp16
+uses dynamic loss scaling. Master, compute copy, built-in rollout engine and batches live on
+the run's device. Metrics land in the store every step (with the step's peak memory and
+tokens/s); checkpoints every N steps make a killed run resumable with no gap and no
+duplicate step.
 """
 
 from __future__ import annotations
@@ -22,19 +25,21 @@ import torch
 from sqlalchemy import delete
 
 from bench import calibration
+from bench.device import peak_memory_mb, reset_peak_memory, synchronize
 from bench.engines import Sampling, make_engine
 from bench.engines.torch_engine import TorchEngine
 from bench.grading import Grader
 from bench.mismatch import mismatch_metrics
 from bench.models import ModelRef, load_model, load_tokenizer, render_prompt
-from bench.precision import LossScaler, Precision, prepare_compute_model
+from bench.precision import Precision
 from bench.problems import Problem, SourceSpec, load_problems
 from bench.store import Eval, Run, RunStep, session
 
 from . import stop as stop_rules
 from .algos import LossInputs, get_loss, leave_one_out_advantages
-from .logprobs import pack, response_logprobs
+from .logprobs import pack, response_logprobs  # noqa: F401  (importable from here as before)
 from .presets import RunConfig
+from .train_engine import Batch, TrainingEngine
 
 # The run bookkeeping lives in runners/runs.py, the tensors in runners/logprobs.py; their names
 # stay importable from here (`from runners.trainer import start_run`, ...).
@@ -52,20 +57,17 @@ def _norm_order(x: float) -> float:
 
 class NativeTrainer:
     def __init__(self, store, run_id: str, cfg: RunConfig, algo: str, precision: Precision, engine: str,
-                 ref: ModelRef, split: list[Problem], ckpt_dir: Path, progress=None, rollout_engine=None):
+                 ref: ModelRef, split: list[Problem], ckpt_dir: Path, progress=None, rollout_engine=None,
+                 device: str = "cpu"):
         self.store, self.run_id, self.cfg, self.algo, self.precision = store, run_id, cfg, algo, precision
         self.loss_fn = get_loss(algo)
         self.ckpt_dir, self.progress, self.ref = ckpt_dir, progress, ref
+        self.device = torch.device(device)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.tok = load_tokenizer(ref)
-        self.master = load_model(ref, torch.float32)
-        self.master.train()
-        self.compute = (self.master if precision.train == "fp32"
-                        else prepare_compute_model(copy.deepcopy(self.master), precision.train))
-        self.opt = torch.optim.AdamW(self.master.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        self.scaler = LossScaler(precision.train == "fp16", cfg.loss_scale_init, cfg.loss_scale_growth_interval,
-                                 cfg.loss_scale_backoff)
+        self.learner = TrainingEngine(load_model(ref, torch.float32), precision.train, cfg, self.loss_fn, algo,
+                                      self.device)
         self.stop_state = stop_rules.StopState()
         self.step = 0
         self.wall = 0.0
@@ -75,16 +77,35 @@ class NativeTrainer:
         self.benchmarks = [(b, load_problems(SourceSpec(b.source, limit=b.limit))) for b in cfg.benchmarks]
         self.own_engine = rollout_engine is None
         if rollout_engine is None:
-            kw = ({"model": copy.deepcopy(self.master), "tokenizer": self.tok, "track_updates": True}
-                  if engine == "torch" else {})
+            kw = ({"model": copy.deepcopy(self.master), "tokenizer": self.tok, "track_updates": True,
+                   "device": str(self.device)}
+                  if engine == "torch" else {"gpu_memory_utilization": cfg.gpu_memory_utilization})
             rollout_engine = make_engine(engine, ref.path, precision.rollout, **kw)
         else:   # a running engine of the rollout dtype (tests share one vLLM engine): start it at our weights
             rollout_engine.update_weights(self.master.named_parameters())
         self.engine = rollout_engine
         # split accuracy of the training-precision policy too, where it differs from the rollout format
         self.train_sampler = (TorchEngine(ref.path, precision.train, model=self.compute, tokenizer=self.tok,
-                                          prepared=True) if precision.rollout != precision.train else None)
+                                          prepared=True, device=str(self.device))
+                              if precision.rollout != precision.train else None)
         self.grader = Grader()
+
+    # the training engine's state, by the names the checkpoint code has always used
+    @property
+    def master(self):
+        return self.learner.master
+
+    @property
+    def compute(self):
+        return self.learner.compute
+
+    @property
+    def opt(self):
+        return self.learner.opt
+
+    @property
+    def scaler(self):
+        return self.learner.scaler
 
     def close(self) -> None:
         if self.own_engine:
@@ -108,7 +129,7 @@ class NativeTrainer:
     def load_checkpoint(self) -> None:
         """Restore from the last checkpoint (or the start) and drop later steps from the store."""
         if self.ckpt_path.exists():
-            state = torch.load(self.ckpt_path, weights_only=False)
+            state = torch.load(self.ckpt_path, weights_only=False, map_location="cpu")   # state dicts copy to the device
             self.master.load_state_dict(state["model"])
             self.opt.load_state_dict(state["optimizer"])
             for k, v in state["scaler"].items():
@@ -127,10 +148,7 @@ class NativeTrainer:
 
     # ---------------------------------------------------------- pieces
     def _sync_compute(self) -> None:
-        if self.compute is not self.master:
-            with torch.no_grad():
-                for pc, pm in zip(self.compute.parameters(), self.master.parameters()):
-                    pc.copy_(pm)
+        self.learner.sync_compute()
 
     def _step_prompts(self, step: int) -> list[int]:
         """Indices of the B prompts of `step`: epochs over a seeded shuffle of the split."""
@@ -172,39 +190,11 @@ class NativeTrainer:
                 s.merge(Eval(run_id=self.run_id, step=self.step, benchmark=name, n=n, score=r.mean().item()))
         return {name: r.mean().item() for name, (n, r) in scores.items()}
 
-    def _update(self, x: LossInputs, idx: torch.Tensor, batch, logp=None) -> tuple[float, float, dict, bool]:
-        """One mini-batch optimizer step; returns loss, grad norm, loss metrics, whether applied.
-        `logp`: this mini-batch's log-probs with grad, when the caller already has them."""
-        if logp is None:
-            ids, attn, tok, pos = (t[idx] for t in batch)
-            self._sync_compute()
-            logp = response_logprobs(self.compute, ids, attn, tok, pos)
-        mb = LossInputs(logp, x.logp_old[idx], x.logp_rollout[idx], x.mask[idx], x.advantages[idx])
-        loss, metrics = self.loss_fn(mb, self.cfg.algo)
-        self.compute.zero_grad(set_to_none=True)
-        self.opt.zero_grad(set_to_none=True)
-        if torch.isfinite(loss):
-            (loss * self.scaler.scale).backward()
-        if self.compute is not self.master:
-            for pc, pm in zip(self.compute.parameters(), self.master.parameters()):
-                pm.grad = None if pc.grad is None else pc.grad.float() / self.scaler.scale
-        elif self.scaler.scale != 1.0:
-            for p in self.master.parameters():
-                if p.grad is not None:
-                    p.grad /= self.scaler.scale
-        grads = [p.grad for p in self.master.parameters() if p.grad is not None]
-        # the norm is computed (and logged) even when it is inf/nan: that is the divergence signal
-        grad_norm = torch.nn.utils.get_total_norm(grads).item() if grads else float("nan")
-        finite = bool(torch.isfinite(loss)) and math.isfinite(grad_norm)
-        if finite:
-            torch.nn.utils.clip_grads_with_norm_(self.master.parameters(), self.cfg.grad_clip, torch.tensor(grad_norm))
-            self.opt.step()
-        self.scaler.update(finite)      # a skipped step is counted for every dtype
-        return loss.item(), grad_norm, metrics, finite
-
     # ---------------------------------------------------------- one step
     def train_step(self) -> dict[str, float]:
-        cfg, g = self.cfg, self.cfg.samples_per_prompt
+        cfg, g, dev, learner = self.cfg, self.cfg.samples_per_prompt, self.device, self.learner
+        reset_peak_memory(dev)
+        learner.passes = 0
         t0 = time.time()
         idx = self._step_prompts(self.step)
         sp = Sampling(cfg.temperature, cfg.top_p, cfg.max_tokens, seed=cfg.seed * 1_000_003 + self.step)
@@ -212,41 +202,52 @@ class NativeTrainer:
         t1 = time.time()
         rewards = self._score([self.split[i] for i in idx], samples)
         flat = [s for row in samples for s in row]
-        batch = pack([self.prompt_ids[i] for i in idx for _ in range(g)], [s.token_ids for s in flat],
-                     self.tok.pad_token_id)
-        ids, attn, tok, pos, mask = batch
-        logp_rollout = torch.zeros_like(mask)
+        batch = Batch.pack([self.prompt_ids[i] for i in idx for _ in range(g)], [s.token_ids for s in flat],
+                           self.tok.pad_token_id, dev)
+        mask = batch.mask
+        logp_rollout = torch.zeros(mask.shape)
         for i, s in enumerate(flat):
             logp_rollout[i, :len(s.logprobs)] = torch.tensor(s.logprobs)
+        logp_rollout = logp_rollout.to(dev)
+        tt = time.time()
         self._sync_compute()
-        first = None
-        if cfg.updates_per_batch == 1:
+        first, fill_old = None, False
+        if cfg.updates_per_batch == 1 and not cfg.max_tokens_per_microbatch:
             # one update per rollout batch: π_old is π_θ at this very point, so the update's
             # forward (with grad) doubles as the extra π_old forward
-            first = response_logprobs(self.compute, ids, attn, tok, pos)
+            learner.passes += 1
+            first = response_logprobs(self.compute, *batch.tensors)
             logp_old = first.detach() * mask
+        elif cfg.updates_per_batch == 1:
+            # the same in micro-batches: each one's forward with grad gives its π_old (filled in by the update)
+            logp_old, fill_old = torch.zeros_like(mask), True
         else:
-            with torch.no_grad():
-                logp_old = response_logprobs(self.compute, ids, attn, tok, pos) * mask
-        adv = leave_one_out_advantages(rewards.view(-1, g)).view(-1)
+            logp_old = learner.logprobs(batch)
+        adv = leave_one_out_advantages(rewards.view(-1, g)).view(-1).to(dev)
         x = LossInputs(None, logp_old, logp_rollout, mask, adv)  # type: ignore[arg-type]
+        synchronize(dev)
         t2 = time.time()
         gen = torch.Generator().manual_seed(cfg.seed * 7_919 + self.step)
         order = torch.randperm(len(flat), generator=gen)
         losses, norms, loss_metrics, applied = [], [], {}, 0
         for chunk in order.chunk(cfg.updates_per_batch):
-            loss, norm, m, ok = self._update(x, chunk, (ids, attn, tok, pos),
-                                             None if first is None else first[chunk])
+            loss, norm, m, ok = learner.update(x, chunk, batch, None if first is None else first[chunk.to(dev)],
+                                               fill_old=fill_old)
             losses.append(loss)
             norms.append(norm)
             applied += ok
             for k, v in m.items():
                 loss_metrics[k] = loss_metrics.get(k, 0.0) + v / cfg.updates_per_batch
+        synchronize(dev)
+        t_trained = time.time()
         self.engine.update_weights(self.master.named_parameters())
         sync = dict(getattr(self.engine, "sync_stats", None) or {})   # rollout_weights_moved, rollout_update_to_step
+        synchronize(dev)
         t3 = time.time()
-        lengths = mask.sum(-1)
+        mask_c, logp_old_c, logp_rollout_c = mask.cpu(), logp_old.cpu(), logp_rollout.cpu()
+        lengths = mask_c.sum(-1)
         n_tok = lengths.sum().item()
+        t_train = (t2 - tt) + (t_trained - t2)
         metrics = {
             "reward": rewards.mean().item(), "response_len": lengths.mean().item(),
             "response_len_max": lengths.max().item(),
@@ -254,10 +255,12 @@ class NativeTrainer:
             "loss": sum(losses) / len(losses), "grad_norm": max(norms, key=_norm_order) if norms else float("nan"),
             "loss_scale": self.scaler.scale, "skipped_steps": self.scaler.skipped,
             "updates_applied": applied, "updates_nonfinite": len(norms) - applied,
-            **mismatch_metrics(logp_rollout, logp_old, mask), **sync,
+            **mismatch_metrics(logp_rollout_c, logp_old_c, mask_c), **sync,
             **{f"loss/{k}": v for k, v in loss_metrics.items()},
             "time_rollout": t1 - t0, "time_scoring": t2 - t1, "time_update": t3 - t2,
             "tokens_per_s": n_tok / max(t1 - t0, 1e-9),
+            "time_train": t_train, "train_tokens_per_s": batch.tokens / max(t_train, 1e-9),
+            "micro_batches": learner.passes, "peak_memory_mb": peak_memory_mb(dev),
         }
         return metrics
 
@@ -310,14 +313,14 @@ class NativeTrainer:
         idx = self._step_prompts(0)
         sp = Sampling(cfg.temperature, cfg.top_p, cfg.max_tokens, seed=30_000_001 + cfg.seed)
         flat = [s for row in self.engine.generate([self.prompts[i] for i in idx], g, sp) for s in row]
-        ids, attn, tok, pos, mask = pack([self.prompt_ids[i] for i in idx for _ in range(g)],
-                                         [s.token_ids for s in flat], self.tok.pad_token_id)
-        logp_mu = torch.zeros_like(mask)
+        batch = Batch.pack([self.prompt_ids[i] for i in idx for _ in range(g)], [s.token_ids for s in flat],
+                           self.tok.pad_token_id, self.device)
+        logp_mu = torch.zeros(batch.mask.shape)
         for i, s in enumerate(flat):
             logp_mu[i, :len(s.logprobs)] = torch.tensor(s.logprobs)
         self._sync_compute()
-        with torch.no_grad():
-            logp_pi = response_logprobs(self.compute, ids, attn, tok, pos) * mask
+        logp_pi = self.learner.logprobs(batch).cpu()
+        mask = batch.mask.cpu()
         result = calibration.judge(calibration.calibration_metrics(logp_mu, logp_pi, mask),
                                    self.precision.rollout, self.precision.train)
         with session(self.store) as s:

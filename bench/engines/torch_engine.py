@@ -44,11 +44,13 @@ class TorchEngine:
 
     def __init__(self, model_path: str, dtype: str = "fp32", max_batch: int = 512,
                  threads: int | None = None, model=None, tokenizer=None, track_updates: bool = False,
-                 prepared: bool = False):
+                 prepared: bool = False, device: str = "cpu"):
         """`dtype`: any format of bench/formats.py. `model`: an fp32 model to take over (it is
-        modified). `track_updates`: record `sync_stats` at every update_weights (keeps an
-        fp32 copy of the linear weights). `prepared`: sample from `model` exactly as given
-        (e.g. the training engine's compute copy); update_weights is then refused."""
+        modified, and moved to `device`). `track_updates`: record `sync_stats` at every
+        update_weights (keeps an fp32 copy of the linear weights). `prepared`: sample from
+        `model` exactly as given (e.g. the training engine's compute copy); update_weights is
+        then refused. `device`: cpu or cuda[:i] (bench/device.py); the per-row uniforms are
+        drawn on the CPU either way, so a sample's randomness does not depend on the device."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if threads:
@@ -57,6 +59,9 @@ class TorchEngine:
         self.dtype = self.format.dtype
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_path)
         model = model if model is not None else AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.device = torch.device(device)
+        if not prepared:
+            model = model.to(self.device)
         self.track_updates = track_updates
         self.sync_stats: dict[str, float] = {}
         if prepared:
@@ -72,6 +77,16 @@ class TorchEngine:
 
     # -------------------------------------------------------------- interface
     def generate(self, prompts: Sequence[str], n: int, sampling: Sampling, start: int = 0) -> list[list[Sample]]:
+        training = self.model.training          # a prepared training copy: sample in eval mode (no activation
+        if training:                            # checkpointing, which would drop the KV cache), then restore
+            self.model.eval()
+        try:
+            return self._generate(prompts, n, sampling, start)
+        finally:
+            if training:
+                self.model.train()
+
+    def _generate(self, prompts: Sequence[str], n: int, sampling: Sampling, start: int) -> list[list[Sample]]:
         encoded = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
         rows = [(i, j) for i in range(len(prompts)) for j in range(n)]
         rows.sort(key=lambda r: len(encoded[r[0]]))
@@ -102,6 +117,7 @@ class TorchEngine:
     def _decode(self, prompt_ids: list[list[int]], uniforms: torch.Tensor, sp: Sampling) -> list[Sample]:
         from transformers import DynamicCache
 
+        dev = self.device
         b = len(prompt_ids)
         width = max(map(len, prompt_ids))
         ids = torch.full((b, width), self.pad, dtype=torch.long)
@@ -109,32 +125,35 @@ class TorchEngine:
         for r, p in enumerate(prompt_ids):
             ids[r, width - len(p):] = torch.tensor(p)
             attn[r, width - len(p):] = 1
+        ids, attn = ids.to(dev), attn.to(dev)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
-        live = torch.arange(b)                       # original row of each batch row
+        live = torch.arange(b)                       # original row of each batch row (CPU)
         tokens: list[list[int]] = [[] for _ in range(b)]
         logps: list[list[float]] = [[] for _ in range(b)]
         finish = ["length"] * b
+        # the prompt's last position only: a full [B, W, V] prefill would not fit for a real vocabulary
         logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos,
-                            past_key_values=cache, use_cache=True).logits[:, -1]
+                            past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
         next_pos = pos[:, -1:] + 1
         for t in range(sp.max_tokens):
             lp = sampling_logprobs(logits, sp.temperature, sp.top_p)
-            tok = inverse_cdf_sample(lp, uniforms[live, t])
+            tok = inverse_cdf_sample(lp, uniforms[live, t].to(dev))
             tok_lp = lp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
-            done = tok == self.eos
-            for k, (row, x, l) in enumerate(zip(live.tolist(), tok.tolist(), tok_lp.tolist())):
+            done = (tok == self.eos).cpu()
+            for row, x, l, d in zip(live.tolist(), tok.tolist(), tok_lp.tolist(), done.tolist()):
                 tokens[row].append(x)
                 logps[row].append(l)
-                if done[k]:
+                if d:
                     finish[row] = "stop"
             keep = ~done
             if t == sp.max_tokens - 1 or not keep.any():
                 break
             if not keep.all():                        # drop finished rows from the batch
-                live, tok, attn, next_pos = live[keep], tok[keep], attn[keep], next_pos[keep]
-                cache.reorder_cache(keep.nonzero().squeeze(-1))
-            attn = torch.cat([attn, torch.ones((len(live), 1), dtype=attn.dtype)], dim=-1)
+                kd = keep.to(dev)
+                live, tok, attn, next_pos = live[keep], tok[kd], attn[kd], next_pos[kd]
+                cache.reorder_cache(kd.nonzero().squeeze(-1))
+            attn = torch.cat([attn, torch.ones((len(live), 1), dtype=attn.dtype, device=dev)], dim=-1)
             logits = self.model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=next_pos,
                                 past_key_values=cache, use_cache=True).logits[:, -1]
             next_pos = next_pos + 1

@@ -1,0 +1,73 @@
+"""Where the models run: `--device auto|cpu|cuda[:i]` (auto = the first CUDA device when one
+is available, else the CPU), and the per-step resource numbers the trainer logs.
+
+On CUDA the 16-bit matmuls are the GPU's own (bench/precision.py upcasts only on CPUs that
+lack 16-bit GEMM); everything else (fp32 master weights, fp32 log-softmax, dynamic loss
+scaling in fp16, the formats' quantizers) is the same code on either device.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+
+class DeviceError(ValueError):
+    """A device that cannot be used here; the message says what to write instead."""
+
+
+def resolve_device(name: str | None = "auto") -> str:
+    """`auto` → `cuda` when torch sees a CUDA device, else `cpu`; `cpu`; `cuda` or `cuda:i`
+    (refused with one message when CUDA is absent or i is out of range)."""
+    import torch
+
+    text = (name or "auto").strip().lower()
+    if text == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if text == "cpu":
+        return "cpu"
+    m = re.fullmatch(r"cuda(?::(\d+))?", text)
+    if not m:
+        raise DeviceError(f"unknown device {name!r}; choose auto, cpu, cuda or cuda:i")
+    if not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "no CUDA (a CPU-only build)"
+        raise DeviceError(f"--device {text}: CUDA is not available on this machine (torch {torch.__version__}, "
+                          f"{build}); use --device cpu, or --device auto to take a GPU only when there is one")
+    if m.group(1) is not None and int(m.group(1)) >= torch.cuda.device_count():
+        raise DeviceError(f"--device {text}: this machine has {torch.cuda.device_count()} CUDA device(s) "
+                          f"(cuda:0 .. cuda:{torch.cuda.device_count() - 1})")
+    return text
+
+
+def is_cuda(device) -> bool:
+    return str(device).startswith("cuda")
+
+
+def reset_peak_memory(device) -> None:
+    """Start a new peak-memory window (CUDA); a CPU process's peak RSS cannot be reset."""
+    if is_cuda(device):
+        import torch
+
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_mb(device) -> float:
+    """CUDA: the most memory torch allocated on `device` since `reset_peak_memory`
+    (torch.cuda.max_memory_allocated); CPU: the process's peak resident set size so far
+    (resource.getrusage ru_maxrss), which never decreases. MiB."""
+    if is_cuda(device):
+        import torch
+
+        return torch.cuda.max_memory_allocated(device) / 2 ** 20
+    import resource
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2 ** 20 if sys.platform == "darwin" else rss / 2 ** 10      # bytes on macOS, KiB on Linux
+
+
+def synchronize(device) -> None:
+    """Wait for the device's queued work (for honest timings on CUDA); nothing on a CPU."""
+    if is_cuda(device):
+        import torch
+
+        torch.cuda.synchronize(device)

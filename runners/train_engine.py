@@ -1,0 +1,237 @@
+"""The training engine of the native trainer: fp32 master weights and AdamW state, a compute
+copy in the train format, dynamic loss scaling, all on one device; π log-probs and optimizer
+steps over a packed batch, in micro-batches of a token budget.
+
+Micro-batches (`RunConfig.max_tokens_per_microbatch`): the rows of a mini-batch, in their
+order, are cut greedily into parts whose padded size (rows × longest prompt+response) stays
+within the budget; each part is trimmed to its own widths, run forward and backward, and its
+loss weighted by its share of the sequences the loss averages over (every loss is a mean over
+sequences; GSPO's over those with at least one token: runners/algos.py `sequences_in_mean`),
+so the summed gradient is the whole mini-batch's. Gradients of a 16/8-bit compute copy are
+summed in fp32 into the master's. The logged loss and loss metrics are those of the whole
+mini-batch (the loss function once more on the detached log-probs: no model forward). With
+no budget the mini-batch is one forward/backward, exactly as before.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import torch
+
+from bench.precision import LossScaler, prepare_compute_model
+
+from .algos import LossInputs, sequences_in_mean
+from .logprobs import pack, response_logprobs
+from .presets import RunConfig
+
+
+@dataclass
+class Batch:
+    """Prompt + response ids packed by `pack`, on the training device, with each row's token
+    counts on the host (for cutting micro-batches without a device sync)."""
+
+    ids: torch.Tensor        # [N, W]
+    attn: torch.Tensor       # [N, W]
+    tok: torch.Tensor        # [N, T]
+    pos: torch.Tensor        # [N, T]
+    mask: torch.Tensor       # [N, T]
+    lengths: list[int]       # prompt + response tokens per row
+    response_lengths: list[int]
+    trim: bool = True        # micro-batches drop the padding beyond their longest row
+
+    @classmethod
+    def pack(cls, prompt_ids: list[list[int]], responses: list[list[int]], pad: int, device="cpu") -> "Batch":
+        ids, attn, tok, pos, mask = (t.to(device) for t in pack(prompt_ids, responses, pad))
+        return cls(ids, attn, tok, pos, mask, [len(p) + len(r) for p, r in zip(prompt_ids, responses)],
+                   [len(r) for r in responses])
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.ids, self.attn, self.tok, self.pos
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.lengths)
+
+    def rows(self, part: list[int]) -> tuple[torch.Tensor, ...]:
+        """ids, attn, tok, pos, mask of rows `part`, trimmed to their longest row (`trim`; the
+        arithmetic of attention over fewer padded keys rounds differently in fp32, by about
+        2e-6 of a gradient's norm, below the ~1e-5 by which fp32 itself misses float64's)."""
+        idx = torch.tensor(part, device=self.ids.device)
+        if not self.trim:
+            return self.ids[idx], self.attn[idx], self.tok[idx], self.pos[idx], self.mask[idx]
+        w = max(self.lengths[i] for i in part)
+        t = max(1, max(self.response_lengths[i] for i in part))
+        return (self.ids[idx, :w], self.attn[idx, :w], self.tok[idx, :t], self.pos[idx, :t], self.mask[idx, :t])
+
+
+class TrainingEngine:
+    def __init__(self, master: torch.nn.Module, train_format: str, cfg: RunConfig, loss_fn, algo: str,
+                 device="cpu"):
+        """`master`: the fp32 model (moved to `device`, put in train mode). `loss_fn`: the
+        registered loss of `algo` (the name says what the loss averages over)."""
+        self.cfg, self.loss_fn, self.algo, self.device = cfg, loss_fn, algo, torch.device(device)
+        self.master = master.to(self.device)
+        self.master.train()
+        self.compute = (self.master if train_format == "fp32"
+                        else prepare_compute_model(copy.deepcopy(self.master), train_format, str(self.device)))
+        if cfg.gradient_checkpointing:
+            self.compute.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.opt = torch.optim.AdamW(self.master.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.scaler = LossScaler(train_format == "fp16", cfg.loss_scale_init, cfg.loss_scale_growth_interval,
+                                 cfg.loss_scale_backoff)
+        self.passes = 0          # forward passes of the compute model (micro-batches), for the step's metrics
+
+    # ---------------------------------------------------------- pieces
+    def sync_compute(self) -> None:
+        if self.compute is not self.master:
+            with torch.no_grad():
+                for pc, pm in zip(self.compute.parameters(), self.master.parameters()):
+                    pc.copy_(pm)
+
+    def parts(self, rows: list[int], batch: Batch) -> list[list[int]]:
+        """`rows` cut in order into micro-batches of at most max_tokens_per_microbatch padded
+        tokens (one part when no budget is set)."""
+        budget = self.cfg.max_tokens_per_microbatch
+        if not budget:
+            return [rows]
+        length = batch.lengths if batch.trim else [batch.ids.shape[1]] * len(batch.lengths)
+        out, cur, width = [], [], 0
+        for i in rows:
+            w = max(width, length[i])
+            if cur and w * (len(cur) + 1) > budget:
+                out.append(cur)
+                cur, w = [], length[i]
+            cur.append(i)
+            width = w
+        if cur:
+            out.append(cur)
+        return out
+
+    @torch.no_grad()
+    def logprobs(self, batch: Batch) -> torch.Tensor:
+        """log π of every response token of `batch` [N, T] (0 off the mask), no grad, in
+        micro-batches; the caller syncs the compute copy."""
+        rows = list(range(len(batch.lengths)))
+        parts = self.parts(rows, batch)
+        if len(parts) == 1:
+            self.passes += 1
+            return response_logprobs(self.compute, *batch.tensors) * batch.mask
+        out = torch.zeros_like(batch.mask)
+        for part in parts:
+            ids, attn, tok, pos, m = batch.rows(part)
+            self.passes += 1
+            out[torch.tensor(part, device=out.device), :m.shape[1]] = response_logprobs(self.compute, ids, attn, tok,
+                                                                                        pos) * m
+        return out
+
+    # ---------------------------------------------------------- one optimizer step
+    def accumulate(self, x: LossInputs, idx: torch.Tensor, batch: Batch, logp: torch.Tensor | None = None,
+                   fill_old: bool = False) -> tuple[float, dict, bool]:
+        """The gradient of the mini-batch `idx` (rows of `batch` and `x`) into the master's
+        `.grad` (unscaled), in micro-batches. `logp`: the mini-batch's log-probs with grad when
+        the caller has them (one part only). `fill_old`: π_old is π_θ here (one update per
+        rollout batch): each part writes its detached log-probs into `x.logp_old` before its
+        loss. Returns the whole mini-batch's loss, its loss metrics, and whether the loss was
+        finite."""
+        self.compute.zero_grad(set_to_none=True)
+        self.opt.zero_grad(set_to_none=True)
+        parts = self.parts(idx.tolist(), batch) if logp is None else [idx.tolist()]
+        if logp is None:
+            self.sync_compute()
+        scale = self.scaler.scale
+        if len(parts) == 1 and not fill_old:
+            didx = idx.to(self.device)
+            if logp is None:
+                self.passes += 1
+                logp = response_logprobs(self.compute, *(t[didx] for t in batch.tensors))
+            mb = LossInputs(logp, x.logp_old[didx], x.logp_rollout[didx], x.mask[didx], x.advantages[didx])
+            loss, metrics = self.loss_fn(mb, self.cfg.algo)
+            finite = bool(torch.isfinite(loss))
+            if finite:
+                (loss * scale).backward()
+            self._collect_grads(first=True)
+            self._unscale()
+            return loss.item(), metrics, finite
+        n_seq = sequences_in_mean(self.algo, x.mask[idx.to(self.device)])
+        pieces, total, finite = [], 0.0, True
+        for part in parts:
+            ids, attn, tok, pos, m = batch.rows(part)
+            didx = torch.tensor(part, device=self.device)
+            t = m.shape[1]
+            self.passes += 1
+            lp = response_logprobs(self.compute, ids, attn, tok, pos)
+            if fill_old:
+                x.logp_old[didx, :t] = lp.detach() * m
+            mb = LossInputs(lp, x.logp_old[didx, :t], x.logp_rollout[didx, :t], m, x.advantages[didx])
+            share = sequences_in_mean(self.algo, m) / n_seq if n_seq else 0.0
+            loss, _ = self.loss_fn(mb, self.cfg.algo)
+            total += loss.item() * share
+            if not torch.isfinite(loss):
+                finite = False
+                break
+            (loss * (share * scale)).backward()
+            self._collect_grads(first=not pieces)
+            pieces.append((part, lp.detach()))
+        if not finite:
+            for p in self.master.parameters():
+                p.grad = None
+            self.compute.zero_grad(set_to_none=True)
+            return total, {}, False
+        self._unscale()
+        # the whole mini-batch's loss and metrics, from the parts' detached log-probs
+        rows = idx.tolist()
+        where = {r: k for k, r in enumerate(rows)}
+        didx = idx.to(self.device)
+        full = torch.zeros(x.mask[didx].shape, dtype=pieces[0][1].dtype, device=self.device)
+        for part, lp in pieces:
+            full[torch.tensor([where[r] for r in part], device=self.device), :lp.shape[1]] = lp
+        with torch.no_grad():
+            loss, metrics = self.loss_fn(LossInputs(full, x.logp_old[didx], x.logp_rollout[didx], x.mask[didx],
+                                                    x.advantages[didx]), self.cfg.algo)
+        return loss.item(), metrics, True
+
+    def _collect_grads(self, first: bool) -> None:
+        """Move the compute copy's gradients into the master's, summed in fp32 (still scaled)."""
+        if self.compute is self.master:
+            return
+        for pc, pm in zip(self.compute.parameters(), self.master.parameters()):
+            if first:
+                pm.grad = None if pc.grad is None else pc.grad.float()
+            elif pc.grad is not None:
+                pm.grad = pc.grad.float() if pm.grad is None else pm.grad.add_(pc.grad.float())
+            pc.grad = None
+
+    def _unscale(self) -> None:
+        scale = self.scaler.scale
+        if self.compute is not self.master:
+            for p in self.master.parameters():
+                if p.grad is not None:
+                    p.grad = p.grad / scale
+        elif scale != 1.0:
+            for p in self.master.parameters():
+                if p.grad is not None:
+                    p.grad /= scale
+
+    def step(self, finite_loss: bool) -> tuple[float, bool]:
+        """Clip and apply the master's gradients (skipped when the loss or the gradient norm is
+        not finite; counted by the loss scaler for every dtype). Returns (grad norm, applied)."""
+        grads = [p.grad for p in self.master.parameters() if p.grad is not None]
+        # the norm is computed (and logged) even when it is inf/nan: that is the divergence signal
+        grad_norm = torch.nn.utils.get_total_norm(grads).item() if grads else float("nan")
+        finite = finite_loss and math.isfinite(grad_norm)
+        if finite:
+            torch.nn.utils.clip_grads_with_norm_(self.master.parameters(), self.cfg.grad_clip, torch.tensor(grad_norm))
+            self.opt.step()
+        self.scaler.update(finite)      # a skipped step is counted for every dtype
+        return grad_norm, finite
+
+    def update(self, x: LossInputs, idx: torch.Tensor, batch: Batch, logp: torch.Tensor | None = None,
+               fill_old: bool = False) -> tuple[float, float, dict, bool]:
+        """One mini-batch optimizer step; returns loss, grad norm, loss metrics, whether applied."""
+        loss, metrics, finite = self.accumulate(x, idx, batch, logp, fill_old)
+        grad_norm, applied = self.step(finite)
+        return loss, grad_norm, metrics, applied
