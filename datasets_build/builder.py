@@ -37,7 +37,7 @@ class BuildError(ValueError):
 
 @dataclass
 class BuildConfig:
-    """Settings of one build. Everything here except `out`, `resume`, `threads` and
+    """Settings of one build. Everything here except `out`, `resume`, `threads`, `device` and
     `keep_text` enters the settings hash that shards and resumes must share."""
 
     model: str = "tiny-math"
@@ -60,6 +60,7 @@ class BuildConfig:
     resume: bool = False
     force: bool = False              # build again even when a complete build has these settings
     threads: int | None = None
+    device: str = "cpu"              # the torch engine's device (bench/device.py); vLLM picks its own
     grade_timeout: float = 5.0
     adaptive: bool = False           # sample in rounds; stop a problem once its Wilson interval decides it
     round_size: int = 2              # adaptive: rollouts per round
@@ -228,7 +229,8 @@ def run_build(engine_db, cfg: BuildConfig, progress: Callable[[int, int, int], N
         own_engine = rollout_engine is None and bool(todo)
         if own_engine:
             rollout_engine = make_engine(p.engine, p.model_ref.path, cfg.dtype,
-                                         **({"threads": cfg.threads} if p.engine == "torch" else {}))
+                                         **({"threads": cfg.threads, "device": cfg.device} if p.engine == "torch"
+                                            else {}))
         try:
             if progress:
                 progress(done_rollouts, total, 0)
@@ -311,6 +313,7 @@ def _finish(engine_db, p: Plan, build_id: str, out_dir: Path, positions: list[in
     manifest = {
         "build_id": build_id, "model": p.model_ref.name, "model_path": p.model_ref.path,
         "weights_hash": p.settings["weights"], "engine": p.engine, "dtype": cfg.dtype,
+        "device": cfg.device if p.engine == "torch" else None,
         "source": cfg.source, "sampling": p.sampling.to_dict(), "k": cfg.k, "band": [cfg.lo, cfg.hi],
         "band_inclusive": True, "shard": cfg.shard, "template": p.template,
         "adaptive": {"round_size": cfg.round_size, "confidence": cfg.confidence, "min_samples": cfg.min_samples,

@@ -50,7 +50,9 @@ def ray_build(store_url: str, cfg: BuildConfig, shards: int | None = None, addre
         n = shards or gpus or max(1, int(res.get("CPU", 1)))
         task = ray.remote(num_gpus=1, num_cpus=0, max_retries=0)(_build_shard) if gpus else \
             ray.remote(num_cpus=1, max_retries=0)(_build_shard)
-        pending = [task.remote(store_url, replace(cfg, shard=f"{i}/{n}", out=None, force=False)) for i in range(n)]
+        pending = [task.remote(store_url, replace(cfg, shard=f"{i}/{n}", out=None, force=False,
+                                                  device="cuda" if gpus else "cpu"))     # each task sees its one GPU
+                   for i in range(n)]
         results = []
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)

@@ -36,10 +36,12 @@ class MismatchConfig:
     batch: int = 256                  # sequences per training-engine forward
     out: Path | None = None           # plots; default $BENCH_HOME/mismatch/<model>
     threads: int | None = None
+    device: str = "cpu"               # both engines (bench/device.py; the vllm engine picks its own)
 
 
-def _score(model, tok, prompts: list[str], samples, batch: int):
-    """π log-probs of the sampled tokens [N, T] (padded), μ [N, T] and the mask."""
+def _score(model, tok, prompts: list[str], samples, batch: int, device="cpu"):
+    """π log-probs of the sampled tokens [N, T] (padded), μ [N, T] and the mask; the model
+    runs on `device`, the results come back to the CPU."""
     pids = [tok.encode(p, add_special_tokens=False) for p in prompts]
     flat = [(pids[i], s) for i, row in enumerate(samples) for s in row]
     t_max = max(1, max(len(s.token_ids) for _, s in flat))
@@ -50,7 +52,7 @@ def _score(model, tok, prompts: list[str], samples, batch: int):
         part = flat[start:start + batch]
         ids, attn, tk, pos, m = pack([p for p, _ in part], [s.token_ids for _, s in part], tok.pad_token_id)
         with torch.no_grad():
-            lp = response_logprobs(model, ids, attn, tk, pos) * m
+            lp = (response_logprobs(model, *(t.to(device) for t in (ids, attn, tk, pos))) * m.to(device)).cpu()
         w = m.shape[1]
         pi[start:start + len(part), :w] = lp
         mask[start:start + len(part), :w] = m
@@ -102,19 +104,20 @@ def analyse(store, cfg: MismatchConfig, pairs: list[Precision], progress=None) -
     problems = load_problems(SourceSpec(cfg.source, limit=cfg.limit, seed=cfg.seed))
     prompts = [render_prompt(ref, tok, p.problem) for p in problems]
     sampling = Sampling(1.0, 1.0, cfg.max_tokens or (64 if ref.embedded else 8192), cfg.seed)
-    base = load_model(ref, torch.float32)
+    base = load_model(ref, torch.float32).to(cfg.device)
     out_root = Path(cfg.out or bench_home() / "mismatch" / ref.name.replace("/", "_"))
     reports = []
     for rollout in dict.fromkeys(p.rollout for p in pairs):
-        kw = {"model": copy.deepcopy(base), "tokenizer": tok, "threads": cfg.threads} if cfg.engine == "torch" else {}
+        kw = ({"model": copy.deepcopy(base), "tokenizer": tok, "threads": cfg.threads, "device": cfg.device}
+              if cfg.engine == "torch" else {})
         engine = make_engine(cfg.engine, ref.path, rollout, **kw)
         try:
             samples = engine.generate(prompts, cfg.n, sampling)
         finally:
             engine.close()
         for pair in (p for p in pairs if p.rollout == rollout):
-            model = prepare_compute_model(copy.deepcopy(base), pair.train).eval()
-            mu, pi, mask = _score(model, tok, prompts, samples, cfg.batch)
+            model = prepare_compute_model(copy.deepcopy(base), pair.train, cfg.device).eval()
+            mu, pi, mask = _score(model, tok, prompts, samples, cfg.batch, cfg.device)
             metrics = mismatch_metrics(mu, pi, mask)
             metrics["tokens"] = int(mask.sum().item())
             plots = _plots(mu, pi, mask, out_root / f"{pair.rollout}-{pair.train}", pair.name)

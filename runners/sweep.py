@@ -111,13 +111,13 @@ def _summary(s, run_id: str | None, algo: str, p: Precision, status: str | None 
 def run_grid(store, db_url: str | None, algos: list[str], pairs: list[Precision], build_id: str | None,
              engine: str, preset: str, overrides: dict, jobs: int = 1, log=print,
              verl_args: list[str] | None = None, seeds: list[int] | None = None,
-             ckpt_root=None, progress: bool = True) -> list[dict]:
+             ckpt_root=None, progress: bool = True, device: str = "cpu") -> list[dict]:
     """Run the grid; `verl_args` (e.g. ["--verl-python", PY, "--gpus", "8"]) runs every cell
     with the verl trainer, one at a time. `seeds` runs every cell once per seed (the run
     config's `seed`), skipping the (cell, seed) pairs that already finished; without it a cell
     is run once with the preset's seed and skipped when any of its runs finished. `progress`:
     `log` one line per step of every cell (`<algo> <precision>[ seed N] step …`) and one
-    when it ends."""
+    when it ends. `device`: where native cells train (bench/device.py)."""
     trainer = "native" if verl_args is None else "verl"
     if verl_args is not None:
         jobs = 1
@@ -160,7 +160,7 @@ def run_grid(store, db_url: str | None, algos: list[str], pairs: list[Precision]
             cb = (lambda step, total, m: log(f"  {label} {step_line(step, total, m)}")) if progress else None
             try:
                 return start_run(store, a, p, cfg, build_id=build_id, engine=engine, preset=preset,
-                                 ckpt_root=ckpt_root, progress=cb)
+                                 ckpt_root=ckpt_root, progress=cb, device=device)
             except Exception as e:  # the failed run is recorded in the store; go on with the grid
                 log(f"  {label} failed: {e}")
                 return None
@@ -168,8 +168,11 @@ def run_grid(store, db_url: str | None, algos: list[str], pairs: list[Precision]
                "--engine", engine, "--preset", preset, "--json"]
         if verl_args is not None:
             cmd += ["--trainer", "verl", *verl_args]
+        else:
+            cmd += ["--device", device]
         for k, v in args.items():
-            cmd += [f"--{k.replace('_', '-')}", str(v)]
+            flag = k.replace('_', '-')
+            cmd += [f"--{flag}" if v else f"--no-{flag}"] if isinstance(v, bool) else [f"--{flag}", str(v)]
         if ckpt_root is not None:
             cmd += ["--checkpoint-dir", str(ckpt_root)]
         if db_url:

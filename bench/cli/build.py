@@ -45,6 +45,8 @@ def build(ctx: typer.Context,
           confidence: float = typer.Option(0.85, help="Adaptive: two-sided confidence of the Wilson interval."),
           min_samples: int = typer.Option(8, help="Adaptive: never decide a problem on fewer rollouts."),
           threads: Optional[int] = typer.Option(None, help="Torch threads for the torch engine."),
+          device: str = typer.Option("auto", help="The torch engine's device: auto (cuda when available), cpu, cuda, "
+                                     "cuda:i (not part of the build's settings)."),
           ray: bool = typer.Option(False, "--ray", help="Run the shards as Ray tasks (one engine per GPU, or per CPU "
                                    "without GPUs) and merge them; every node must reach the store (--db)."),
           shards: Optional[int] = typer.Option(None, help="With --ray: number of shards (default: GPUs, else CPUs)."),
@@ -57,17 +59,23 @@ def build(ctx: typer.Context,
     if ctx.invoked_subcommand is not None:
         return
     ctx.ensure_object(dict)
+    from bench.device import resolve_device
     from bench.problems import ColumnMap
     from datasets_build.builder import BuildConfig
 
     lo, hi = (0.2, 0.8) if not band else (band + [None])[:2]
     if hi is None:
         fail("--band needs two numbers: lo hi (give --band twice: --band 0.2 --band 0.8)")
+    try:
+        device = resolve_device(device)
+    except ValueError as e:
+        fail(str(e))
     cfg = BuildConfig(model=model, source=source, limit=limit,
                       columns=ColumnMap(id_col, problem_col, answer_col, solution_col), engine=engine,
                       dtype=dtype, k=k, lo=lo, hi=hi, temperature=temperature, top_p=top_p,
                       max_tokens=max_tokens, seed=seed, shard=shard, chunk=chunk, out=out_dir,
-                      keep_text=keep_text, resume=resume, force=force, threads=threads, adaptive=adaptive,
+                      keep_text=keep_text, resume=resume, force=force, threads=threads, device=device,
+                      adaptive=adaptive,
                       round_size=round_size, confidence=confidence, min_samples=min_samples)
     store = _store(db)
     try:

@@ -351,9 +351,12 @@ def mismatch(model: str = typer.Option("tiny-math"), dtype: str = typer.Option("
              temperature: float = typer.Option(1.0, help="Must be 1: μ has to be the raw softmax."),
              top_p: float = typer.Option(1.0, help="Must be 1: μ has to be the raw softmax."),
              threads: Optional[int] = typer.Option(None), out_dir: Optional[Path] = typer.Option(None, "--out"),
+             device: str = typer.Option("auto", help="Both engines' device (torch rollout engine and the training "
+                                        "engine's scoring): auto (cuda when available), cpu, cuda, cuda:i."),
              as_json: bool = typer.Option(False, "--json"), db: Optional[str] = DB_OPT):
     """Offline training–inference mismatch (the paper's Figure 2): μ from the rollout engine,
     π from the training engine, on the same sampled tokens."""
+    from bench.device import resolve_device
     from bench.precision import Precision, parse_list
     from runners.offline_mismatch import MismatchConfig, analyse
 
@@ -362,11 +365,12 @@ def mismatch(model: str = typer.Option("tiny-math"), dtype: str = typer.Option("
              "a reshaped distribution, not the model's softmax (TRL #6789, #4159)")
     try:
         pairs = [Precision.parse(dtype)] if "=" in dtype and ";" not in dtype else parse_list(dtype)
+        device = resolve_device(device)
     except _user_errors() as e:
         fail(str(e))
     store = _store(db)
     cfg = MismatchConfig(model=model, source=source, limit=limit, n=n, max_tokens=max_tokens, engine=engine,
-                         out=out_dir, threads=threads)
+                         out=out_dir, threads=threads, device=device)
     try:
         reports = analyse(store, cfg, pairs, progress=lambda p, m: console.print(
             f"{p.name}: mean |π−μ| {m['prob_abs_diff_mean']:.2e}, KL {m['kl_k1']:.2e} nats", highlight=False))

@@ -95,6 +95,18 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
         seeds: Optional[str] = typer.Option(None, help="Run the cell once per seed: N for seeds 0..N-1, or a list "
                                             "such as 0,3,5; (cell, seed) pairs already finished are skipped."),
         threads: Optional[int] = typer.Option(None),
+        device: Optional[str] = typer.Option(None, help="Where the native trainer and the built-in engine run: auto "
+                                             "(cuda when available; the default), cpu, cuda, cuda:i. With --resume: "
+                                             "default the device the run started on."),
+        max_tokens_per_microbatch: Optional[int] = typer.Option(
+            None, help="Forward/backward in micro-batches of at most this many padded tokens, gradients summed into "
+            "one optimizer step (default: the whole mini-batch at once)."),
+        gradient_checkpointing: Optional[bool] = typer.Option(
+            None, "--gradient-checkpointing/--no-gradient-checkpointing",
+            help="Recompute activations in backward (less memory, ~1 more forward)."),
+        gpu_memory_utilization: Optional[float] = typer.Option(
+            None, help="--engine vllm: fraction of the GPU vLLM may take (default 0.5; leave room for the trainer "
+            "on a shared GPU)."),
         checkpoint_dir: Optional[Path] = typer.Option(None, help="Default $BENCH_HOME/runs/<run id>."),
         resume: Optional[str] = typer.Option(None, help="Continue run ID from its last checkpoint."),
         as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
@@ -104,6 +116,7 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
         db: Optional[str] = DB_OPT):
     """Train one algorithm at one precision pair on a build until it converges, plateaus,
     collapses, diverges or reaches max steps."""
+    from bench.device import resolve_device
     from bench.precision import Precision
     from runners.algos import DESCRIPTIONS
     from runners.trainer import RunError, resume_run, start_run
@@ -115,12 +128,18 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
     overrides = dict(benchmark=benchmark, max_steps=max_steps, lr=lr, prompts_per_step=prompts_per_step,
                      samples_per_prompt=samples_per_prompt, updates_per_batch=updates_per_batch,
                      eval_every=eval_every, checkpoint_every=checkpoint_every, eval_split_m=eval_split_m,
-                     seed=seed, threads=threads)
+                     seed=seed, threads=threads, max_tokens_per_microbatch=max_tokens_per_microbatch,
+                     gradient_checkpointing=gradient_checkpointing, gpu_memory_utilization=gpu_memory_utilization)
     if trainer not in ("native", "verl"):
         fail(f"unknown trainer {trainer!r}; choose native or verl")
+    if trainer == "native" and not (resume and device is None):
+        try:
+            device = resolve_device(device)
+        except ValueError as e:
+            fail(str(e))
     if seeds is not None:
         _seeded_run(algo, dtype, build_id, model, engine, trainer, preset, overrides, seeds, resume,
-                    checkpoint_dir, as_json, db)
+                    checkpoint_dir, as_json, db, device)
         return
     if resume and _resume_verl(resume, db, as_json, progress_lines):
         return
@@ -134,20 +153,21 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
     try:
         with _step_progress(progress_lines, _run_progress) as cb:
             if resume:
-                run_id = resume_run(store, resume, progress=cb)
+                run_id = resume_run(store, resume, progress=cb, device=device)
             else:
                 from runners.presets import get_preset
 
                 cfg = get_preset(preset, **overrides)
                 run_id = start_run(store, algo, Precision.parse(dtype), cfg, build_id=build_id, model=model,
-                                   engine=engine, ckpt_root=checkpoint_dir, preset=preset, progress=cb)
+                                   engine=engine, ckpt_root=checkpoint_dir, preset=preset, progress=cb,
+                                   device=device)
     except (RunError, *_user_errors()) as e:
         fail(str(e))
     _print_run_end(run_id, store, as_json)
 
 
 def _seeded_run(algo, dtype, build_id, model, engine, trainer, preset, overrides, seeds, resume, checkpoint_dir,
-                as_json, db) -> None:
+                as_json, db, device: str = "cpu") -> None:
     """`bench run --seeds`: the one cell once per seed, as a one-cell sweep."""
     from bench.precision import Precision
     from runners.sweep import parse_seeds, run_grid
@@ -173,7 +193,7 @@ def _seeded_run(algo, dtype, build_id, model, engine, trainer, preset, overrides
         results = run_grid(store, db, [algo], pairs, build_id, engine, preset,
                            {k: v for k, v in overrides.items() if v is not None}, 1,
                            log=_log, seeds=seed_list,
-                           ckpt_root=checkpoint_dir)
+                           ckpt_root=checkpoint_dir, device=device)
     except (RunError, *_user_errors()) as e:
         fail(str(e))
     _print_grid(results, as_json)
@@ -288,6 +308,14 @@ def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or a
           prompts_per_step: Optional[int] = typer.Option(None), samples_per_prompt: Optional[int] = typer.Option(None),
           jobs: int = typer.Option(1, help="Cells run in parallel processes."),
           threads: Optional[int] = typer.Option(None),
+          device: str = typer.Option("auto", help="Native cells: auto (cuda when available), cpu, cuda, cuda:i."),
+          max_tokens_per_microbatch: Optional[int] = typer.Option(
+              None, help="Forward/backward in micro-batches of at most this many padded tokens (default: whole "
+              "mini-batches)."),
+          gradient_checkpointing: Optional[bool] = typer.Option(
+              None, "--gradient-checkpointing/--no-gradient-checkpointing", help="Recompute activations in backward."),
+          gpu_memory_utilization: Optional[float] = typer.Option(None, help="--engine vllm: fraction of the GPU vLLM "
+                                                                 "may take (default 0.5)."),
           trainer: str = typer.Option("native", help="native, or verl (cells one after another on the cluster)."),
           verl_python: str = typer.Option("python", help="With --trainer verl: verl's interpreter."),
           gpus: int = typer.Option(1, help="With --trainer verl: GPUs per node."),
@@ -296,6 +324,7 @@ def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or a
                                               "such as 0,3,5; finished (cell, seed) pairs are skipped."),
           db: Optional[str] = DB_OPT):
     """Run the algorithm × precision grid on one build, skipping cells already finished."""
+    from bench.device import resolve_device
     from runners.algos import REGISTRY
     from runners.sweep import parse_seeds, run_grid
     from bench.precision import parse_list
@@ -309,11 +338,14 @@ def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or a
         seed_list = None if seeds is None else parse_seeds(seeds)
         if seed_list is not None and trainer == "verl":
             raise ValueError("--seeds runs the native trainer only: the verl launcher passes no seed to verl yet")
+        device = resolve_device(device) if trainer == "native" else "cpu"
     except _user_errors() as e:
         fail(str(e))
     store = _store(db)
     overrides = {"benchmark": benchmark, "max_steps": max_steps, "eval_every": eval_every, "prompts_per_step": prompts_per_step,
-                 "samples_per_prompt": samples_per_prompt, "threads": threads}
+                 "samples_per_prompt": samples_per_prompt, "threads": threads,
+                 "max_tokens_per_microbatch": max_tokens_per_microbatch, "gradient_checkpointing": gradient_checkpointing,
+                 "gpu_memory_utilization": gpu_memory_utilization}
     try:
         if trainer not in ("native", "verl"):
             raise ValueError(f"unknown trainer {trainer!r}; choose native or verl")
@@ -322,7 +354,7 @@ def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or a
         results = run_grid(store, db, algos, pairs, build_id, engine, preset,
                            {k: v for k, v in overrides.items() if v is not None}, jobs,
                            log=_log, verl_args=verl_args,
-                           seeds=seed_list)
+                           seeds=seed_list, device=device)
     except _user_errors() as e:
         fail(str(e))
     _print_grid(results)

@@ -1,0 +1,93 @@
+"""`--device auto|cpu|cuda[:i]`: resolution, one clear refusal where CUDA is absent (build, run,
+sweep, mismatch), and on this CPU machine `bench run --device cpu` stores the very steps of a
+run without the flag (same seed), with the device in the run's provenance and the step's peak
+memory and tokens/s; micro-batches and activation checkpointing from the command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from sqlalchemy import select
+from typer.testing import CliRunner
+
+from bench.cli import app
+from bench.device import DeviceError, peak_memory_mb, resolve_device
+from bench.store import Run, RunStep, open_store, session
+
+NO_CUDA = not torch.cuda.is_available()
+
+
+def test_resolve_device():
+    assert resolve_device("cpu") == "cpu"
+    assert resolve_device("auto") == resolve_device(None) == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(DeviceError, match="unknown device"):
+        resolve_device("gpu")
+    assert peak_memory_mb("cpu") > 10                     # this process's peak RSS, MiB
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="checks the refusal on a machine without CUDA")
+@pytest.mark.parametrize("name", ["cuda", "cuda:1", "CUDA:0"])
+def test_cuda_without_cuda_is_one_clear_error(name):
+    with pytest.raises(DeviceError) as e:
+        resolve_device(name)
+    assert "CUDA is not available" in str(e.value) and "--device cpu" in str(e.value)
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="checks the refusal on a machine without CUDA")
+@pytest.mark.parametrize("args", [
+    ["run", "--algo", "grpo", "--device", "cuda"],
+    ["sweep", "--algo", "grpo", "--dtype", "fp32", "--device", "cuda"],
+    ["build", "--model", "tiny-math", "--device", "cuda:0"],
+    ["mismatch", "--dtype", "fp16", "--device", "cuda"],
+])
+def test_every_command_refuses_cuda_without_cuda(args, tmp_path):
+    r = CliRunner().invoke(app, [*args, "--db", f"sqlite:///{tmp_path}/s.db"])
+    assert r.exit_code == 2, r.output
+    assert "error:" in r.stderr and "CUDA is not available on this machine" in r.stderr
+    assert "Traceback" not in r.output
+    assert not (tmp_path / "s.db").exists()                              # refused before anything is written
+
+
+TIMING = ("time_", "wall_s", "tokens_per_s", "train_tokens_per_s", "peak_memory_mb")
+
+
+def _steps(url: str, run_id: str) -> list[dict]:
+    with session(open_store(url)) as s:
+        rows = s.scalars(select(RunStep).where(RunStep.run_id == run_id).order_by(RunStep.step)).all()
+        return [{k: v for k, v in r.metrics.items() if not k.startswith(TIMING)} for r in rows]
+
+
+@pytest.mark.integration
+def test_device_cpu_gives_the_steps_of_a_run_without_the_flag(tmp_path):
+    url = f"sqlite:///{tmp_path}/s.db"
+    cli = CliRunner()
+    r = cli.invoke(app, ["build", "--model", "tiny-math", "--limit", "48", "--k", "8", "--engine", "torch", "--dtype",
+                         "fp32", "--band", "0.1", "--band", "0.9", "--threads", "1", "--json", "--db", url])
+    assert r.exit_code == 0, r.output
+    build = json.loads(r.stdout)["build_id"]
+    base = ["run", "--algo", "grpo", "--dtype", "bf16", "--build", build, "--max-steps", "2", "--prompts-per-step",
+            "4", "--samples-per-prompt", "4", "--eval-every", "2", "--eval-split-m", "1", "--seed", "3",
+            "--threads", "1", "--json", "--db", url, "--checkpoint-dir", str(tmp_path / "ck")]
+    runs = {}
+    for name, extra in [("plain", []), ("cpu", ["--device", "cpu"]),
+                        ("micro", ["--device", "cpu", "--max-tokens-per-microbatch", "120",
+                                   "--gradient-checkpointing", "--max-steps", "1"])]:
+        r = cli.invoke(app, [*base, *extra])
+        assert r.exit_code == 0, r.output
+        runs[name] = json.loads(r.stdout)["id"]
+    plain, cpu = _steps(url, runs["plain"]), _steps(url, runs["cpu"])
+    assert len(plain) == 2 and plain == cpu                              # the same bits, step by step
+    with session(open_store(url)) as s:
+        for rid in runs.values():
+            assert s.get(Run, rid).provenance["device"] == "cpu"
+        micro = s.get(Run, runs["micro"])
+        assert micro.config["max_tokens_per_microbatch"] == 120 and micro.config["gradient_checkpointing"] is True
+        assert micro.status == "max_steps", micro.stop_reason
+        step = s.scalars(select(RunStep).where(RunStep.run_id == runs["plain"])).first().metrics
+    assert step["peak_memory_mb"] > 0 and step["train_tokens_per_s"] > 0 and step["micro_batches"] == 1
+    m = _steps(url, runs["micro"])[0]
+    assert m["micro_batches"] > 2
+    # one update per batch: the first step's forward is π_old in both, so the rollouts and μ are identical
+    assert m["reward"] == plain[0]["reward"] and m["kl_k3"] == pytest.approx(plain[0]["kl_k3"], rel=1e-2)
