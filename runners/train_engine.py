@@ -202,7 +202,7 @@ class TrainingEngine:
             if first:
                 pm.grad = None if pc.grad is None else pc.grad.float()
             elif pc.grad is not None:
-                pm.grad = pc.grad.float() if pm.grad is None else pm.grad.add_(pc.grad.float())
+                pm.grad = pc.grad.float() if pm.grad is None else pm.grad.add_(pc.grad)   # fp32 += 16-bit, exact
             pc.grad = None
 
     def _unscale(self) -> None:
