@@ -57,6 +57,10 @@ class RunConfig:
                                         #   (transformers' gradient_checkpointing_enable on the training
                                         #   compute model): activation memory of one layer instead of all,
                                         #   about one more forward of compute
+    rollout_max_batch: int | None = None
+                                        # built-in engine: rows decoded together (None: 512); its KV
+                                        #   cache is rows × (prompt + max_tokens) × 2·layers·KV width,
+                                        #   e.g. 1.5B at 8,192 tokens: 512 rows 114 GiB, 64 rows 14 GiB
     gpu_memory_utilization: float = 0.5 # --engine vllm: the fraction of the GPU vLLM may take for its
                                         #   weights and KV cache; on one GPU shared with the native trainer
                                         #   leave room for the fp32 master, AdamW state, gradients and the
@@ -103,6 +107,8 @@ def check_run_config(cfg: RunConfig) -> RunConfig:
         raise ValueError("max_nonfinite_in_a_row must be >= 1")
     if cfg.max_tokens_per_microbatch is not None and cfg.max_tokens_per_microbatch < 1:
         raise ValueError("max_tokens_per_microbatch must be >= 1 (or unset: the whole mini-batch at once)")
+    if cfg.rollout_max_batch is not None and cfg.rollout_max_batch < 1:
+        raise ValueError("rollout_max_batch must be >= 1 (or unset: 512)")
     if not 0 < cfg.gpu_memory_utilization <= 1:
         raise ValueError("gpu_memory_utilization must lie in (0, 1]")
     return cfg

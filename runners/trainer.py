@@ -78,7 +78,7 @@ class NativeTrainer:
         self.own_engine = rollout_engine is None
         if rollout_engine is None:
             kw = ({"model": copy.deepcopy(self.master), "tokenizer": self.tok, "track_updates": True,
-                   "device": str(self.device)}
+                   "device": str(self.device), **self._engine_batch}
                   if engine == "torch" else {"gpu_memory_utilization": cfg.gpu_memory_utilization})
             rollout_engine = make_engine(engine, ref.path, precision.rollout, **kw)
         else:   # a running engine of the rollout dtype (tests share one vLLM engine): start it at our weights
@@ -86,9 +86,13 @@ class NativeTrainer:
         self.engine = rollout_engine
         # split accuracy of the training-precision policy too, where it differs from the rollout format
         self.train_sampler = (TorchEngine(ref.path, precision.train, model=self.compute, tokenizer=self.tok,
-                                          prepared=True, device=str(self.device))
+                                          prepared=True, device=str(self.device), **self._engine_batch)
                               if precision.rollout != precision.train else None)
         self.grader = Grader()
+
+    @property
+    def _engine_batch(self) -> dict:
+        return {"max_batch": self.cfg.rollout_max_batch} if self.cfg.rollout_max_batch else {}
 
     # the training engine's state, by the names the checkpoint code has always used
     @property

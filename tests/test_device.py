@@ -1,7 +1,8 @@
 """`--device auto|cpu|cuda[:i]`: resolution, one clear refusal where CUDA is absent (build, run,
 sweep, mismatch), and on this CPU machine `bench run --device cpu` stores the very steps of a
 run without the flag (same seed), with the device in the run's provenance and the step's peak
-memory and tokens/s; micro-batches and activation checkpointing from the command line."""
+memory and tokens/s; micro-batches, activation checkpointing and the built-in engine's batch
+from the command line."""
 
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ def test_device_cpu_gives_the_steps_of_a_run_without_the_flag(tmp_path):
     runs = {}
     for name, extra in [("plain", []), ("cpu", ["--device", "cpu"]),
                         ("micro", ["--device", "cpu", "--max-tokens-per-microbatch", "120",
-                                   "--gradient-checkpointing", "--max-steps", "1"])]:
+                                   "--gradient-checkpointing", "--rollout-max-batch", "5", "--max-steps", "1"])]:
         r = cli.invoke(app, [*base, *extra])
         assert r.exit_code == 0, r.output
         runs[name] = json.loads(r.stdout)["id"]
@@ -84,6 +85,7 @@ def test_device_cpu_gives_the_steps_of_a_run_without_the_flag(tmp_path):
             assert s.get(Run, rid).provenance["device"] == "cpu"
         micro = s.get(Run, runs["micro"])
         assert micro.config["max_tokens_per_microbatch"] == 120 and micro.config["gradient_checkpointing"] is True
+        assert micro.config["rollout_max_batch"] == 5
         assert micro.status == "max_steps", micro.stop_reason
         step = s.scalars(select(RunStep).where(RunStep.run_id == runs["plain"])).first().metrics
     assert step["peak_memory_mb"] > 0 and step["train_tokens_per_s"] > 0 and step["micro_batches"] == 1

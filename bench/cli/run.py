@@ -107,6 +107,8 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
         gpu_memory_utilization: Optional[float] = typer.Option(
             None, help="--engine vllm: fraction of the GPU vLLM may take (default 0.5; leave room for the trainer "
             "on a shared GPU)."),
+        rollout_max_batch: Optional[int] = typer.Option(
+            None, help="Built-in engine: rows decoded together (default 512); bounds its KV cache."),
         checkpoint_dir: Optional[Path] = typer.Option(None, help="Default $BENCH_HOME/runs/<run id>."),
         resume: Optional[str] = typer.Option(None, help="Continue run ID from its last checkpoint."),
         as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
@@ -129,7 +131,8 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
                      samples_per_prompt=samples_per_prompt, updates_per_batch=updates_per_batch,
                      eval_every=eval_every, checkpoint_every=checkpoint_every, eval_split_m=eval_split_m,
                      seed=seed, threads=threads, max_tokens_per_microbatch=max_tokens_per_microbatch,
-                     gradient_checkpointing=gradient_checkpointing, gpu_memory_utilization=gpu_memory_utilization)
+                     gradient_checkpointing=gradient_checkpointing, gpu_memory_utilization=gpu_memory_utilization,
+                     rollout_max_batch=rollout_max_batch)
     if trainer not in ("native", "verl"):
         fail(f"unknown trainer {trainer!r}; choose native or verl")
     if trainer == "native" and not (resume and device is None):
@@ -316,6 +319,8 @@ def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or a
               None, "--gradient-checkpointing/--no-gradient-checkpointing", help="Recompute activations in backward."),
           gpu_memory_utilization: Optional[float] = typer.Option(None, help="--engine vllm: fraction of the GPU vLLM "
                                                                  "may take (default 0.5)."),
+          rollout_max_batch: Optional[int] = typer.Option(None, help="Built-in engine: rows decoded together "
+                                                          "(default 512)."),
           trainer: str = typer.Option("native", help="native, or verl (cells one after another on the cluster)."),
           verl_python: str = typer.Option("python", help="With --trainer verl: verl's interpreter."),
           gpus: int = typer.Option(1, help="With --trainer verl: GPUs per node."),
@@ -345,7 +350,7 @@ def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or a
     overrides = {"benchmark": benchmark, "max_steps": max_steps, "eval_every": eval_every, "prompts_per_step": prompts_per_step,
                  "samples_per_prompt": samples_per_prompt, "threads": threads,
                  "max_tokens_per_microbatch": max_tokens_per_microbatch, "gradient_checkpointing": gradient_checkpointing,
-                 "gpu_memory_utilization": gpu_memory_utilization}
+                 "gpu_memory_utilization": gpu_memory_utilization, "rollout_max_batch": rollout_max_batch}
     try:
         if trainer not in ("native", "verl"):
             raise ValueError(f"unknown trainer {trainer!r}; choose native or verl")
