@@ -26,7 +26,10 @@ layer (lm_head included), at each sync:
                           since the previous sync and δ the grid spacing at the new stored
                           value: int8 the channel scale; e4m3 the scale × 2^(max(⌊log2|c|⌋, −6) − 3)
                           at code c; bf16/fp16/fp32 the value's ulp. Far below 1/2: most
-                          updates cannot move the quantized copy.
+                          updates cannot move the quantized copy. Over every such weight up to
+                          TRACK_SAMPLE (2^24) of them; a larger model uses a fixed uniform sample
+                          of 2^24 positions (its fp32 copy of the last sync is then ~200 MB, not
+                          4 bytes per weight on the device).
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .formats import Format, float_step, scaled_mm
+
+TRACK_SAMPLE = 2 ** 24      # weights behind rollout_update_to_step at most (see the module docstring)
 
 
 # ------------------------------------------------------------------ rollout side
@@ -119,9 +124,18 @@ class RolloutWeights:
                 owners.setdefault(id(p), []).append((mod_name, mod, attr))
         canonical = list(model.named_parameters())
         is_linear_weight = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
-        # the fp32 master of every linear weight as it was (for |Δw| at the first sync)
-        self.prev: dict[str, torch.Tensor] = ({n: p.detach().float().clone() for n, p in canonical
-                                               if id(p) in is_linear_weight} if track else {})
+        # the fp32 master of every linear weight as it was (for |Δw| at the first sync), or of a
+        # fixed uniform sample of TRACK_SAMPLE positions when there are more
+        self.sample: dict[str, torch.Tensor | None] = {}
+        if track:
+            lin = [(n, p) for n, p in canonical if id(p) in is_linear_weight]
+            n_lin = sum(p.numel() for _, p in lin)
+            for k, (n, p) in enumerate(lin):
+                self.sample[n] = (None if n_lin <= TRACK_SAMPLE else torch.randint(
+                    p.numel(), (max(1, -(-p.numel() * TRACK_SAMPLE // n_lin)),),
+                    generator=torch.Generator().manual_seed(k)).to(p.device))
+        self.prev: dict[str, torch.Tensor] = {n: self._tracked(n, p.detach()) for n, p in canonical
+                                              if n in self.sample}
         replaced: dict[int, nn.Module] = {}
         if not fmt.plain:
             head = model.get_output_embeddings()
@@ -149,6 +163,12 @@ class RolloutWeights:
             if is_linear:
                 self.linear_names.add(name)
 
+    def _tracked(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """`t` flattened to fp32 at the tracked positions of weight `name` (all, or its sample)."""
+        idx = self.sample.get(name)
+        flat = t.float().flatten()
+        return flat.clone() if idx is None else flat[idx]
+
     @torch.no_grad()
     def load(self, named_tensors, track: bool = False) -> dict[str, float]:
         moved = total = 0
@@ -162,9 +182,10 @@ class RolloutWeights:
                 moved += int(m.sum())
                 total += m.numel()
                 if name in self.prev:
-                    ratios.append(((t.detach().float() - self.prev[name]).abs() / step).flatten())
+                    ratios.append((self._tracked(name, t.detach()) - self.prev[name]).abs()
+                                  / self._tracked(name, step))
             if track and name in self.linear_names:
-                self.prev[name] = t.detach().float().clone()
+                self.prev[name] = self._tracked(name, t.detach())
         stats = {}
         if total:
             stats["rollout_weights_moved"] = moved / total

@@ -93,3 +93,26 @@ def test_device_cpu_gives_the_steps_of_a_run_without_the_flag(tmp_path):
     assert m["micro_batches"] > 2
     # one update per batch: the first step's forward is π_old in both, so the rollouts and μ are identical
     assert m["reward"] == plain[0]["reward"] and m["kl_k3"] == pytest.approx(plain[0]["kl_k3"], rel=1e-2)
+
+
+def test_sync_statistic_of_a_large_model_keeps_a_sample(monkeypatch):
+    """rollout_update_to_step of a model with more than TRACK_SAMPLE linear weights is the
+    median over a fixed sample (its fp32 copy on the device stays small); the fraction moved
+    still counts every weight."""
+    import copy
+
+    import bench.format_modules as fm
+    from bench import formats
+    from bench.models import load_model, resolve_model
+
+    model = load_model(resolve_model("tiny-math"))
+    full = fm.RolloutWeights(copy.deepcopy(model), formats.get("int8"), track=True)
+    monkeypatch.setattr(fm, "TRACK_SAMPLE", 20_000)
+    sampled = fm.RolloutWeights(copy.deepcopy(model), formats.get("int8"), track=True)
+    assert 20_000 <= sum(v.numel() for v in sampled.prev.values()) < 21_000
+    assert sum(v.numel() for v in full.prev.values()) > 600_000
+    g = torch.Generator().manual_seed(0)
+    new = [(n, p.detach() + 1e-3 * torch.randn(p.shape, generator=g)) for n, p in model.named_parameters()]
+    a, b = full.load(new, track=True), sampled.load(new, track=True)
+    assert a["rollout_weights_moved"] == b["rollout_weights_moved"]
+    assert b["rollout_update_to_step"] == pytest.approx(a["rollout_update_to_step"], rel=0.05)
