@@ -163,16 +163,21 @@ class TrainingEngine:
             didx = torch.tensor(part, device=self.device)
             t = m.shape[1]
             self.passes += 1
-            lp = response_logprobs(self.compute, ids, attn, tok, pos)
+            with torch.set_grad_enabled(finite):
+                lp = response_logprobs(self.compute, ids, attn, tok, pos)
             if fill_old:
                 x.logp_old[didx, :t] = lp.detach() * m
+            if not finite:              # the step is skipped; the rest only completes π_old for the metrics
+                continue
             mb = LossInputs(lp, x.logp_old[didx, :t], x.logp_rollout[didx, :t], m, x.advantages[didx])
             share = sequences_in_mean(self.algo, m) / n_seq if n_seq else 0.0
             loss, _ = self.loss_fn(mb, self.cfg.algo)
             total += loss.item() * share
             if not torch.isfinite(loss):
                 finite = False
-                break
+                if not fill_old:
+                    break
+                continue
             (loss * (share * scale)).backward()
             self._collect_grads(first=not pieces)
             pieces.append((part, lp.detach()))

@@ -200,3 +200,29 @@ def test_parts_respect_the_budget(tiny):
     assert eng.passes == len(eng.parts(list(range(16)), batch)) > 1
     # trimmed parts: the same log-probs up to fp32 rounding (attention over fewer padded keys)
     torch.testing.assert_close(lp, engine(tiny, "grpo", None).logprobs(batch), rtol=1e-6, atol=1e-6)
+
+
+def test_a_non_finite_part_skips_the_step_and_still_fills_pi_old(tiny):
+    """A part whose loss is NaN: no gradient, the step is skipped and counted (as for a whole
+    batch), and with π_old taken from the update's forwards every row still gets its π_old
+    (the step's mismatch metrics need it)."""
+    batch = make_batch(seed=13, trim=False)
+    eng = engine(tiny, "grpo", 100)
+    x = inputs(engine(tiny, "grpo", None), batch, seed=14)
+    real = eng.loss_fn
+
+    def poisoned(mb, cfg):                       # NaN in the part holding row 0 (advantage set to 7)
+        loss, m = real(mb, cfg)
+        return (loss * float("nan") if (mb.advantages == 7).any() else loss), m
+
+    x.advantages = x.advantages.clone()
+    x.advantages[0] = 7.0
+    eng.loss_fn = poisoned
+    x_m = copy.copy(x)
+    x_m.logp_old = torch.zeros_like(batch.mask)
+    order = torch.arange(16)
+    assert len(eng.parts(order.tolist(), batch)) >= 3
+    loss, norm, _, applied = eng.update(x_m, order, batch, fill_old=True)
+    assert not applied and norm != norm and loss != loss
+    assert eng.scaler.skipped == 1 and all(p.grad is None for p in eng.master.parameters())
+    torch.testing.assert_close(x_m.logp_old, x.logp_old, rtol=1e-6, atol=1e-6)
