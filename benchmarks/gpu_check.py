@@ -390,6 +390,8 @@ def run_check(plan: Plan, device: str, budget_s: float, log=print) -> dict:
         if engine is not None:
             engine.compute = engine.opt = None
         del engine
+        for p in master.parameters():
+            p.grad = None
         _free()
     master = master.eval()
 
