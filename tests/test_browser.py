@@ -86,7 +86,7 @@ def test_leaderboard_filter_and_run_page_in_chromium(served, browser):
     base, url = served
     SHOTS.mkdir(parents=True, exist_ok=True)
     browser.get(base)
-    wait_text(browser, "4 runs")
+    wait_text(browser, "4 cells")              # 2 algorithms × 2 dtypes, one seed each
 
     # filter by algorithm: the Algorithm multiselect is the third one
     boxes, deadline = [], time.time() + 60
@@ -98,7 +98,7 @@ def test_leaderboard_filter_and_run_page_in_chromium(served, browser):
     boxes[2].click()
     boxes[2].send_keys("grpo")
     boxes[2].send_keys(Keys.ENTER)
-    wait_text(browser, "2 runs")
+    wait_text(browser, "2 cells")
     browser.save_screenshot(str(SHOTS / "leaderboard-filtered.png"))
 
     with session(open_store(url)) as s:
