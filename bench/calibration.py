@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from .mismatch import kl_k3
+
 CAUSES = ("processed log-probs: temperature != 1 or top-p < 1 on the rollout side only",
           "a buffer (RoPE inv_freq) cast to 16 bits in one engine",
           "a stale tied lm_head after a weight reload",
@@ -81,7 +83,7 @@ def calibration_metrics(logp_mu: torch.Tensor, logp_pi: torch.Tensor, mask: torc
         raise ValueError("calibration needs at least one response token")
     return {"tokens": int(tok.numel()), "sequences": int(seq.numel()),
             "abs_logp_diff_mean": tok.abs().mean().item(), "abs_logp_diff_max": tok.abs().max().item(),
-            "k3": (torch.expm1(tok) - tok).mean().item(),
+            "k3": kl_k3(logp_mu, logp_pi, mask),
             "seq_log_ratio_mean": seq.mean().item(), "seq_log_ratio_max": seq.abs().max().item(),
             "is_ratio_min": seq.clamp(-50, 50).exp().min().item(), "is_ratio_max": seq.clamp(-50, 50).exp().max().item()}
 

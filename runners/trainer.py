@@ -165,6 +165,19 @@ class NativeTrainer:
             out.append(perm[i])
         return out
 
+    def _rollouts(self, idx: list[int], sp: Sampling):
+        """G responses to each prompt of `idx` from the rollout engine: the samples (per prompt),
+        the packed batch on the device, and μ of the sampled tokens [N, T] on the CPU."""
+        g = self.cfg.samples_per_prompt
+        samples = self.engine.generate([self.prompts[i] for i in idx], g, sp)
+        flat = [s for row in samples for s in row]
+        batch = Batch.pack([self.prompt_ids[i] for i in idx for _ in range(g)], [s.token_ids for s in flat],
+                           self.tok.pad_token_id, self.device)
+        logp_mu = torch.zeros(batch.mask.shape)
+        for i, s in enumerate(flat):
+            logp_mu[i, :len(s.logprobs)] = torch.tensor(s.logprobs)
+        return samples, batch, logp_mu
+
     def _score(self, problems: list[Problem], samples) -> torch.Tensor:
         texts = [s.text for row in samples for s in row]
         golds = [p.answer for p, row in zip(problems, samples) for _ in row]
@@ -202,16 +215,11 @@ class NativeTrainer:
         t0 = time.time()
         idx = self._step_prompts(self.step)
         sp = Sampling(cfg.temperature, cfg.top_p, cfg.max_tokens, seed=cfg.seed * 1_000_003 + self.step)
-        samples = self.engine.generate([self.prompts[i] for i in idx], g, sp)
+        samples, batch, logp_rollout = self._rollouts(idx, sp)
         t1 = time.time()
         rewards = self._score([self.split[i] for i in idx], samples)
         flat = [s for row in samples for s in row]
-        batch = Batch.pack([self.prompt_ids[i] for i in idx for _ in range(g)], [s.token_ids for s in flat],
-                           self.tok.pad_token_id, dev)
         mask = batch.mask
-        logp_rollout = torch.zeros(mask.shape)
-        for i, s in enumerate(flat):
-            logp_rollout[i, :len(s.logprobs)] = torch.tensor(s.logprobs)
         logp_rollout = logp_rollout.to(dev)
         tt = time.time()
         self._sync_compute()
@@ -313,15 +321,9 @@ class NativeTrainer:
     def calibrate(self) -> dict:
         """The step-0 gate (bench/calibration.py): one batch of B × G rollouts scored by both
         engines at the identical starting weights, stored as the run's `calibration`."""
-        cfg, g = self.cfg, self.cfg.samples_per_prompt
-        idx = self._step_prompts(0)
+        cfg = self.cfg
         sp = Sampling(cfg.temperature, cfg.top_p, cfg.max_tokens, seed=30_000_001 + cfg.seed)
-        flat = [s for row in self.engine.generate([self.prompts[i] for i in idx], g, sp) for s in row]
-        batch = Batch.pack([self.prompt_ids[i] for i in idx for _ in range(g)], [s.token_ids for s in flat],
-                           self.tok.pad_token_id, self.device)
-        logp_mu = torch.zeros(batch.mask.shape)
-        for i, s in enumerate(flat):
-            logp_mu[i, :len(s.logprobs)] = torch.tensor(s.logprobs)
+        _, batch, logp_mu = self._rollouts(self._step_prompts(0), sp)
         self._sync_compute()
         logp_pi = self.learner.logprobs(batch).cpu()
         mask = batch.mask.cpu()

@@ -86,6 +86,11 @@ class Follower:
     def __post_init__(self):
         self.rewards = deque(maxlen=max(1, math.ceil(self.split_size / self.cfg.prompts_per_step)))
 
+    @property
+    def split_n(self) -> int:
+        """Graded responses behind the split accuracy: the last pass's B × G per step."""
+        return len(self.rewards) * self.cfg.prompts_per_step * self.cfg.samples_per_prompt
+
     def track(self, step: int, m: dict, split_acc: float | None = None, may_eval: bool = True):
         """Feed one training step's (bench-named) metrics to the stop rules; returns a verdict.
         The split accuracy is computed when an evaluation is due (and `may_eval`), or given
@@ -99,8 +104,8 @@ class Follower:
         due = step % self.cfg.eval_every == 0 or step >= self.cfg.max_steps
         if split_acc is None and may_eval and due and len(self.rewards) == self.rewards.maxlen:
             split_acc = m["eval/split"] = sum(self.rewards) / len(self.rewards)
-        n = len(self.rewards) * self.cfg.prompts_per_step * self.cfg.samples_per_prompt    # graded responses
-        return None if split_acc is None else stop_rules.after_eval(self.state, self.cfg.stop, step, split_acc, n)
+        return None if split_acc is None else stop_rules.after_eval(self.state, self.cfg.stop, step, split_acc,
+                                                                    self.split_n)
 
     def ingest(self, step: int, data: dict) -> tuple[str, str] | None:
         """One log line; returns (status, reason) when a stop rule fires."""
@@ -121,8 +126,7 @@ class Follower:
             if key := _val_key(k):
                 evals[key[0]] = (int(key[1]), v)
         if "eval/split" in m:
-            evals["split"] = (len(self.rewards) * self.cfg.prompts_per_step * self.cfg.samples_per_prompt,
-                              m["eval/split"])
+            evals["split"] = (self.split_n, m["eval/split"])
         self._write(step, m, evals, converged=bool(verdict) and verdict[0] == stop_rules.CONVERGED)
         return verdict
 

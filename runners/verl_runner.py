@@ -1,6 +1,6 @@
 """The verl runner's configuration half: verl's parquet, the reward module, and the
 `python -m verl.trainer.main_ppo` overrides for every algorithm × precision pair, as read off
-verl 0.9.1 in ../shared/reference/verl.md. `bench run --trainer verl --dry-run` prints them.
+verl 0.9.1's source (its trainer config and ppo modules). `bench run --trainer verl --dry-run` prints them.
 
 Where bench's one definition (DESIGN.md) and verl's defaults differ, the overrides choose
 bench's, and tests/test_verl_crosscheck.py checks each loss against verl's `core_algos` on the
