@@ -112,19 +112,21 @@ class TrainingEngine:
         return out
 
     @torch.no_grad()
-    def logprobs(self, batch: Batch) -> torch.Tensor:
+    def logprobs(self, batch: Batch, model: torch.nn.Module | None = None) -> torch.Tensor:
         """log π of every response token of `batch` [N, T] (0 off the mask), no grad, in
-        micro-batches; the caller syncs the compute copy."""
+        micro-batches; the caller syncs the compute copy. `model`: another train-format model
+        in its place (π_old at stale weights: runners/staleness.py)."""
+        model = self.compute if model is None else model
         rows = list(range(len(batch.lengths)))
         parts = self.parts(rows, batch)
         if len(parts) == 1:
             self.passes += 1
-            return response_logprobs(self.compute, *batch.tensors) * batch.mask
+            return response_logprobs(model, *batch.tensors) * batch.mask
         out = torch.zeros_like(batch.mask)
         for part in parts:
             ids, attn, tok, pos, m = batch.rows(part)
             self.passes += 1
-            out[torch.tensor(part, device=out.device), :m.shape[1]] = response_logprobs(self.compute, ids, attn, tok,
+            out[torch.tensor(part, device=out.device), :m.shape[1]] = response_logprobs(model, ids, attn, tok,
                                                                                         pos) * m
         return out
 
