@@ -10,6 +10,15 @@ uses dynamic loss scaling. Master, compute copy, built-in rollout engine and bat
 the run's device. Metrics land in the store every step (with the step's peak memory and
 tokens/s); checkpoints every N steps make a killed run resumable with no gap and no
 duplicate step.
+
+Staleness (`RunConfig.staleness`, K; runners/staleness.py has the definitions): the rollout
+engine samples step t with θ_{t−K_eff}, K_eff = min(K, t), from a queue of the last K master
+snapshots; μ = the rollout engine and π_old = the training engine, both at θ_{t−K_eff} (so the
+precision metrics, π_old vs μ, stay precision only); π_θ, the weights being updated, is
+compared with π_old in `staleness_kl_k3` / `staleness_abs_dp` (with `staleness_k` = K_eff);
+w = π_θ/μ carries both. After each update the oldest snapshot, not the master, goes to the
+rollout engine; evaluations sample the current weights. At K = 0 the step is the code of
+before, bit for bit (tests/test_staleness.py compares stored steps).
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from .train_engine import Batch, TrainingEngine
 
 # The run bookkeeping lives in runners/runs.py, the tensors in runners/logprobs.py; their names
 # stay importable from here (`from runners.trainer import start_run`, ...).
+from .staleness import NO_STALENESS, WeightQueue, staleness_metrics
 from .runs import (SPLIT_ESTIMATOR, RunError, _check_ckpt_dir, _train, config_from_dict,  # noqa: F401
                    latest_build, load_split, record_end, record_failure, resolve_inputs, resumable_run,
                    resume_run, start_run)
@@ -68,6 +78,7 @@ class NativeTrainer:
         self.tok = load_tokenizer(ref)
         self.learner = TrainingEngine(load_model(ref, torch.float32), precision.train, cfg, self.loss_fn, algo,
                                       self.device)
+        self.stale = WeightQueue(cfg.staleness, self.learner)   # K = 0: empty, unused
         self.stop_state = stop_rules.StopState()
         self.step = 0
         self.wall = 0.0
@@ -126,6 +137,8 @@ class NativeTrainer:
                  "optimizer": self.opt.state_dict(), "scaler": self.scaler.state_dict(),
                  "stop": self.stop_state.to_dict(), "rng_torch": torch.get_rng_state(),
                  "rng_python": random.getstate()}
+        if self.cfg.staleness:
+            state["staleness"] = self.stale.state()
         tmp = self.ckpt_path.with_suffix(".tmp")
         torch.save(state, tmp)
         os.replace(tmp, self.ckpt_path)
@@ -142,8 +155,9 @@ class NativeTrainer:
             self.step, self.wall = state["step"], state["wall"]
             torch.set_rng_state(state["rng_torch"])
             random.setstate(state["rng_python"])
+            self.stale.load_state(state.get("staleness", []), self.device)
             self._sync_compute()
-            self.engine.update_weights(self.master.named_parameters())
+            self.engine.update_weights(self.stale.rollout_weights(self.master))
         with session(self.store) as s:
             s.execute(delete(RunStep).where(RunStep.run_id == self.run_id, RunStep.step > self.step))
             s.execute(delete(Eval).where(Eval.run_id == self.run_id, Eval.step > self.step))
@@ -189,7 +203,12 @@ class NativeTrainer:
         `split@train`: the same avg@m (same seeds) sampled from the training engine's compute
         copy (fp32 master weights in the training format, its forward as in training), i.e.
         what the run learned rather than what its quantized sampler answers. The stop rules,
-        peak and final accuracy read `split` (what training sees, as before)."""
+        peak and final accuracy read `split` (what training sees, as before). With staleness
+        the rollout engine holds the current weights for the evaluation (runners/staleness.py)."""
+        with self.stale.current_weights(self.engine, self.master):
+            return self._evaluate()
+
+    def _evaluate(self) -> dict[str, float]:
         cfg = self.cfg
         sp = Sampling(cfg.temperature, cfg.top_p, cfg.max_tokens, seed=10_000_019 + self.step)
         scores = {"split": (cfg.eval_split_m, self._score(self.split, self.engine.generate(self.prompts, cfg.eval_split_m, sp)))}
@@ -223,8 +242,17 @@ class NativeTrainer:
         logp_rollout = logp_rollout.to(dev)
         tt = time.time()
         self._sync_compute()
-        first, fill_old = None, False
-        if cfg.updates_per_batch == 1 and not cfg.max_tokens_per_microbatch:
+        first, fill_old, k_eff, logp_cur = None, False, self.stale.effective, None
+        if k_eff:
+            # stale rollouts: π_old at the sampling weights θ_{t−K}, π_θ (current) for the staleness metrics
+            logp_old = self.stale.old_logprobs(batch)
+            if cfg.updates_per_batch == 1 and not cfg.max_tokens_per_microbatch:
+                learner.passes += 1
+                first = response_logprobs(self.compute, *batch.tensors)
+                logp_cur = first.detach() * mask
+            else:
+                logp_cur = learner.logprobs(batch)
+        elif cfg.updates_per_batch == 1 and not cfg.max_tokens_per_microbatch:
             # one update per rollout batch: π_old is π_θ at this very point, so the update's
             # forward (with grad) doubles as the extra π_old forward
             learner.passes += 1
@@ -241,6 +269,7 @@ class NativeTrainer:
         t2 = time.time()
         gen = torch.Generator().manual_seed(cfg.seed * 7_919 + self.step)
         order = torch.randperm(len(flat), generator=gen)
+        self.stale.record(self.master)          # θ_t, before the update (K = 0: nothing)
         losses, norms, loss_metrics, applied = [], [], {}, 0
         for chunk in order.chunk(cfg.updates_per_batch):
             loss, norm, m, ok = learner.update(x, chunk, batch, None if first is None else first[chunk.to(dev)],
@@ -252,7 +281,7 @@ class NativeTrainer:
                 loss_metrics[k] = loss_metrics.get(k, 0.0) + v / cfg.updates_per_batch
         synchronize(dev)
         t_trained = time.time()
-        self.engine.update_weights(self.master.named_parameters())
+        self.engine.update_weights(self.stale.rollout_weights(self.master))   # θ_{t+1−K}; the master at K = 0
         sync = dict(getattr(self.engine, "sync_stats", None) or {})   # rollout_weights_moved, rollout_update_to_step
         synchronize(dev)
         t3 = time.time()
@@ -267,7 +296,8 @@ class NativeTrainer:
             "loss": sum(losses) / len(losses), "grad_norm": max(norms, key=_norm_order) if norms else float("nan"),
             "loss_scale": self.scaler.scale, "skipped_steps": self.scaler.skipped,
             "updates_applied": applied, "updates_nonfinite": len(norms) - applied,
-            **mismatch_metrics(logp_rollout_c, logp_old_c, mask_c), **sync,
+            **mismatch_metrics(logp_rollout_c, logp_old_c, mask_c), **sync, "staleness_k": k_eff,
+            **(staleness_metrics(logp_old_c, logp_cur.cpu(), mask_c) if k_eff else NO_STALENESS),
             **{f"loss/{k}": v for k, v in loss_metrics.items()},
             "time_rollout": t1 - t0, "time_scoring": t2 - t1, "time_update": t3 - t2,
             "tokens_per_s": n_tok / max(t1 - t0, 1e-9),

@@ -115,6 +115,9 @@ class Run(Base):
     # versions, hardware, 16-bit matmul mode, bench's commit, the split-accuracy estimator
     provenance: Mapped[dict | None] = mapped_column(JSON)
     seed: Mapped[int | None] = mapped_column(Integer)    # config["seed"], copied on insert (see below)
+    # K: the rollout weights lag K optimizer steps behind (config["staleness"], copied on insert;
+    # 0 for every run from before staleness): part of a leaderboard cell's key
+    staleness: Mapped[int] = mapped_column(Integer, default=0, server_default="0", nullable=False)
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
     __table_args__ = (Index("ix_runs_build_cell", "build_id", "algo", "rollout_dtype", "train_dtype"),)
@@ -122,10 +125,14 @@ class Run(Base):
 
 @event.listens_for(Run, "before_insert")
 def _seed_from_config(mapper, connection, run: Run) -> None:
-    """A run's seed is its config's: every writer (native, verl, an imported bundle) gets the
-    column filled, so a seeded sweep finds its finished (cell, seed) pairs with one query."""
+    """A run's seed and staleness are its config's: every writer (native, verl, an imported
+    bundle) gets the columns filled, so a seeded sweep finds its finished (cell, K, seed) runs
+    with one query."""
     if run.seed is None and isinstance(run.config, dict) and isinstance(run.config.get("seed"), int):
         run.seed = run.config["seed"]
+    k = run.config.get("staleness") if isinstance(run.config, dict) else None
+    if run.staleness is None and isinstance(k, int) and not isinstance(k, bool):
+        run.staleness = k
 
 
 class RunStep(Base):
