@@ -10,6 +10,7 @@ HERE = Path(__file__).parent / "pages"
 pages = [
     st.Page(HERE / "leaderboard.py", title="Leaderboard", icon=":material/leaderboard:", default=True),
     st.Page(HERE / "grid.py", title="Precision grid", icon=":material/grid_on:"),
+    st.Page(HERE / "staleness.py", title="Staleness", icon=":material/history:"),
     st.Page(HERE / "run.py", title="Run", icon=":material/show_chart:"),
     st.Page(HERE / "compare.py", title="Compare", icon=":material/compare_arrows:"),
     st.Page(HERE / "builds.py", title="Builds", icon=":material/dataset:"),

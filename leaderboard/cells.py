@@ -1,5 +1,6 @@
-"""A leaderboard cell: one algorithm at one precision pair on one build (and trainer), over its
-seeds. Shared by the Streamlit pages and `bench report`; pure functions of `runs_frame`.
+"""A leaderboard cell: one algorithm at one precision pair and one staleness K on one build (and
+trainer), over its seeds. Shared by the Streamlit pages and `bench report`; pure functions of
+`runs_frame` (a frame without a `staleness` column reads as K = 0 throughout).
 
 Per cell: passes k/N (a seed passes when its run's verdict is PASS, i.e. the run stopped
 converged); the verdict is PASS only when every seed passes, RUNNING while no seed has failed
@@ -17,7 +18,7 @@ from collections import Counter
 
 import pandas as pd
 
-CELL_KEY = ["model", "build", "algo", "precision", "trainer"]
+CELL_KEY = ["model", "build", "algo", "precision", "trainer", "staleness"]
 LEVEL = 0.95
 INTERVAL = "95% Student-t interval over seeds (mean ± t(0.975, n−1)·s/√n)"
 
@@ -120,16 +121,24 @@ def verdict(sanities: list[str]) -> str:
 
 
 def cell_columns() -> list[str]:
-    return ["model", "build", "algo", "precision", "trainer", "sanity", "passes", "seeds", "status", "pass_rate",
+    return ["model", "build", "algo", "precision", "trainer", "staleness", "sanity", "passes", "seeds", "status", "pass_rate",
             "peak_mean", "peak_ci_lo", "peak_ci_hi", "peak_sd", "steps_to_pass_median", "steps_to_pass_min",
             "steps_to_pass_max", "kl_k3_median", "n_seeds", "runs"]
+
+
+def with_staleness(runs: pd.DataFrame) -> pd.DataFrame:
+    """A copy of `runs` with an integer `staleness` column (0 where missing)."""
+    r = runs.copy()
+    r["staleness"] = (r["staleness"].fillna(0) if "staleness" in r.columns else 0)
+    r["staleness"] = r["staleness"].astype(int)
+    return r
 
 
 def seed_runs(runs: pd.DataFrame) -> pd.DataFrame:
     """One run per (cell, seed): the newest (a seed rerun after a failure counts once)."""
     if runs.empty:
         return runs
-    r = runs.copy()
+    r = with_staleness(runs)
     if "seed" not in r.columns:
         r["seed"] = None
     r["_seed"] = r.seed.map(lambda x: -1 if x is None or x != x else int(x))
@@ -174,3 +183,11 @@ def ranked_cells(cells: pd.DataFrame) -> pd.DataFrame:
     c = c.sort_values(["_pass", "_steps", "pass_rate", "peak_mean"], ascending=[False, True, False, False],
                       na_position="last", kind="stable")
     return c.drop(columns=["_pass", "_steps"]).reset_index(drop=True)
+
+
+def by_staleness(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` (cells or runs, ranked) grouped by staleness K, smallest first, each group in its
+    ranked order (unchanged when every row has one K)."""
+    if frame.empty or "staleness" not in frame.columns:
+        return frame
+    return frame.sort_values("staleness", kind="stable").reset_index(drop=True)

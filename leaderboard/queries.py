@@ -54,7 +54,7 @@ def runs_frame(engine: Engine, build_id: str | None = None) -> pd.DataFrame:
     q = (select(Run.id.label("run"), Model.name.label("model"), Run.build_id.label("build"), Run.algo,
                 Run.rollout_dtype, Run.train_dtype, Run.trainer, Run.engine, Run.status, Run.stop_reason,
                 Run.peak_accuracy, Run.final_accuracy, Run.steps_to_target, Run.wall_to_target, Run.step.label("steps"),
-                Run.wall_s, Run.kl_warning_step, Run.seed, Run.created_at, Run.updated_at)
+                Run.wall_s, Run.kl_warning_step, Run.seed, Run.staleness, Run.created_at, Run.updated_at)
          .join(Model, Model.id == Run.model_id))
     if build_id:
         q = q.where(Run.build_id == build_id)
@@ -85,7 +85,7 @@ def runs_frame(engine: Engine, build_id: str | None = None) -> pd.DataFrame:
 
 
 def report_columns() -> list[str]:
-    return ["run", "model", "build", "algo", "precision", "status", "sanity", "peak_accuracy", "final_accuracy",
+    return ["run", "model", "build", "algo", "precision", "staleness", "status", "sanity", "peak_accuracy", "final_accuracy",
             "steps_to_target", "wall_to_target", "best_eval", "last_eval", "mean_kl", "mean_kl_k1", "max_abs_dp",
             "log_ratio_slope", "steps"]
 

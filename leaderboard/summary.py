@@ -51,15 +51,18 @@ def _ended(runs: pd.DataFrame, run_ids: list[str]) -> list[dict]:
 
 
 def mismatch_ratios(cells: pd.DataFrame) -> list[dict]:
-    """bf16 over fp16 median KL k3 for every (model, build, trainer, algorithm) with both cells."""
+    """bf16 over fp16 median KL k3 for every (model, build, trainer, staleness K, algorithm) with
+    both cells."""
     if cells.empty:
         return []
     num, den = RATIO
     out = []
-    for (model, build, trainer, algo), g in cells.groupby(["model", "build", "trainer", "algo"], sort=True):
+    cells = cells.assign(staleness=cells.staleness if "staleness" in cells.columns else 0)
+    for (model, build, trainer, k, algo), g in cells.groupby(["model", "build", "trainer", "staleness", "algo"],
+                                                             sort=True):
         kl = dict(zip(g.precision, g.kl_k3_median))
         if num in kl and den in kl:
-            out.append({"model": model, "build": build, "trainer": trainer, "algo": algo,
+            out.append({"model": model, "build": build, "trainer": trainer, "staleness": int(k), "algo": algo,
                         f"kl_k3_{num}": _num(kl[num]), f"kl_k3_{den}": _num(kl[den]),
                         "ratio": _ratio(kl[num], kl[den])})
     return out
@@ -93,6 +96,7 @@ def report_summary(cells: pd.DataFrame, runs: pd.DataFrame, mismatch: pd.DataFra
     per_cell = []
     for c in cells.itertuples():
         per_cell.append({"algo": c.algo, "precision": c.precision, "build": c.build, "trainer": c.trainer,
+                         "staleness": _int(getattr(c, "staleness", 0)) or 0,
                          "sanity": c.sanity, "passes": c.passes, "status": c.status,
                          "steps_to_pass_median": _num(c.steps_to_pass_median),
                          "kl_k3_median": _num(c.kl_k3_median), "runs": _ended(runs, list(c.runs))})

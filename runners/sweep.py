@@ -1,6 +1,9 @@
 """The algorithm × precision grid on one build: cells run one after another (or in `jobs`
 processes); a cell that already finished on that build with the same trainer is skipped.
-With seeds, every cell runs once per seed and a finished (cell, seed) pair is skipped.
+With seeds, every cell runs once per seed and a finished (cell, seed) pair is skipped; with a
+staleness axis (`--staleness 0,1,2,4`: runners/staleness.py), once per K as well, a finished
+(cell, K, seed) run skipped. A cell's finished runs are those of its K (runs.staleness; without
+the axis, the preset's K, 0), so on-policy and stale runs never stand in for each other.
 With the verl trainer each cell is one `bench run --trainer verl` after another: verl takes
 the whole cluster.
 
@@ -72,11 +75,13 @@ def _relay(cmd: list[str], on_line) -> tuple[int, str, str]:
 
 
 def _finished_run(s, build_id: str, algo: str, p: Precision, trainer: str = "native",
-                  seed: int | None = None) -> Run | None:
-    """The newest finished run of the cell (of the cell and `seed`, when given; the seed is the
-    run's config["seed"], kept in runs.seed)."""
+                  seed: int | None = None, staleness: int = 0) -> Run | None:
+    """The newest finished run of the cell at staleness K (of the cell, K and `seed`, when given;
+    the seed is the run's config["seed"], kept in runs.seed, K its config["staleness"], kept in
+    runs.staleness)."""
     q = select(Run).where(Run.build_id == build_id, Run.algo == algo, Run.rollout_dtype == p.rollout,
-                          Run.train_dtype == p.train, Run.trainer == trainer, Run.status.in_(FINISHED))
+                          Run.train_dtype == p.train, Run.trainer == trainer, Run.status.in_(FINISHED),
+                          Run.staleness == staleness)
     if seed is not None:
         q = q.where(Run.seed == seed)
     return s.scalars(q.order_by(Run.created_at.desc())).first()
@@ -100,10 +105,23 @@ def parse_seeds(text: str) -> list[int]:
     return list(dict.fromkeys(seeds))
 
 
+def parse_staleness(text: str) -> list[int]:
+    """`--staleness 0,1,2,4,8,16`: the K values of a sweep (one value is an axis of one)."""
+    try:
+        ks = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        ks = []
+    if not ks or any(k < 0 for k in ks):
+        raise ValueError(f"bad --staleness {text!r}: give integers >= 0 (optimizer steps the rollout weights lag "
+                         "behind), one or a comma list such as 0,1,2,4,8,16")
+    return list(dict.fromkeys(ks))
+
+
 def _summary(s, run_id: str | None, algo: str, p: Precision, status: str | None = None,
-             seed: int | None = None) -> dict:
+             seed: int | None = None, staleness: int | None = None) -> dict:
     r = s.get(Run, run_id) if run_id else None
-    return {"algo": algo, "precision": p.name, **({} if seed is None else {"seed": seed}), "run": run_id,
+    return {"algo": algo, "precision": p.name, **({} if staleness is None else {"staleness": staleness}),
+            **({} if seed is None else {"seed": seed}), "run": run_id,
             "status": status or (r.status if r else "failed"), "peak": r.peak_accuracy if r else None,
             "steps": r.step if r else 0}
 
@@ -111,13 +129,18 @@ def _summary(s, run_id: str | None, algo: str, p: Precision, status: str | None 
 def run_grid(store, db_url: str | None, algos: list[str], pairs: list[Precision], build_id: str | None,
              engine: str, preset: str, overrides: dict, jobs: int = 1, log=print,
              verl_args: list[str] | None = None, seeds: list[int] | None = None,
-             ckpt_root=None, progress: bool = True, device: str = "cpu") -> list[dict]:
+             ckpt_root=None, progress: bool = True, device: str = "cpu",
+             staleness: list[int] | None = None) -> list[dict]:
     """Run the grid; `verl_args` (e.g. ["--verl-python", PY, "--gpus", "8"]) runs every cell
     with the verl trainer, one at a time. `seeds` runs every cell once per seed (the run
     config's `seed`), skipping the (cell, seed) pairs that already finished; without it a cell
     is run once with the preset's seed and skipped when any of its runs finished. `progress`:
     `log` one line per step of every cell (`<algo> <precision>[ seed N] step …`) and one
-    when it ends. `device`: where native cells train (bench/device.py)."""
+    when it ends. `device`: where native cells train (bench/device.py). `staleness`: run every
+    cell (and seed) once per K, skipping the finished (cell, K, seed) runs; without it every cell
+    runs at the K of the overrides or the preset, and only its runs at that K count as finished."""
+    from .verl_runner import check_staleness
+
     trainer = "native" if verl_args is None else "verl"
     if verl_args is not None:
         jobs = 1
@@ -128,21 +151,30 @@ def run_grid(store, db_url: str | None, algos: list[str], pairs: list[Precision]
         build_id = build.id
     if seeds is not None and "seed" in overrides:
         raise ValueError("give either a seed or seeds, not both")
-    cells = [(a, p, seed) for a in algos for p in pairs for seed in (seeds or [None])]
+    if staleness is not None and "staleness" in overrides:
+        raise ValueError("give either a staleness or a staleness axis, not both")
+    default_k = overrides["staleness"] if "staleness" in overrides else get_preset(preset).staleness
+    for k in staleness or [default_k]:
+        if verl_args is not None:
+            check_staleness(k)
+    cells = [(a, p, k, seed) for a in algos for p in pairs for k in (staleness or [None]) for seed in (seeds or [None])]
+
+    def where(k, seed) -> str:
+        return ("" if k is None else f" K={k}") + ("" if seed is None else f" seed {seed}")
+
     todo, results = [], {}
     with session(store) as s:
-        for a, p, seed in cells:
-            done = _finished_run(s, build_id, a, p, trainer, seed)
-            at = "" if seed is None else f" seed {seed}"
+        for a, p, k, seed in cells:
+            done = _finished_run(s, build_id, a, p, trainer, seed, default_k if k is None else k)
             if done:
-                log(f"skip {a} {p.name}{at}: finished as run {done.id} ({done.status})")
-                results[(a, p, seed)] = _summary(s, done.id, a, p, f"{done.status} (earlier)", seed)
+                log(f"skip {a} {p.name}{where(k, seed)}: finished as run {done.id} ({done.status})")
+                results[(a, p, k, seed)] = _summary(s, done.id, a, p, f"{done.status} (earlier)", seed, k)
             else:
-                todo.append((a, p, seed))
+                todo.append((a, p, k, seed))
 
     def one(cell) -> str | None:
-        a, p, seed = cell
-        at = "" if seed is None else f" seed {seed}"
+        a, p, k, seed = cell
+        at = where(k, seed)
         log(f"run {a} {p.name}{at} on build {build_id}")
         rid = _one(cell)
         if progress and rid is not None:
@@ -151,9 +183,9 @@ def run_grid(store, db_url: str | None, algos: list[str], pairs: list[Precision]
         return rid
 
     def _one(cell) -> str | None:
-        a, p, seed = cell
-        at = "" if seed is None else f" seed {seed}"
-        args = dict(overrides) if seed is None else {**overrides, "seed": seed}
+        a, p, k, seed = cell
+        at = where(k, seed)
+        args = {**overrides, **({} if seed is None else {"seed": seed}), **({} if k is None else {"staleness": k})}
         label = f"{a} {p.name}{at}"
         if jobs == 1 and verl_args is None:
             cfg = get_preset(preset, **args)
@@ -189,6 +221,6 @@ def run_grid(store, db_url: str | None, algos: list[str], pairs: list[Precision]
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         ids = list(pool.map(one, todo))
     with session(store) as s:
-        for (a, p, seed), rid in zip(todo, ids):
-            results[(a, p, seed)] = _summary(s, rid, a, p, seed=seed)
+        for (a, p, k, seed), rid in zip(todo, ids):
+            results[(a, p, k, seed)] = _summary(s, rid, a, p, seed=seed, staleness=k)
     return [results[c] for c in cells]

@@ -112,6 +112,25 @@ class VerlError(ValueError):
     pass
 
 
+# Staleness (runners/staleness.py) on verl: what verl 0.9.1's pip package ships and why bench refuses K > 0
+VERL_STALENESS = (
+    "--staleness K > 0 runs on the native trainer only (--trainer native): verl 0.9.1's pip package ships "
+    "verl.experimental.one_step_off_policy (K=1) and verl.experimental.fully_async_policy, but both force "
+    "algorithm.rollout_correction.bypass_mode=True (π_old taken to be μ, so the precision and staleness components "
+    "cannot be logged apart) and need rollout GPUs apart from the trainer's (rollout.n_gpus_per_node, no hybrid "
+    "engine); one_step_off's config does not compose from the installed package (its Hydra searchpath "
+    "file://verl/trainer/config is relative to verl's source tree), so neither validate_config nor "
+    "`main_ppo --cfg job` can check it as the other cells are checked; and fully_async's "
+    "async_training.staleness_threshold is a fraction of samples (with partial rollouts across weight versions), "
+    "not K optimizer steps")
+
+
+def check_staleness(k: int) -> None:
+    """Refuse K > 0 for verl (VERL_STALENESS says why)."""
+    if k:
+        raise VerlError(VERL_STALENESS)
+
+
 def installed_verl_version(python: str | None = None) -> str | None:
     """The verl version importable by `python` (default: this interpreter); None if absent."""
     import subprocess

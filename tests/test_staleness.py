@@ -158,6 +158,20 @@ def test_rollouts_use_the_weights_of_k_updates_ago(built, tmp_path, k):
             assert m["staleness_kl_k3"] > 0 and m["staleness_abs_dp"] > 0
         else:
             assert m["staleness_kl_k3"] == 0 and m["staleness_abs_dp"] == 0
+    # an evaluation samples the current weights θ_5, then the engine holds θ_{5−K} again, and its
+    # sync statistics still remember θ_{5−K} as the last sync (the next step compares stale to stale)
+    during = []
+    generate = t.engine.generate
+    t.engine.generate = lambda *a, **kw: (during.append({n: p.detach().clone() for n, p in
+                                                          t.engine.model.named_parameters()}), generate(*a, **kw))[1]
+    stats = dict(t.engine.sync_stats)
+    t.evaluate()
+    assert during and all(torch.equal(w[n], t.masters[5][n]) for w in during for n in names)
+    after = dict(t.engine.model.named_parameters())
+    assert all(torch.equal(after[n], t.masters[5 - k][n]) for n in names)
+    assert t.engine.sync_stats == stats and t.engine.track_updates
+    for n, prev in t.engine.weights.prev.items():
+        assert torch.equal(prev, t.masters[5 - k][n].flatten()), n
 
 
 @pytest.mark.integration
@@ -259,3 +273,138 @@ def test_migration_0005_adds_staleness_from_the_config(tmp_path):
                   trainer="verl", engine="vllm", config={}))
     with session(engine) as s:
         assert (s.get(Run, "new").staleness, s.get(Run, "none").staleness) == (8, 0)
+
+
+FAST = ["--max-steps", "2", "--eval-every", "2", "--prompts-per-step", "4", "--samples-per-prompt", "4",
+        "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def swept(built):
+    """`bench sweep --staleness 0,2 --seeds 1`, then `--staleness 0,1,2`: the finished (cell, K, seed)
+    runs are skipped, K=1 runs."""
+    from typer.testing import CliRunner
+
+    from bench.cli import app
+
+    url, build, _ = built
+    cell = ["--algo", "pg-seq-is", "--dtype", "fp32", "--build", build, *FAST, "--db", url]
+    first = CliRunner().invoke(app, ["sweep", *cell, "--staleness", "0,2", "--seeds", "1"])
+    assert first.exit_code == 0, first.output
+    second = CliRunner().invoke(app, ["sweep", *cell, "--staleness", "0,1,2", "--seeds", "1"])
+    assert second.exit_code == 0, second.output
+    return url, build, first, second
+
+
+@pytest.mark.integration
+def test_sweep_staleness_axis_skips_finished_cell_k_seed_runs(swept):
+    from typer.testing import CliRunner
+
+    from bench.cli import app
+
+    url, build, first, second = swept
+    with session(open_store(url)) as s:
+        runs = {(r.staleness, r.seed): r for r in s.scalars(select(Run).where(Run.algo == "pg-seq-is",
+                                                                                 Run.build_id == build))}
+    assert sorted(runs) == [(0, 0), (1, 0), (2, 0)]
+    assert all(r.config["staleness"] == k and r.status == "max_steps" for (k, _), r in runs.items())
+    assert "run pg-seq-is fp32 K=0 seed 0 on build" in first.stderr and "run pg-seq-is fp32 K=2 seed 0" in first.stderr
+    assert f"skip pg-seq-is fp32 K=0 seed 0: finished as run {runs[0, 0].id}" in second.stderr
+    assert f"skip pg-seq-is fp32 K=2 seed 0: finished as run {runs[2, 0].id}" in second.stderr
+    assert "run pg-seq-is fp32 K=1 seed 0 on build" in second.stderr
+    assert "┃ K ┃" in second.stdout                                  # the grid's K column
+    # without the axis a cell is the preset's K (0): finished; `bench run --staleness 2 --seeds 1` too
+    r = CliRunner().invoke(app, ["sweep", "--algo", "pg-seq-is", "--dtype", "fp32", "--build", build, *FAST,
+                                 "--db", url])
+    assert r.exit_code == 0 and f"skip pg-seq-is fp32: finished as run {runs[0, 0].id}" in r.stderr, r.output
+    r = CliRunner().invoke(app, ["run", "--algo", "pg-seq-is", "--dtype", "fp32", "--build", build, *FAST,
+                                 "--staleness", "2", "--seeds", "1", "--json", "--db", url])
+    assert r.exit_code == 0, r.output
+    assert [(x["run"], x["status"]) for x in json.loads(r.stdout)] == [(runs[2, 0].id, "max_steps (earlier)")]
+    with session(open_store(url)) as s:
+        assert len(s.scalars(select(Run).where(Run.algo == "pg-seq-is", Run.build_id == build)).all()) == 3
+
+
+@pytest.mark.integration
+def test_report_groups_cells_by_staleness(swept):
+    from typer.testing import CliRunner
+
+    from bench.cli import app
+
+    url, build, _, _ = swept
+    r = CliRunner().invoke(app, ["report", "--db", url, "--build", build, "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    cells = [c for c in doc["cells"] if c["algo"] == "pg-seq-is"]
+    assert [c["staleness"] for c in cells] == [0, 1, 2] and all(c["passes"].endswith("/1") for c in cells)
+    assert [c["staleness"] for c in doc["summary"]["per_cell"] if c["algo"] == "pg-seq-is"] == [0, 1, 2]
+    runs = json.loads(CliRunner().invoke(app, ["report", "--db", url, "--build", build, "--runs", "--json"])
+                      .stdout)["runs"]
+    ks = [x["staleness"] for x in runs]
+    assert ks == sorted(ks) and {0, 1, 2} <= set(ks)
+    text = CliRunner().invoke(app, ["report", "--db", url, "--build", build]).stdout
+    assert "┃ K ┃" in text and "pg-seq-is fp32 K=1 (0/1)" in " ".join(text.split())
+
+
+@pytest.mark.integration
+def test_staleness_page(swept):
+    import os
+
+    from streamlit.testing.v1 import AppTest
+
+    url, build, _, _ = swept
+    os.environ["BENCH_DB_URL"] = url
+    at = AppTest.from_file(str(Path(__file__).parent.parent / "leaderboard" / "app.py"), default_timeout=120)
+    at.run()
+    at.switch_page("pages/staleness.py")
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.title[0].value == "Staleness"
+    algo = next(sb for sb in at.selectbox if sb.label == "Algorithm")
+    assert algo.value == "pg-seq-is"
+    table = at.dataframe[0].value
+    assert list(table.staleness) == [0, 1, 2] and set(table.precision) == {"fp32"}
+    assert (table.staleness_kl_k3[table.staleness == 0] == 0).all()
+    assert (table.staleness_kl_k3[table.staleness > 0] > 0).all() and (table.kl_k3 >= 0).all()
+    run = next(sb for sb in at.selectbox if sb.label == "Run")
+    with session(open_store(url)) as s:                      # the stalest run first
+        assert s.get(Run, run.value).staleness == 2
+    titles = [json.loads(c.proto.spec).get("title") for c in at.get("vega_lite_chart")]
+    assert len(titles) == 3 and any("precision vs staleness" in str(t) for t in titles), titles
+
+
+def test_verl_refuses_staleness_with_what_is_missing(tmp_path):
+    from typer.testing import CliRunner
+
+    from bench.cli import app
+    from runners.verl_runner import VERL_STALENESS, VerlError, check_staleness
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    for args in (["run", "--algo", "grpo", "--trainer", "verl", "--staleness", "1"],
+                 ["run", "--algo", "grpo", "--trainer", "verl", "--staleness", "2", "--dry-run"],
+                 ["sweep", "--algo", "grpo", "--dtype", "fp16", "--trainer", "verl", "--staleness", "0,1"]):
+        r = CliRunner().invoke(app, [*args, "--db", url])
+        text = " ".join(r.output.split())
+        assert r.exit_code == 2 and "native trainer only" in text and "one_step_off_policy" in text, r.output
+        assert "bypass_mode=True" in text and text.count("error:") == 1
+    assert not (tmp_path / "s.db").exists()                # refused before the store is opened
+    assert not (tmp_path / "bench_home" / "verl").exists()
+    check_staleness(0)
+    with pytest.raises(VerlError, match="fully_async"):
+        check_staleness(1)
+    assert "staleness_threshold" in VERL_STALENESS
+
+
+@pytest.mark.parametrize("text", ["x", "-1", "1,-2", ",", "1.5"])
+def test_bad_staleness_axis(text, tmp_path):
+    from typer.testing import CliRunner
+
+    from bench.cli import app
+    from runners.sweep import parse_staleness
+
+    r = CliRunner().invoke(app, ["sweep", "--staleness", text, "--db", f"sqlite:///{tmp_path / 's.db'}"])
+    assert r.exit_code == 2 and "bad --staleness" in r.stderr, r.output
+    assert parse_staleness("0,1,2,4,8,16") == [0, 1, 2, 4, 8, 16] and parse_staleness("2,2,0") == [2, 0]
+    r = CliRunner().invoke(app, ["run", "--algo", "grpo", "--staleness", "-3", "--db", f"sqlite:///{tmp_path / 's.db'}"])
+    assert r.exit_code == 2 and "staleness must be an integer >= 0" in " ".join(r.output.split())
+

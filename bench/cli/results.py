@@ -157,10 +157,11 @@ def report(csv: Optional[Path] = typer.Option(None, "--csv", help="Also write th
     """The leaderboard ranking in the terminal, one row per cell (algorithm × precision on a build) over
     its seeds: PASS only when every seed's run converged (the lower confidence bound of split accuracy,
     pooled over its last evaluations, reached 0.95); passes k/N, peak accuracy mean with a 95% t-interval,
-    median steps to pass (min–max), median KL k3. --runs: one row per run. Then a summary (which cells
+    median steps to pass (min–max), median KL k3. Cells and runs are grouped by staleness K (a K column
+    when a run is stale; `staleness` in --json). --runs: one row per run. Then a summary (which cells
     pass, why each run ended, the bf16 ÷ fp16 mismatch ratios) and, apart and never ranked, the paper's
     published results for the same algorithm × precision cells."""
-    from leaderboard.cells import cells_frame, ranked_cells
+    from leaderboard.cells import by_staleness, cells_frame, ranked_cells
     from leaderboard.queries import mismatch_frame, runs_frame
     from leaderboard.reference import matching_rows, paper_offline_mismatch
     from leaderboard.summary import report_summary
@@ -171,7 +172,7 @@ def report(csv: Optional[Path] = typer.Option(None, "--csv", help="Also write th
     if frame.empty and not as_json:
         out.print("no runs yet: run `bench build --model tiny-math`, then `bench sweep --algo grpo,pg-seq-is --dtype bf16,fp16`")
         return
-    cells = ranked_cells(cells_frame(frame))
+    cells = by_staleness(ranked_cells(cells_frame(frame)))
     try:
         mismatch = mismatch_frame(store)
     except Exception:          # a store from before mismatch reports: no offline ratios
@@ -212,14 +213,16 @@ def _report_cells(df, csv: Optional[Path], as_json: bool) -> list[dict] | None:
     _write_csv(flat, csv)
     if as_json:
         return _records(df)
-    t = Table("#", "algo", "precision", "sanity", "passes", "peak (mean, 95% t-interval)", "steps→pass median (min–max)",
-              "KL k3 median", "seeds", "run")
+    stale = _stale(df)
+    t = Table("#", "algo", "precision", *(["K"] if stale else []), "sanity", "passes", "peak (mean, 95% t-interval)",
+              "steps→pass median (min–max)", "KL k3 median", "seeds", "run")
     for i, r in enumerate(df.itertuples(), 1):
         peak = _f(r.peak_mean) + ("" if r.peak_ci_lo != r.peak_ci_lo else f" [{r.peak_ci_lo:.3f}, {r.peak_ci_hi:.3f}]")
         steps = "-" if r.steps_to_pass_median != r.steps_to_pass_median else (
             f"{r.steps_to_pass_median:g}" + ("" if r.steps_to_pass_min == r.steps_to_pass_max
                                              else f" ({r.steps_to_pass_min:g}–{r.steps_to_pass_max:g})"))
-        t.add_row(str(i), r.algo, r.precision, _SANITY.get(r.sanity, "[red]FAIL[/]"), r.passes, peak, steps,
+        t.add_row(str(i), r.algo, r.precision, *([str(r.staleness)] if stale else []),
+                  _SANITY.get(r.sanity, "[red]FAIL[/]"), r.passes, peak, steps,
                   "-" if r.kl_k3_median != r.kl_k3_median else f"{r.kl_k3_median:.2e}",
                   " ".join("-" if x is None else str(x) for x in r.seeds),
                   r.runs[0] if len(r.runs) == 1 else f"{len(r.runs)} runs (--runs)")
@@ -230,15 +233,19 @@ def _report_cells(df, csv: Optional[Path], as_json: bool) -> list[dict] | None:
 
 
 def _report_runs(frame, csv: Optional[Path], as_json: bool) -> list[dict] | None:
+    from leaderboard.cells import by_staleness
     from leaderboard.queries import ranked, report_columns
 
-    df = ranked(frame)[report_columns()] if not frame.empty else frame
+    df = by_staleness(ranked(frame)[report_columns()]) if not frame.empty else frame
     _write_csv(df, csv)
     if as_json:
         return _records(df)
-    t = Table("#", "algo", "precision", "sanity", "status", "peak", "final", "steps→pass", "eval", "KL k3", "max|Δp|", "steps", "run")
+    stale = _stale(df)
+    t = Table("#", "algo", "precision", *(["K"] if stale else []), "sanity", "status", "peak", "final", "steps→pass",
+              "eval", "KL k3", "max|Δp|", "steps", "run")
     for i, r in enumerate(df.itertuples(), 1):
-        t.add_row(str(i), r.algo, r.precision, _SANITY.get(r.sanity, "[red]FAIL[/]"), r.status,
+        t.add_row(str(i), r.algo, r.precision, *([str(r.staleness)] if stale else []),
+                  _SANITY.get(r.sanity, "[red]FAIL[/]"), r.status,
                   _f(r.peak_accuracy), _f(r.final_accuracy),
                   "-" if r.steps_to_target != r.steps_to_target or r.steps_to_target is None else str(int(r.steps_to_target)),
                   _f(r.best_eval), "-" if r.mean_kl != r.mean_kl or r.mean_kl is None else f"{r.mean_kl:.2e}",
@@ -246,6 +253,11 @@ def _report_runs(frame, csv: Optional[Path], as_json: bool) -> list[dict] | None
                   str(r.steps), r.run)
     out.print(t)
     return None
+
+
+def _stale(df) -> bool:
+    """Whether any row is a stale run (K > 0): the tables then show a K column."""
+    return not df.empty and "staleness" in df.columns and bool((df.staleness.fillna(0) > 0).any())
 
 
 def _ending(run: dict) -> str:
@@ -270,16 +282,19 @@ def _print_summary(summary: dict) -> None:
 
     out.print(f"\n[bold]Summary[/]: {summary['pass']} of {summary['cells']} cells pass on every seed "
               f"({summary['fail']} fail, {summary['running']} running)", highlight=False)
+    stale = any(c.get("staleness") for c in summary["per_cell"])
     for c in summary["per_cell"]:
         endings = "; ".join(_ending(r) for r in c["runs"]) or c["status"]
-        out.print(f"  {_SANITY.get(c['sanity'], '[red]FAIL[/]')} {escape(c['algo'])} {escape(c['precision'])} "
+        k = f" K={c.get('staleness', 0)}" if stale else ""
+        out.print(f"  {_SANITY.get(c['sanity'], '[red]FAIL[/]')} {escape(c['algo'])} {escape(c['precision'])}{k} "
                   f"({c['passes']}): {escape(endings)}", highlight=False)
     ratios = summary["mismatch_ratios"]
     if ratios:
         out.print("Mismatch, bf16 ÷ fp16 (median over seeds of each run's mean KL k3 over its last tenth):",
                   highlight=False)
         for r in ratios:
-            out.print(f"  {escape(r['algo'])}: {_e(r['kl_k3_bf16'])} ÷ {_e(r['kl_k3_fp16'])} = {ratio_text(r['ratio'])}"
+            k = f" K={r.get('staleness', 0)}" if stale else ""
+            out.print(f"  {escape(r['algo'])}{k}: {_e(r['kl_k3_bf16'])} ÷ {_e(r['kl_k3_fp16'])} = {ratio_text(r['ratio'])}"
                       + ("" if len({x['build'] for x in ratios}) == 1 else f" (build {r['build']})"), highlight=False)
     else:
         out.print("Mismatch, bf16 ÷ fp16: no algorithm has both a bf16 and an fp16 cell here", highlight=False)

@@ -95,6 +95,9 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
         seeds: Optional[str] = typer.Option(None, help="Run the cell once per seed: N for seeds 0..N-1, or a list "
                                             "such as 0,3,5; (cell, seed) pairs already finished are skipped."),
         threads: Optional[int] = typer.Option(None),
+        staleness: Optional[int] = typer.Option(None, help="K: roll out with the weights of K optimizer steps ago "
+                                                "(π_old at those weights too; staleness_* metrics compare it with "
+                                                "π_θ). Default 0: on-policy. Native trainer only."),
         device: Optional[str] = typer.Option(None, help="Where the native trainer and the built-in engine run: auto "
                                              "(cuda when available; the default), cpu, cuda, cuda:i. With --resume: "
                                              "default the device the run started on."),
@@ -132,7 +135,7 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
                      eval_every=eval_every, checkpoint_every=checkpoint_every, eval_split_m=eval_split_m,
                      seed=seed, threads=threads, max_tokens_per_microbatch=max_tokens_per_microbatch,
                      gradient_checkpointing=gradient_checkpointing, gpu_memory_utilization=gpu_memory_utilization,
-                     rollout_max_batch=rollout_max_batch)
+                     rollout_max_batch=rollout_max_batch, staleness=staleness)
     if trainer not in ("native", "verl"):
         fail(f"unknown trainer {trainer!r}; choose native or verl")
     if trainer == "native" and not (resume and device is None):
@@ -213,9 +216,12 @@ def _print_grid(results: list[dict], as_json: bool = False) -> None:
         out.print_json(json.dumps(results, default=str))
     else:
         seeded = any("seed" in r for r in results)
-        t = Table("algo", "precision", *(["seed"] if seeded else []), "status", "peak", "steps", "run")
+        stale = any("staleness" in r for r in results)
+        t = Table("algo", "precision", *(["K"] if stale else []), *(["seed"] if seeded else []), "status", "peak",
+                  "steps", "run")
         for r in results:
-            t.add_row(r["algo"], r["precision"], *([str(r.get("seed", "-"))] if seeded else []), r["status"],
+            t.add_row(r["algo"], r["precision"], *([str(r.get("staleness", "-"))] if stale else []),
+                      *([str(r.get("seed", "-"))] if seeded else []), r["status"],
                       f"{r['peak']:.3f}" if r["peak"] is not None else "-", str(r["steps"]), r["run"] or "-")
         out.print(t)
     if any(r["status"] == "failed" for r in results):
@@ -252,11 +258,15 @@ def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, 
     from runners.presets import get_preset
     from runners.trainer import RunError
     from runners.verl_follow import prepare, start_verl_run
-    from runners.verl_runner import (VerlError, check_verl_version, installed_verl_version, missing_launch_modules,
-                                     shell_line, validate_cells)
+    from runners.verl_runner import (VerlError, check_staleness, check_verl_version, installed_verl_version,
+                                     missing_launch_modules, shell_line, validate_cells)
 
     if not algo:
         fail("give --algo (see `bench run --algo list`)")
+    try:
+        check_staleness(get_preset(preset, **overrides).staleness)
+    except _user_errors() as e:
+        fail(str(e))
     store = _store(db)
     try:
         p = Precision.parse(dtype)
@@ -327,11 +337,14 @@ def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or a
           nodes: int = typer.Option(1, help="With --trainer verl: nodes."),
           seeds: Optional[str] = typer.Option(None, help="Run every cell once per seed: N for seeds 0..N-1, or a list "
                                               "such as 0,3,5; finished (cell, seed) pairs are skipped."),
+          staleness: Optional[str] = typer.Option(None, help="Run every cell once per staleness K (rollouts from the "
+                                                  "weights of K updates ago), e.g. 0,1,2,4,8,16; finished (cell, K, "
+                                                  "seed) runs are skipped. Native trainer only."),
           db: Optional[str] = DB_OPT):
     """Run the algorithm × precision grid on one build, skipping cells already finished."""
     from bench.device import resolve_device
     from runners.algos import REGISTRY
-    from runners.sweep import parse_seeds, run_grid
+    from runners.sweep import parse_seeds, parse_staleness, run_grid
     from bench.precision import parse_list
 
     algos = list(REGISTRY) if algo == "all" else [a.strip() for a in algo.split(",") if a.strip()]
@@ -341,8 +354,14 @@ def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or a
                 raise ValueError(f"unknown algorithm {a!r}; choose one of {', '.join(REGISTRY)}")
         pairs = parse_list(dtype)
         seed_list = None if seeds is None else parse_seeds(seeds)
+        k_list = None if staleness is None else parse_staleness(staleness)
         if seed_list is not None and trainer == "verl":
             raise ValueError("--seeds runs the native trainer only: the verl launcher passes no seed to verl yet")
+        if trainer == "verl":
+            from runners.verl_runner import check_staleness
+
+            for k in k_list or []:
+                check_staleness(k)
         device = resolve_device(device) if trainer == "native" else "cpu"
     except _user_errors() as e:
         fail(str(e))
@@ -359,7 +378,7 @@ def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or a
         results = run_grid(store, db, algos, pairs, build_id, engine, preset,
                            {k: v for k, v in overrides.items() if v is not None}, jobs,
                            log=_log, verl_args=verl_args,
-                           seeds=seed_list, device=device)
+                           seeds=seed_list, device=device, staleness=k_list)
     except _user_errors() as e:
         fail(str(e))
     _print_grid(results)

@@ -11,7 +11,8 @@ from leaderboard.cells import cells_frame, ranked_cells
 st.title("Compare cells")
 url, runs = data.runs_or_stop()
 cells = ranked_cells(cells_frame(runs))
-keys = [f"{c.algo} · {c.precision} · {c.build} · {c.trainer}" for c in cells.itertuples()]
+keys = [f"{c.algo} · {c.precision}{f' · K={c.staleness}' if c.staleness else ''} · {c.build} · {c.trainer}"
+        for c in cells.itertuples()]
 by_key = dict(zip(keys, cells.itertuples()))
 label = {k: f"{k.rsplit(' · ', 1)[0]} · {c.passes} pass" for k, c in by_key.items()}
 chosen = st.multiselect("Cells", keys, default=keys[:2], format_func=label.get)

@@ -21,7 +21,11 @@ algo = st.selectbox("Algorithm", list(ALGORITHMS), key="grid_algo")
 view = runs[(runs.build == build) & (runs.algo == algo)]
 trainers = sorted(set(view.trainer)) or ["native"]
 trainer = st.selectbox("Trainer", trainers) if len(trainers) > 1 else trainers[0]
-stats = cell_stats.cells_frame(view[view.trainer == trainer])
+view = cell_stats.with_staleness(view[view.trainer == trainer])
+ks = sorted(set(view.staleness)) or [0]
+k = st.selectbox("Staleness K", ks, help="Rollouts from the weights of K updates ago (the Staleness page "
+                 "shows precision × K)") if len(ks) > 1 else ks[0]
+stats = cell_stats.cells_frame(view[view.staleness == k])
 split = stats.precision.str.split("→")
 stats["rollout_dtype"], stats["train_dtype"] = split.str[0], split.str[-1]
 
@@ -54,7 +58,7 @@ chart = alt.Chart(grid).mark_rect(stroke="white").encode(
              "steps_to_pass_median", "kl_k3_median"])
 text = alt.Chart(grid).mark_text().encode(x=x, y=y, text="cell:N", color=ink)
 st.altair_chart(chart + text, width="stretch")
-st.caption(f"{algo} on build {build} ({trainer}), a cell over its seeds: the text is the mean peak split accuracy, "
+st.caption(f"{algo} on build {build} ({trainer}{f', staleness K={k}' if k else ''}), a cell over its seeds: the text is the mean peak split accuracy, "
            "✓ for PASS (every seed stopped converged) and k/N seeds passed; the colour is that pass rate (red none, "
            f"green all), or the peak on a fixed 0–1 scale turning from blue to green at the {PASS_LINE} pass line.")
 missing = grid[grid.peak_mean.isna() & grid.n_seeds.isna()]
@@ -62,4 +66,5 @@ if not missing.empty:
     st.subheader("Empty cells")
     for r in missing.itertuples():
         dtype = r.rollout_dtype if r.rollout_dtype == r.train_dtype else f"rollout={r.rollout_dtype},train={r.train_dtype}"
-        st.code(f"bench run --algo {algo} --dtype {dtype} --build {build}", language="bash")
+        st.code(f"bench run --algo {algo} --dtype {dtype} --build {build}" + (f" --staleness {k}" if k else ""),
+                language="bash")

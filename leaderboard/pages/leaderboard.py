@@ -32,8 +32,9 @@ if search and not cells.empty:
     hay = cells.apply(lambda c: " ".join([c.algo, c.precision, c.status, str(c.model), *c.runs]), axis=1)
     cells = cells[hay.str.contains(search, case=False, regex=False)]
 
-default = ["algo", "precision", "sanity", "passes", "status", "peak_mean", "peak_ci_lo", "peak_ci_hi",
-           "steps_to_pass_median", "steps_to_pass_min", "steps_to_pass_max", "kl_k3_median", "seeds", "build"]
+default = ["algo", "precision", *(["staleness"] if (cells.staleness > 0).any() else []), "sanity", "passes",
+           "status", "peak_mean", "peak_ci_lo", "peak_ci_hi", "steps_to_pass_median", "steps_to_pass_min",
+           "steps_to_pass_max", "kl_k3_median", "seeds", "build"]
 cols = st.multiselect("Columns", cell_columns(), default=default)
 passed = int((cells.sanity == "PASS").sum()) if not cells.empty else 0
 st.caption(f"{len(cells)} cells · {passed} pass the sanity test on every seed (a seed passes when its run converged: "
@@ -80,7 +81,8 @@ seed_of = runs.set_index("run").seed.to_dict()
 for c in cells.itertuples():
     for r in c.runs:
         s = seed_of.get(r)
-        label[r] = f"{c.algo} · {c.precision} · seed {'-' if s is None or s != s else int(s)} · {r}"
+        k = f" · K={c.staleness}" if c.staleness else ""
+        label[r] = f"{c.algo} · {c.precision}{k} · seed {'-' if s is None or s != s else int(s)} · {r}"
 pick = st.selectbox("Open a run", ["—"] + list(label), format_func=lambda r: label.get(r, r))
 if pick != "—":
     st.switch_page("pages/run.py", query_params={"run": pick})
