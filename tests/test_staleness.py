@@ -371,6 +371,16 @@ def test_staleness_page(swept):
         assert s.get(Run, run.value).staleness == 2
     titles = [json.loads(c.proto.spec).get("title") for c in at.get("vega_lite_chart")]
     assert len(titles) == 3 and any("precision vs staleness" in str(t) for t in titles), titles
+    # the Run page of a stale run shows its K and both components
+    at = AppTest.from_file(str(Path(__file__).parent.parent / "leaderboard" / "app.py"), default_timeout=120)
+    at.query_params["run"] = run.value
+    at.run()
+    at.switch_page("pages/run.py")
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert any("staleness K=2" in c.value for c in at.caption)
+    titles = [json.loads(c.proto.spec).get("title") for c in at.get("vega_lite_chart")]
+    assert any("staleness (π_θ vs π_old)" in str(t) for t in titles), titles
 
 
 def test_verl_refuses_staleness_with_what_is_missing(tmp_path):

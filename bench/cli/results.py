@@ -89,7 +89,8 @@ def _run_info(store, run_id: str) -> dict:
         evals = s.execute(select(Eval.step, Eval.benchmark, Eval.n, Eval.score).where(Eval.run_id == run_id)
                           .order_by(Eval.step)).all()
         return {"id": r.id, "build": r.build_id, "algo": r.algo, "rollout_dtype": r.rollout_dtype,
-                "train_dtype": r.train_dtype, "trainer": r.trainer, "engine": r.engine, "status": r.status,
+                "train_dtype": r.train_dtype, "staleness": r.staleness, "trainer": r.trainer, "engine": r.engine,
+                "status": r.status,
                 "stop_reason": r.stop_reason, "steps": r.step, "wall_s": r.wall_s, "peak_accuracy": r.peak_accuracy,
                 "final_accuracy": r.final_accuracy, "steps_to_target": r.steps_to_target,
                 "wall_to_target": r.wall_to_target, "kl_warning_step": r.kl_warning_step, "config": r.config,

@@ -26,6 +26,9 @@ c[3].metric("steps", int(info["step"]))
 c[4].metric("steps to pass", "—" if pd.isna(row.steps_to_target) else int(row.steps_to_target))
 if info["stop_reason"]:
     st.caption(f"stop reason: {info['stop_reason']}")
+if info.get("staleness"):
+    st.caption(f"staleness K={int(info['staleness'])}: rollouts from the weights of {int(info['staleness'])} updates "
+               "ago; the mismatch metrics are precision (π_old vs μ at those weights), `staleness_*` are π_θ vs π_old")
 if info.get("kl_warning_step"):
     st.warning(f"Mismatch early warning: KL rose steadily up to step {int(info['kl_warning_step'])}.")
 
@@ -77,6 +80,10 @@ def charts():
         curve(steps, ["prob_diff_max", "prob_diff_min", "prob_abs_diff_mean"], "π − μ on sampled tokens")
         curve(steps, ["log_ratio_slope"], "log(π/μ) vs length slope (per 1k tokens)")
         curve(steps, ["is_ratio_seq_min", "is_ratio_seq_mean", "is_ratio_seq_max"], "sequence IS ratio π/μ", log=True)
+        if "staleness_k" in steps.columns and (steps.staleness_k.fillna(0) > 0).any():
+            curve(steps, ["kl_k3", "staleness_kl_k3"], "KL k3: precision (π_old vs μ) and staleness (π_θ vs π_old)",
+                  log=True)
+            curve(steps, ["prob_abs_diff_mean", "staleness_abs_dp"], "mean |Δp|: precision and staleness")
         curve(steps, ["rollout_weights_moved"], "rollout weights moved at the sync (fraction of linear weights)")
         curve(steps, ["rollout_update_to_step"], "update size / the rollout format's grid step (median)", log=True)
         curve(steps, ["time_rollout", "time_scoring", "time_update", "time_eval"], "seconds per step")
