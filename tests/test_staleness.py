@@ -280,14 +280,15 @@ FAST = ["--max-steps", "2", "--eval-every", "2", "--prompts-per-step", "4", "--s
 
 
 @pytest.fixture(scope="module")
-def swept(built):
-    """`bench sweep --staleness 0,2 --seeds 1`, then `--staleness 0,1,2`: the finished (cell, K, seed)
-    runs are skipped, K=1 runs."""
+def swept(built, tmp_path_factory):
+    """In a store of its own: `bench sweep --staleness 0,2 --seeds 1`, then `--staleness 0,1,2`:
+    the finished (cell, K, seed) runs are skipped, K=1 runs."""
     from typer.testing import CliRunner
 
     from bench.cli import app
 
-    url, build, _ = built
+    url = f"sqlite:///{tmp_path_factory.mktemp('swept') / 'store.db'}"
+    build = golden.make_build(url)
     cell = ["--algo", "pg-seq-is", "--dtype", "fp32", "--build", build, *FAST, "--db", url]
     first = CliRunner().invoke(app, ["sweep", *cell, "--staleness", "0,2", "--seeds", "1"])
     assert first.exit_code == 0, first.output
