@@ -137,10 +137,11 @@ def device_supports(dtype: str, device: str = "cpu") -> bool:
 # On a CPU with no bf16/fp16 GEMM (no AMX or AVX512-BF16/FP16, e.g. AVX2-only EPYC) torch falls
 # back to a scalar kernel about 13x slower than fp32 (backward: 6.5 s vs 0.76 s per tiny-math
 # step). A GPU trainer's 16-bit GEMM (cuBLAS) reads 16-bit operands, accumulates in fp32 and rounds
-# the output once; `upcast_matmuls` does exactly that on the CPU, at fp32 speed. Only the training
-# engine uses it: the built-in rollout engine keeps torch's own 16-bit kernels, so the two engines
-# differ in kernels as vLLM and FSDP do on GPUs (with both upcast they agree almost bit for bit
-# and the mismatch the sanity test measures vanishes). Setting, for the training engine:
+# the output once; `upcast_matmuls` does exactly that on the CPU, at fp32 speed. The built-in
+# rollout engine does the same where the CPU lacks the instructions, and computes the MLP's
+# activation as vLLM's fused SiluAndMul (bench/rollout_kernels.py), so the two engines still
+# differ in kernels as vLLM and FSDP do on GPUs (fused vs unfused activation, decode with a KV
+# cache vs one prefill). Setting, for the training engine:
 # BENCH_LOWP_MATMUL = auto (upcast only where the CPU lacks the instructions) | native | upcast.
 
 _NATIVE_FLAGS = {"bf16": ("amx_bf16", "avx512_bf16"), "fp16": ("amx_fp16", "avx512_fp16")}

@@ -4,7 +4,9 @@ deterministic per-step metric and every evaluation stored in tests/data/stalenes
 
 The file was written by the code before `RunConfig.staleness` existed:
     python tests/staleness_golden.py tests/data/staleness_golden.json
-(twice, with identical output: the runs are deterministic). The configs are stored whole in
+(twice, with identical output: the runs are deterministic). When the built-in rollout engine
+took vLLM's 16-bit kernels (bench/rollout_kernels.py) the fp16 cases were regenerated with the
+same command (staleness keys dropped); the fp32 cases stayed byte for byte. The configs are stored whole in
 the file (not read from a preset), so a later change to a preset does not move the target.
 """
 

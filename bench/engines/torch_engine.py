@@ -13,7 +13,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from .. import formats
+from .. import formats, rollout_kernels
 from ..format_modules import RolloutWeights
 from . import Sample, Sampling, row_seed
 
@@ -67,10 +67,11 @@ class TorchEngine:
         if prepared:
             self.model, self.weights = model, None
         else:
-            # parameters only (RoPE buffers stay fp32); torch's own 16-bit kernels: see bench/precision.py;
-            # W8A8 formats quantize every linear layer, lm_head included (untied from the embedding)
+            # parameters only (RoPE buffers stay fp32); W8A8 formats quantize every linear layer, lm_head
+            # included (untied from the embedding); 16-bit formats compute as vLLM does (bench/rollout_kernels.py)
             self.weights = RolloutWeights(model, self.format, track=track_updates)
             self.model = self.weights.model.eval()
+            self.kernels = rollout_kernels.apply(self.model, self.format, self.device)
         self.max_batch = max_batch
         self.eos = self.tokenizer.eos_token_id
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
