@@ -8,7 +8,7 @@ decide on bounds that account for the sample size behind each reading:
 - converged: the one-sided `confidence` Wilson lower bound on the successes pooled over the
   last `hold` evaluations is >= target. With hold=3 and confidence=0.9 (pooled n = 1,440 on the
   tiny preset) the pooled accuracy must reach ~0.957, which a run truly at 0.93 (4 standard
-  errors below) reaches in ~0.1% of 300-step runs (30 evaluations, windows overlapping), while a
+  errors below) reaches in ~0.1% of runs of 30 evaluations (windows overlapping), while a
   run truly at 0.97 (2.8 standard errors above) converges at its third evaluation in > 99% of
   runs. hold=2 at the same confidence lets ~0.5% of runs at 0.93 through (too close to the 1%
   the sanity test allows); hold=4 costs one more evaluation and gains nothing needed.

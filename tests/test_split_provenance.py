@@ -113,7 +113,7 @@ def test_config_diff_against_the_preset():
 
     cfg = json.loads(json.dumps({"preset": "tiny", **asdict(get_preset("tiny", max_steps=5, seed=2)),
                                  "verl": {"argv": ["x"]}}))
-    assert config_diff(cfg) == ("tiny", [("max_steps", 300, 5), ("seed", 0, 2)])
+    assert config_diff(cfg) == ("tiny", [("max_steps", 150, 5), ("seed", 0, 2)])
     cfg["algo"]["C"] = 5.0
     cfg["benchmarks"][0]["n"] = 8
     assert ("algo.C", 3.0, 5.0) in config_diff(cfg)[1] and ("benchmarks[0].n", 4, 8) in config_diff(cfg)[1]
@@ -126,6 +126,6 @@ def test_the_apps_diff_from_stored_defaults_equals_the_clis():
     from bench import configdiff
     from runners.presets import config_diff, get_preset, preset_defaults
 
-    cfg = {"preset": "tiny", **json.loads(json.dumps(asdict(get_preset("tiny", max_steps=5, lr=1e-3))))}
-    assert configdiff.diff(preset_defaults("tiny"), cfg) == config_diff(cfg)[1] == [("lr", 5e-4, 1e-3),
-                                                                                   ("max_steps", 300, 5)]
+    cfg = {"preset": "tiny", **json.loads(json.dumps(asdict(get_preset("tiny", max_steps=5, lr=2e-3))))}
+    assert configdiff.diff(preset_defaults("tiny"), cfg) == config_diff(cfg)[1] == [("lr", 1e-3, 2e-3),
+                                                                                   ("max_steps", 150, 5)]

@@ -34,7 +34,7 @@ def test_wilson_lower_bound_by_hand():
 
 def simulate(p: float, cfg: StopConfig, runs: int = 1000, seed: int = 0) -> tuple[float, list[int]]:
     """`runs` runs at constant true accuracy p, read as Binomial(N, p)/N at every evaluation of
-    the tiny preset's budget (every 10 steps up to 300: 30 evaluations); each run ends at its
+    the tiny preset's budget (every 5 steps up to 150: 30 evaluations); each run ends at its
     first verdict. Returns the converged fraction and the evaluation count at convergence."""
     preset = tiny()
     steps = range(preset.eval_every, preset.max_steps + 1, preset.eval_every)

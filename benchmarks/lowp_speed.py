@@ -1,0 +1,77 @@
+"""16-bit against fp32 on this CPU: one tiny-math RL step's two halves, per format.
+
+Rollouts: the built-in engine samples 64 prompts × 8 (≤ 64 tokens, T = 1) after a warm-up
+batch of the same shapes. Training: one forward + backward of the training engine's compute
+copy over those samples (response log-probs, a REINFORCE-style loss). Prints seconds and the
+ratio to fp32 per format, the kernels each engine used, the CPU's 16-bit flags, and the
+training–inference mismatch of the samples (k3 per token) so a speed-up that made the two
+engines compute alike would show. Goal (issue 12): every 16-bit ratio ≤ 1.3.
+
+    python benchmarks/lowp_speed.py [--formats fp32,bf16,fp16] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--formats", default="fp32,bf16,fp16")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--prompts", type=int, default=64)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from bench import precision
+    from bench.engines import Sampling
+    from bench.engines.torch_engine import TorchEngine
+    from bench.mismatch import mismatch_metrics
+    from bench.models import load_model, load_tokenizer, render_prompt, resolve_model
+    from bench.problems import SourceSpec, load_problems
+    from runners.logprobs import response_logprobs
+    from runners.train_engine import Batch
+
+    ref = resolve_model("tiny-math")
+    tok = load_tokenizer(ref)
+    probs = load_problems(SourceSpec("synthetic", limit=args.prompts))
+    prompts = [render_prompt(ref, tok, p.problem) for p in probs]
+    pids = [tok.encode(p, add_special_tokens=False) for p in prompts]
+    flags = sorted(precision._cpu_flags() & {"amx_bf16", "amx_fp16", "avx512_bf16", "avx512_fp16", "avx2"})
+    print(f"CPU 16-bit flags: {', '.join(flags) or 'none'}; torch {torch.__version__}; {args.threads} thread(s)")
+    rows, base = [], {}
+    for fmt in args.formats.split(","):
+        eng = TorchEngine(ref.path, fmt)
+        eng.generate(prompts, 8, Sampling(1.0, 1.0, 64, seed=1))                       # warm-up, same shapes
+        t = time.perf_counter()
+        out = eng.generate(prompts, 8, Sampling(1.0, 1.0, 64, seed=2))
+        t_roll = time.perf_counter() - t
+        flat = [s for r in out for s in r]
+        batch = Batch.pack([p for p in pids for _ in range(8)], [s.token_ids for s in flat], tok.pad_token_id)
+        mu = torch.zeros(batch.mask.shape)
+        for i, s in enumerate(flat):
+            mu[i, :len(s.logprobs)] = torch.tensor(s.logprobs)
+        compute = precision.prepare_compute_model(load_model(ref, torch.float32), fmt)
+        compute.train()
+        for timed in (False, True):                                                    # warm-up, then timed
+            t = time.perf_counter()
+            lp = response_logprobs(compute, *batch.tensors)
+            (-(lp * batch.mask).sum() / batch.mask.sum()).backward()
+            compute.zero_grad(set_to_none=True)
+            t_train = time.perf_counter() - t
+        k3 = mismatch_metrics(mu, lp.detach() * batch.mask, batch.mask)["kl_k3"]
+        base.setdefault("roll", t_roll)
+        base.setdefault("train", t_train)
+        train_mm = "upcast" if fmt != "fp32" and precision.should_upcast(fmt) else "native"
+        rows.append((fmt, t_roll, t_roll / base["roll"], t_train, t_train / base["train"], eng.kernels, train_mm, k3))
+    print(f"{'format':<6} {'rollout s':>9} {'×fp32':>6} {'train s':>8} {'×fp32':>6}  rollout kernels"
+          f"                          train GEMM  k3/token")
+    for fmt, tr, rr, tt, rt, kern, mm, k3 in rows:
+        print(f"{fmt:<6} {tr:9.2f} {rr:6.2f} {tt:8.2f} {rt:6.2f}  {str(kern):<40} {mm:<10}  {k3:.2e}")
+
+
+if __name__ == "__main__":
+    main()
