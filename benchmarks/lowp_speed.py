@@ -20,7 +20,8 @@ import torch
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--formats", default="fp32,bf16,fp16")
+    ap.add_argument("--formats", default="fp32,bf16,fp16,bf16:torch,fp16:torch",
+                    help="formats; FORMAT:torch = the rollout engine on torch's own 16-bit kernels (the baseline)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--prompts", type=int, default=64)
     args = ap.parse_args()
@@ -43,8 +44,9 @@ def main() -> None:
     flags = sorted(precision._cpu_flags() & {"amx_bf16", "amx_fp16", "avx512_bf16", "avx512_fp16", "avx2"})
     print(f"CPU 16-bit flags: {', '.join(flags) or 'none'}; torch {torch.__version__}; {args.threads} thread(s)")
     rows, base = [], {}
-    for fmt in args.formats.split(","):
-        eng = TorchEngine(ref.path, fmt)
+    for spec in args.formats.split(","):
+        fmt = spec.removesuffix(":torch")
+        eng = TorchEngine(ref.path, fmt, vllm_kernels=not spec.endswith(":torch"))
         eng.generate(prompts, 8, Sampling(1.0, 1.0, 64, seed=1))                       # warm-up, same shapes
         t = time.perf_counter()
         out = eng.generate(prompts, 8, Sampling(1.0, 1.0, 64, seed=2))
@@ -66,11 +68,11 @@ def main() -> None:
         base.setdefault("roll", t_roll)
         base.setdefault("train", t_train)
         train_mm = "upcast" if fmt != "fp32" and precision.should_upcast(fmt) else "native"
-        rows.append((fmt, t_roll, t_roll / base["roll"], t_train, t_train / base["train"], eng.kernels, train_mm, k3))
-    print(f"{'format':<6} {'rollout s':>9} {'×fp32':>6} {'train s':>8} {'×fp32':>6}  rollout kernels"
+        rows.append((spec, t_roll, t_roll / base["roll"], t_train, t_train / base["train"], eng.kernels, train_mm, k3))
+    print(f"{'format':<11} {'rollout s':>9} {'×fp32':>6} {'train s':>8} {'×fp32':>6}  rollout kernels"
           f"                          train GEMM  k3/token")
     for fmt, tr, rr, tt, rt, kern, mm, k3 in rows:
-        print(f"{fmt:<6} {tr:9.2f} {rr:6.2f} {tt:8.2f} {rt:6.2f}  {str(kern):<40} {mm:<10}  {k3:.2e}")
+        print(f"{fmt:<11} {tr:9.2f} {rr:6.2f} {tt:8.2f} {rt:6.2f}  {str(kern):<40} {mm:<10}  {k3:.2e}")
 
 
 if __name__ == "__main__":

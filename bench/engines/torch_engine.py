@@ -44,13 +44,15 @@ class TorchEngine:
 
     def __init__(self, model_path: str, dtype: str = "fp32", max_batch: int = 512,
                  threads: int | None = None, model=None, tokenizer=None, track_updates: bool = False,
-                 prepared: bool = False, device: str = "cpu"):
+                 prepared: bool = False, device: str = "cpu", vllm_kernels: bool = True):
         """`dtype`: any format of bench/formats.py. `model`: an fp32 model to take over (it is
         modified, and moved to `device`). `track_updates`: record `sync_stats` at every
         update_weights (keeps an fp32 copy of the linear weights). `prepared`: sample from
         `model` exactly as given (e.g. the training engine's compute copy); update_weights is
         then refused. `device`: cpu or cuda[:i] (bench/device.py); the per-row uniforms are
-        drawn on the CPU either way, so a sample's randomness does not depend on the device."""
+        drawn on the CPU either way, so a sample's randomness does not depend on the device.
+        `vllm_kernels`: 16-bit formats compute as vLLM does (bench/rollout_kernels.py); False
+        keeps torch's own kernels (the baseline of benchmarks/lowp_speed.py)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if threads:
@@ -71,7 +73,8 @@ class TorchEngine:
             # included (untied from the embedding); 16-bit formats compute as vLLM does (bench/rollout_kernels.py)
             self.weights = RolloutWeights(model, self.format, track=track_updates)
             self.model = self.weights.model.eval()
-            self.kernels = rollout_kernels.apply(self.model, self.format, self.device)
+            self.kernels = (rollout_kernels.apply(self.model, self.format, self.device) if vllm_kernels
+                            else {"upcast_linear": 0, "fused_mlp": 0})
         self.max_batch = max_batch
         self.eos = self.tokenizer.eos_token_id
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
