@@ -67,12 +67,13 @@ start_postgres() {
 
 case "${1:-}" in
   demo)
-    # build the split, train two algorithms at bf16 and fp16, rank them (DEMO_STEPS per cell)
+    # build the split; offline μ vs π for fp16, bf16 and fp8 rollouts (the Mismatch page, the
+    # report's ratios); the sanity test for pg-seq-is at fp16 and bf16 side by side, both cells at
+    # once on one thread each (at most DEMO_STEPS steps a cell); the report with the paper's rows
     setup
     bench build --model tiny-math --engine torch     # reuses an identical complete build
-    # offline μ vs π for fp16, bf16 and fp8 rollouts (the Mismatch page; the report's ratios)
     bench mismatch --model tiny-math --dtype "fp16;bf16;rollout=fp8,train=fp16" --limit 32 --n 8
-    bench sweep --algo pg-seq-is,grpo --dtype bf16,fp16 --max-steps "${DEMO_STEPS:-40}"
+    bench sweep --algo pg-seq-is --dtype fp16,bf16 --max-steps "${DEMO_STEPS:-80}" --jobs 2 --threads 1
     bench report
     ;;
   test)
