@@ -71,7 +71,7 @@ class RunConfig:
     max_nonfinite_in_a_row: int = 20    # diverged: this many optimizer steps in a row skipped for a
                                         #   non-finite loss or gradient (any dtype; fp16's scale backs
                                         #   off 2^16 -> 1 in 16 skips)
-    staleness: int = 0                  # K: the rollout engine samples with the weights of K optimizer
+    staleness: int = 0                  # K: the rollout engine samples with the weights of K training
                                         #   steps ago (min(K, step) early on); π_old is the training
                                         #   engine at those same weights, so the precision metrics stay
                                         #   precision only and `staleness_*` measure π_θ vs π_old
@@ -124,7 +124,7 @@ def check_run_config(cfg: RunConfig) -> RunConfig:
     if not 0 < cfg.gpu_memory_utilization <= 1:
         raise ValueError("gpu_memory_utilization must lie in (0, 1]")
     if isinstance(cfg.staleness, bool) or not isinstance(cfg.staleness, int) or cfg.staleness < 0:
-        raise ValueError(f"staleness must be an integer >= 0 (optimizer steps the rollout weights lag behind; "
+        raise ValueError(f"staleness must be an integer >= 0 (training steps, i.e. rollout batches, the rollout weights lag behind; "
                          f"0: on-policy), got {cfg.staleness!r}")
     return cfg
 

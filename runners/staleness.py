@@ -1,5 +1,6 @@
 """Staleness (`RunConfig.staleness`, K; `bench run --staleness K`): the rollout engine samples
-with the weights of K optimizer steps ago, as an asynchronous RL trainer does (verl's
+with the weights of K training steps ago (K rollout batches: K × updates_per_batch optimizer
+updates), as an asynchronous RL trainer does (verl's
 one-step-off and fully-async modes, AReaL's max_head_offpolicyness, prime-rl's
 max_async_level, PipelineRL's max_lag), while the precision pair stays what it was. The two
 ways a rollout stops matching the policy being trained are then logged apart.
@@ -25,8 +26,9 @@ Both are 0 at K_eff = 0 (no extra forward then); at K_eff > 0 π_θ costs one fo
 current weights (the update's own forward when there is one update per batch and no
 micro-batches) and π_old one no-grad forward of a second train-format model holding θ_{t−K}.
 
-The queue (`WeightQueue`): the fp32 master weights from before each of the last K updates,
-θ_{t−K_eff}..θ_{t−1} at step t (the newest, θ_t, is the master itself: K copies, not K+1).
+The queue (`WeightQueue`): the fp32 master weights from before each of the last K training steps,
+θ_{t−K_eff}..θ_{t−1} at step t (the newest, θ_t, is the master itself: K copies, not K+1),
+kept in host memory (they are only copied from: into the π_old model and the rollout engine).
 After step t's update the oldest, θ_{max(0, t+1−K)}, goes to the rollout engine instead of the
 master. Evaluations sample the current weights θ_t: the master is pushed for them and the
 stale weights restored after, without the engine's sync statistics seeing either push, so
@@ -77,11 +79,12 @@ class WeightQueue:
         return len(self.snaps)
 
     def record(self, master: torch.nn.Module) -> None:
-        """Before an update: keep θ_t, dropping what is more than K updates old."""
+        """Before an update: keep θ_t, dropping what is more than K training steps old."""
         if not self.k:
             return
         with torch.no_grad():
-            self.snaps.append({n: p.detach().clone() for n, p in master.named_parameters()})
+            # on the host: the queue is only copied from (K fp32 copies of a 1.5B model are ~6 GB each)
+            self.snaps.append({n: p.detach().to("cpu", copy=True) for n, p in master.named_parameters()})
         while len(self.snaps) > self.k:
             self.snaps.popleft()
 
@@ -93,7 +96,7 @@ class WeightQueue:
     def old_logprobs(self, batch) -> torch.Tensor:
         """π_old: log-probs of `batch`'s response tokens by the train-format model at the oldest
         snapshot, θ_{t−K_eff} (micro-batched as the training engine's own forwards)."""
-        for p, t in zip(self.model.parameters(), self.snaps[0].values()):
+        for p, t in zip(self.model.parameters(), self.snaps[0].values(), strict=True):
             p.copy_(t)
         return self.learner.logprobs(batch, model=self.model)
 
@@ -122,5 +125,5 @@ class WeightQueue:
     def state(self) -> list[dict[str, torch.Tensor]]:
         return list(self.snaps)
 
-    def load_state(self, snaps: list[dict[str, torch.Tensor]], device) -> None:
-        self.snaps = deque({n: t.to(device) for n, t in s.items()} for s in snaps)
+    def load_state(self, snaps: list[dict[str, torch.Tensor]]) -> None:
+        self.snaps = deque({n: t.cpu() for n, t in s.items()} for s in snaps)

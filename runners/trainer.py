@@ -155,7 +155,7 @@ class NativeTrainer:
             self.step, self.wall = state["step"], state["wall"]
             torch.set_rng_state(state["rng_torch"])
             random.setstate(state["rng_python"])
-            self.stale.load_state(state.get("staleness", []), self.device)
+            self.stale.load_state(state.get("staleness", []))
             self._sync_compute()
             self.engine.update_weights(self.stale.rollout_weights(self.master))
         with session(self.store) as s:

@@ -95,7 +95,7 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
         seeds: Optional[str] = typer.Option(None, help="Run the cell once per seed: N for seeds 0..N-1, or a list "
                                             "such as 0,3,5; (cell, seed) pairs already finished are skipped."),
         threads: Optional[int] = typer.Option(None),
-        staleness: Optional[int] = typer.Option(None, help="K: roll out with the weights of K optimizer steps ago "
+        staleness: Optional[int] = typer.Option(None, help="K: roll out with the weights of K training steps (rollout batches) ago "
                                                 "(π_old at those weights too; staleness_* metrics compare it with "
                                                 "π_θ). Default 0: on-policy. Native trainer only."),
         device: Optional[str] = typer.Option(None, help="Where the native trainer and the built-in engine run: auto "
@@ -338,7 +338,7 @@ def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or a
           seeds: Optional[str] = typer.Option(None, help="Run every cell once per seed: N for seeds 0..N-1, or a list "
                                               "such as 0,3,5; finished (cell, seed) pairs are skipped."),
           staleness: Optional[str] = typer.Option(None, help="Run every cell once per staleness K (rollouts from the "
-                                                  "weights of K updates ago), e.g. 0,1,2,4,8,16; finished (cell, K, "
+                                                  "weights of K training steps ago), e.g. 0,1,2,4,8,16; finished (cell, K, "
                                                   "seed) runs are skipped. Native trainer only."),
           db: Optional[str] = DB_OPT):
     """Run the algorithm × precision grid on one build, skipping cells already finished."""

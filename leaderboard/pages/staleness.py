@@ -1,5 +1,5 @@
 """Staleness, the sanity test's second axis: for one algorithm on one build, each precision ×
-staleness K cell (rollouts from the weights of K updates ago, `bench run --staleness K`) over
+staleness K cell (rollouts from the weights of K training steps ago, `bench run --staleness K`) over
 its seeds — pass rate, mean peak split accuracy, median steps to pass — and the two mismatch
 components at the end of its runs; then, for one run, both components against step.
 
@@ -66,7 +66,7 @@ else:
 grid = cells.assign(K=cells.staleness.astype(str))
 grid["cell"] = [("—" if pd.isna(v) else f"{v:.2f}") + (" ✓" if s == "PASS" else "") + f" {p}"
                 for v, s, p in zip(grid.peak_mean, grid.sanity, grid.passes)]
-x = alt.X("K:O", sort=[str(k) for k in ks], title="staleness K (rollouts K updates behind)")
+x = alt.X("K:O", sort=[str(k) for k in ks], title="staleness K (rollouts K steps behind)")
 y = alt.Y("precision:N", title="precision (rollout→train)")
 heat = alt.Chart(grid).mark_rect(stroke="white").encode(
     x=x, y=y, color=alt.Color(f"{metric}:Q", scale=scale, title=METRICS[metric]),
