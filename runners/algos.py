@@ -7,6 +7,9 @@ Notation, per response y of length T (mask m_t), with sg = stop-gradient:
     r_t = exp(logp_t − logp_old_t)                  PPO ratio
     s   = exp(mean_t (logp_t − logp_old_t))         GSPO's sequence ratio (geometric mean)
     A   = R − mean of the other G−1 rewards of the same prompt (leave-one-out)
+θ' is the sampling parameters: θ at the start of the step on-policy, θ_{t−K} under staleness K
+(`--staleness`, runners/staleness.py). So ρ (π_old over μ, both at θ') is precision mismatch
+only, r = π_θ/π_old carries the staleness, and w = r·ρ both.
 
 Every loss but GSPO is the mean over sequences of a per-sequence surrogate whose token sum is
 divided by the fixed max response length L (Dr.GRPO's "seq-mean-token-sum-norm"); GSPO keeps
