@@ -243,21 +243,16 @@ class NativeTrainer:
         tt = time.time()
         self._sync_compute()
         first, fill_old, k_eff, logp_cur = None, False, self.stale.effective, None
+        if cfg.updates_per_batch == 1 and not cfg.max_tokens_per_microbatch:
+            # one update per rollout batch: the update's forward (with grad) gives π_θ at this very point
+            learner.passes += 1
+            first = response_logprobs(self.compute, *batch.tensors)
         if k_eff:
             # stale rollouts: π_old at the sampling weights θ_{t−K}, π_θ (current) for the staleness metrics
             logp_old = self.stale.old_logprobs(batch)
-            if cfg.updates_per_batch == 1 and not cfg.max_tokens_per_microbatch:
-                learner.passes += 1
-                first = response_logprobs(self.compute, *batch.tensors)
-                logp_cur = first.detach() * mask
-            else:
-                logp_cur = learner.logprobs(batch)
-        elif cfg.updates_per_batch == 1 and not cfg.max_tokens_per_microbatch:
-            # one update per rollout batch: π_old is π_θ at this very point, so the update's
-            # forward (with grad) doubles as the extra π_old forward
-            learner.passes += 1
-            first = response_logprobs(self.compute, *batch.tensors)
-            logp_old = first.detach() * mask
+            logp_cur = first.detach() * mask if first is not None else learner.logprobs(batch)
+        elif first is not None:
+            logp_old = first.detach() * mask        # on-policy: π_old is π_θ, no extra forward
         elif cfg.updates_per_batch == 1:
             # the same in micro-batches: each one's forward with grad gives its π_old (filled in by the update)
             logp_old, fill_old = torch.zeros_like(mask), True
