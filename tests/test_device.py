@@ -91,8 +91,9 @@ def test_device_cpu_gives_the_steps_of_a_run_without_the_flag(tmp_path):
     assert step["peak_memory_mb"] > 0 and step["train_tokens_per_s"] > 0 and step["micro_batches"] == 1
     m = _steps(url, runs["micro"])[0]
     assert m["micro_batches"] > 2
-    # one update per batch: the first step's forward is π_old in both, so the rollouts and μ are identical
-    assert m["reward"] == plain[0]["reward"] and m["kl_k3"] == pytest.approx(plain[0]["kl_k3"], rel=1e-2)
+    # one update per batch: the first step's forward is π_old in both, so the rollouts are identical; μ and
+    # π_old in bf16 depend on the GEMM shapes (decode rows 5 vs 16, micro-batches), a few % of k3 (measured 3%)
+    assert m["reward"] == plain[0]["reward"] and m["kl_k3"] == pytest.approx(plain[0]["kl_k3"], rel=1e-1)
 
 
 def test_sync_statistic_of_a_large_model_keeps_a_sample(monkeypatch):

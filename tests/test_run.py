@@ -120,7 +120,8 @@ def _steps(url, run_id):
 
 def test_sigkill_then_resume_gives_contiguous_identical_steps(db_url, tmp_path):
     build = make_build(db_url)
-    args = ["run", "--algo", "grpo", "--dtype", "fp32", "--build", build, "--max-steps", "12", "--eval-every", "4",
+    # evaluations at 0, 6, 12: the stop rule pools 3 of them, so no verdict can end the run before step 12
+    args = ["run", "--algo", "grpo", "--dtype", "fp32", "--build", build, "--max-steps", "12", "--eval-every", "6",
             "--checkpoint-every", "3", "--prompts-per-step", "4", "--samples-per-prompt", "4", "--eval-split-m", "1",
             "--threads", "1", "--db", db_url]
     env = {**os.environ, "BENCH_HOME": str(tmp_path / "home")}
