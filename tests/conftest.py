@@ -90,3 +90,23 @@ def verl_python():
         pytest.fail(f"no verl environment at {py}: ./bench.sh test creates it (or set BENCH_VERL_PYTHON)")
     check_verl_version(installed_verl_version(py))
     return py
+
+
+def store_at_revision(url: str, revision: str, build_id: str = "b1", dtype: str = "fp32"):
+    """A store migrated only up to `revision`, holding model 1 and build `build_id` (written by
+    raw SQL: the ORM classes describe the head schema). For migration tests: add the rows the
+    migration must carry, then `open_store(url)` upgrades to head."""
+    from alembic import command
+    from sqlalchemy import text
+
+    from bench.store import _alembic_config, open_store
+
+    engine = open_store(url, migrate=False)
+    command.upgrade(_alembic_config(engine.execution_options(bench_migration=True)), revision)
+    with engine.begin() as c:
+        c.execute(text("INSERT INTO models (id, name, path, weights_hash, created_at) VALUES (1, 'm', '/m', 'h', "
+                       "'2026-01-01')"))
+        c.execute(text("INSERT INTO builds (id, model_id, source, engine, dtype, k, lo, hi, seed, settings_hash, "
+                       "status, created_at) VALUES (:id, 1, 's', 'torch', :dtype, 4, 0.2, 0.8, 0, 'h', 'complete', "
+                       "'2026-01-01')"), {"id": build_id, "dtype": dtype})
+    return engine

@@ -342,21 +342,14 @@ def test_int8_cannot_be_a_training_copy(tiny):
 def test_store_keeps_every_format_name(db_url):
     """runs / builds / mismatch_reports keep the longest format name ("bf16+head32", 11 characters):
     PostgreSQL enforces VARCHAR lengths, so this needs migration 0003 there."""
-    from alembic import command
-    from sqlalchemy import select, text
+    from sqlalchemy import select
 
-    from bench.store import Build, MismatchReport, Run, _alembic_config, open_store, session
+    from bench.store import Build, MismatchReport, Run, open_store, session
+    from conftest import store_at_revision
 
     longest = max(formats.ROLLOUT_FORMATS, key=len)
     assert longest == "bf16+head32" and len(longest) == 11
-    engine = open_store(db_url, migrate=False)
-    command.upgrade(_alembic_config(engine.execution_options(bench_migration=True)), "0002")
-    with engine.begin() as c:                         # a row written before the widening survives it
-        c.execute(text("INSERT INTO models (id, name, path, weights_hash, created_at) VALUES (1, 'm', '/m', 'h', "
-                       "'2026-01-01')"))
-        c.execute(text("INSERT INTO builds (id, model_id, source, engine, dtype, k, lo, hi, seed, settings_hash, "
-                       "status, created_at) VALUES ('b0', 1, 's', 'torch', 'bf16', 4, 0.2, 0.8, 0, 'h', 'complete', "
-                       "'2026-01-01')"))
+    store_at_revision(db_url, "0002", build_id="b0", dtype="bf16")   # a row written before the widening survives it
     engine = open_store(db_url)                       # upgrades to head
     with session(engine) as s:
         s.add(Build(id="b1", model_id=1, source="s", engine="torch", dtype=longest, k=4, lo=0.2, hi=0.8, seed=0,

@@ -81,20 +81,13 @@ def test_build_says_so_and_records_the_hash(tmp_path):
 
 
 def test_migration_0004_backfills_seed_and_split_hash(tmp_path):
-    from alembic import command
     from sqlalchemy import text
 
-    from bench.store import _alembic_config
+    from conftest import store_at_revision
 
     url = f"sqlite:///{tmp_path / 's.db'}"
-    engine = open_store(url, migrate=False)
-    command.upgrade(_alembic_config(engine.execution_options(bench_migration=True)), "0003")
+    engine = store_at_revision(url, "0003")
     with engine.begin() as c:
-        c.execute(text("INSERT INTO models (id, name, path, weights_hash, created_at) VALUES (1, 'm', '/m', 'h', "
-                       "'2026-01-01')"))
-        c.execute(text("INSERT INTO builds (id, model_id, source, engine, dtype, k, lo, hi, seed, settings_hash, "
-                       "status, created_at) VALUES ('b1', 1, 's', 'torch', 'fp32', 4, 0.2, 0.8, 0, 'h', 'complete', "
-                       "'2026-01-01')"))
         for pid, ans, kept in (("p1", "1", 1), ("p2", "2", 0), ("p3", "3", 1)):
             c.execute(text("INSERT INTO build_problems VALUES ('b1', :p, 0, 'x', :a, 4, 2, 0.5, 'kept', :k)"),
                       {"p": pid, "a": ans, "k": kept})

@@ -243,20 +243,13 @@ def test_bad_staleness_is_refused():
 
 
 def test_migration_0005_adds_staleness_from_the_config(tmp_path):
-    from alembic import command
     from sqlalchemy import text
 
-    from bench.store import _alembic_config
+    from conftest import store_at_revision
 
     url = f"sqlite:///{tmp_path / 's.db'}"
-    engine = open_store(url, migrate=False)
-    command.upgrade(_alembic_config(engine.execution_options(bench_migration=True)), "0004")
+    engine = store_at_revision(url, "0004")
     with engine.begin() as c:
-        c.execute(text("INSERT INTO models (id, name, path, weights_hash, created_at) VALUES (1, 'm', '/m', 'h', "
-                       "'2026-01-01')"))
-        c.execute(text("INSERT INTO builds (id, model_id, source, engine, dtype, k, lo, hi, seed, settings_hash, "
-                       "status, created_at) VALUES ('b1', 1, 's', 'torch', 'fp32', 4, 0.2, 0.8, 0, 'h', 'complete', "
-                       "'2026-01-01')"))
         for rid, cfg in (("old", {"seed": 1}), ("k4", {"seed": 0, "staleness": 4})):
             c.execute(text("INSERT INTO runs (id, model_id, build_id, algo, rollout_dtype, train_dtype, trainer, "
                            "engine, config, status, step, wall_s, created_at, updated_at) VALUES (:id, 1, 'b1', "
