@@ -110,3 +110,17 @@ def store_at_revision(url: str, revision: str, build_id: str = "b1", dtype: str 
                        "status, created_at) VALUES (:id, 1, 's', 'torch', :dtype, 4, 0.2, 0.8, 0, 'h', 'complete', "
                        "'2026-01-01')"), {"id": build_id, "dtype": dtype})
     return engine
+
+
+def add_model_and_build(s, build_id: str = "b0", dtype: str = "fp32", n_problems: int = 10, n_kept: int = 5) -> int:
+    """Model `tiny-math` and a complete build `build_id` (k 8, band 0.2–0.8) added in ORM session `s`,
+    flushed; returns the model's id. For tests that hand-make runs on a head-schema store."""
+    from bench.store import Build, Model
+
+    m = Model(name="tiny-math", path="/x", weights_hash="h")
+    s.add(m)
+    s.flush()
+    s.add(Build(id=build_id, model_id=m.id, source="synthetic", engine="torch", dtype=dtype, k=8, lo=0.2, hi=0.8,
+                seed=0, settings_hash="h", status="complete", n_problems=n_problems, n_kept=n_kept))
+    s.flush()
+    return m.id

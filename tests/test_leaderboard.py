@@ -74,20 +74,16 @@ def test_pass_is_the_stop_rules_verdict_not_one_noisy_reading(tmp_path):
     """A run whose readings were 0.954, 0.943, 0.955 and that ended at max_steps did not pass;
     only a converged run passes; a run still going is RUNNING; passing runs rank first."""
     from leaderboard.queries import ranked, runs_frame
-    from bench.store import Build, Eval, Model
+    from conftest import add_model_and_build
+    from bench.store import Eval
 
     engine = open_store(f"sqlite:///{tmp_path / 's.db'}")
     with session(engine) as s:
-        m = Model(name="tiny-math", path="/x", weights_hash="h")
-        s.add(m)
-        s.flush()
-        s.add(Build(id="b0", model_id=m.id, source="synthetic", engine="torch", dtype="fp32", k=8, lo=0.2, hi=0.8,
-                    seed=0, settings_hash="h", status="complete", n_problems=200, n_kept=120))
-        s.flush()
+        model_id = add_model_and_build(s, n_problems=200, n_kept=120)
         runs = {"noisy": ("max_steps", 0.955, 10), "conv": ("converged", 0.97, 120), "live": ("running", 0.96, 20),
                 "conv-fast": ("converged", 0.99, 60), "low": ("plateaued", 0.6, None)}
         for rid, (status, peak, to_target) in runs.items():
-            s.add(Run(id=rid, model_id=m.id, build_id="b0", algo="grpo", rollout_dtype="fp32", train_dtype="fp32",
+            s.add(Run(id=rid, model_id=model_id, build_id="b0", algo="grpo", rollout_dtype="fp32", train_dtype="fp32",
                       trainer="native", engine="torch", config={}, status=status, peak_accuracy=peak,
                       steps_to_target=to_target))
         s.flush()

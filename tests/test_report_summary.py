@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from bench.cli import app
 from bench.problems import paper_reference
-from bench.store import Build, MismatchReport, Model, Run, RunStep, open_store, session
+from bench.store import MismatchReport, Run, RunStep, open_store, session
+from conftest import add_model_and_build
 from leaderboard.reference import (ALL_FIVE, COLUMNS, matching_rows, paper_offline_mismatch, precision_name,
                                    reference_rows)
 
@@ -67,12 +68,7 @@ def _store(url):
     engine = open_store(url)
     t0 = datetime(2026, 1, 1)
     with session(engine) as s:
-        m = Model(name="tiny-math", path="/x", weights_hash="h")
-        s.add(m)
-        s.flush()
-        s.add(Build(id="b0", model_id=m.id, source="synthetic", engine="torch", dtype="fp32", k=8, lo=0.2, hi=0.8,
-                    seed=0, settings_hash="h", status="complete", n_problems=10, n_kept=5))
-        s.flush()
+        model_id = add_model_and_build(s)
         rows = [("f0", "pg-seq-is", "fp16", 0, "converged", "split accuracy lower bound 0.951 >= 0.95", 0.97, 37, 37,
                  None, 1e-4),
                 ("f1", "pg-seq-is", "fp16", 1, "converged", "split accuracy lower bound 0.952 >= 0.95", 0.98, 45, 45,
@@ -82,7 +78,7 @@ def _store(url):
                  50, 20, 9e-3),
                 ("r0", "grpo", "fp32", 0, "running", None, 0.60, None, 20, None, 1e-6)]
         for i, (rid, algo, dt, seed, status, reason, peak, to_target, step, warn, kl) in enumerate(rows):
-            s.add(Run(id=rid, model_id=m.id, build_id="b0", algo=algo, rollout_dtype=dt, train_dtype=dt,
+            s.add(Run(id=rid, model_id=model_id, build_id="b0", algo=algo, rollout_dtype=dt, train_dtype=dt,
                       trainer="native", engine="torch", status=status,
                       config={"preset": "tiny", "seed": seed, "threads": None if rid == "f0" else 1},
                       stop_reason=reason, peak_accuracy=peak, steps_to_target=to_target, step=step,
@@ -91,7 +87,7 @@ def _store(url):
             s.add(RunStep.from_metrics(rid, step, {"kl_k3": kl}))
         for i, (dt, k3, k1) in enumerate([("bf16", 1.0, 1.0), ("bf16", 6e-3, 5e-3), ("fp16", 2e-4, 1e-4),
                                           ("fp32", 1e-9, 1e-9)]):
-            s.add(MismatchReport(model_id=m.id, rollout_dtype=dt, train_dtype=dt, source="synthetic-hard", n=64,
+            s.add(MismatchReport(model_id=model_id, rollout_dtype=dt, train_dtype=dt, source="synthetic-hard", n=64,
                                  metrics={"kl_k3": k3, "kl_k1": k1}, plots={},
                                  created_at=t0 + timedelta(hours=1, minutes=i)))
     return engine

@@ -10,7 +10,8 @@ from sqlalchemy import func, select, update
 from typer.testing import CliRunner
 
 from bench.cli import app
-from bench.store import Build, Model, Run, RunStep, open_store, session
+from bench.store import Run, RunStep, open_store, session
+from conftest import add_model_and_build
 from leaderboard.cells import t_interval, t_quantile
 from runners.sweep import parse_seeds
 
@@ -57,12 +58,7 @@ def _store_with_cells(url):
     engine = open_store(url)
     t0 = datetime(2026, 1, 1)
     with session(engine) as s:
-        m = Model(name="tiny-math", path="/x", weights_hash="h")
-        s.add(m)
-        s.flush()
-        s.add(Build(id="b0", model_id=m.id, source="synthetic", engine="torch", dtype="fp32", k=8, lo=0.2, hi=0.8,
-                    seed=0, settings_hash="h", status="complete", n_problems=10, n_kept=5))
-        s.flush()
+        model_id = add_model_and_build(s)
         rows = [("a0", "pg-seq-is", "fp16", 0, "converged", 0.96, 40, 1e-3),
                 ("a1", "pg-seq-is", "fp16", 1, "converged", 0.98, 60, 2e-3),
                 ("a2-old", "pg-seq-is", "fp16", 2, "failed", 0.10, None, 9.0),
@@ -71,7 +67,7 @@ def _store_with_cells(url):
                 ("b1", "grpo", "fp16", 1, "converged", 0.99, 50, 7e-4),
                 ("c0", "gspo", "bf16", 0, "running", 0.50, None, 1e-2)]
         for i, (rid, algo, dt, seed, status, peak, to_target, kl) in enumerate(rows):
-            s.add(Run(id=rid, model_id=m.id, build_id="b0", algo=algo, rollout_dtype=dt, train_dtype=dt,
+            s.add(Run(id=rid, model_id=model_id, build_id="b0", algo=algo, rollout_dtype=dt, train_dtype=dt,
                       trainer="native", engine="torch", config={"preset": "tiny", "seed": seed}, status=status,
                       peak_accuracy=peak, steps_to_target=to_target, step=100, created_at=t0 + timedelta(minutes=i)))
             s.flush()
