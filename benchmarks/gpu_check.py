@@ -97,11 +97,14 @@ def param_count(c: dict) -> int:
 
 
 def memory_model(c: dict, microbatch_tokens: int, checkpointing: bool, rollout_rows: int = 0, rollout_len: int = 0,
-                 compute_bytes: int = 2, logit_chunk: int = 2 ** 26, rollout_engine: bool = True) -> dict:
+                 compute_bytes: int = 2, logit_chunk: int = 2 ** 26, rollout_engine: bool = True,
+                 staleness: int = 0) -> dict:
     """Bytes the native trainer holds on one device (the README's formula, COMPUTED):
 
       static       = P·(4 master fp32 + 8 AdamW m,v fp32 + 4 master grads fp32
-                        + 2 compute copy + 2 compute grads [16-bit train] + 2 rollout copy [built-in engine])
+                        + 2 compute copy + 2 compute grads [16-bit train] + 2 rollout copy [built-in engine]
+                        + 2 π_old model [staleness K > 0; 4 in fp32 training])
+      host         = K·P·4                               staleness: K fp32 snapshots, in host memory
       activations  = M·L·(6H + 2H_kv + 4I)·2            without activation checkpointing
                    = M·L·H·2 + 2·M·(6H + 2H_kv + 4I)·2   with it (layer inputs + one layer recomputed)
       logits       = min(chunk, M·V)·(2 + 4 + 4)         one chunk of 16-bit logits, fp32 copy, log-softmax
@@ -118,14 +121,15 @@ def memory_model(c: dict, microbatch_tokens: int, checkpointing: bool, rollout_r
     static = {"master_fp32": 4 * p, "adamw_fp32": 8 * p, "master_grads_fp32": 4 * p,
               "compute_copy": compute_bytes * p if compute_bytes != 4 else 0,
               "compute_grads": compute_bytes * p if compute_bytes != 4 else 0,
-              "rollout_engine": 2 * p if rollout_engine else 0}
+              "rollout_engine": 2 * p if rollout_engine else 0,
+              "stale_pi_old_model": compute_bytes * p if staleness else 0}
     act = (microbatch_tokens * n * h * 2 + 2 * microbatch_tokens * per_tok_layer if checkpointing
            else microbatch_tokens * n * per_tok_layer)
     logits = min(logit_chunk, microbatch_tokens * c["vocab_size"]) * (2 + 4 + 4)
     kv_cache = rollout_rows * rollout_len * 2 * n * kv * 2
     total_static = sum(static.values())
     return {"params": p, "static": static, "static_total": total_static, "activations": act, "logits_chunk": logits,
-            "kv_cache": kv_cache, "peak": total_static + max(act + logits, kv_cache)}
+            "kv_cache": kv_cache, "peak": total_static + max(act + logits, kv_cache), "host": staleness * 4 * p}
 
 
 MODELS = {   # the README's table: Qwen2-family shapes

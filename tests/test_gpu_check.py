@@ -84,4 +84,6 @@ def test_memory_formula_counts_the_parameters():
         assert sum(p.numel() for p in model.parameters()) == gpu_check.param_count(c), name
     m = gpu_check.memory_model(json.loads(gpu_check.CONFIG.read_text()), 32768, True)
     assert m["static"]["master_fp32"] == 4 * m["params"] and m["static_total"] == 22 * m["params"]
+    stale = gpu_check.memory_model(json.loads(gpu_check.CONFIG.read_text()), 32768, True, staleness=4)
+    assert stale["static_total"] == 24 * m["params"] and stale["host"] == 16 * m["params"] and m["host"] == 0
     assert "| 1.5B (R1-Distill-Qwen-1.5B) | 1.78B |" in gpu_check.memory_table()
