@@ -237,7 +237,7 @@ def _cast_output(dtype, module, args, output):
 def prepare_train(model: nn.Module, fmt: Format, device: str = "cpu") -> nn.Module:
     """The training compute copy in `fmt` (see the module docstring); parameters keep their
     order, so the trainer's compute↔master pairing and gradient copy are unchanged."""
-    from .precision import should_upcast, upcast_matmuls
+    from .precision import should_upcast, upcast_attention, upcast_matmuls
 
     if not fmt.train:
         raise ValueError(f"{fmt.name} is a rollout-only format")
@@ -260,4 +260,5 @@ def prepare_train(model: nn.Module, fmt: Format, device: str = "cpu") -> nn.Modu
         emb.register_forward_hook(partial(_cast_output, fmt.dtype))
     if should_upcast(fmt.dtype_name, device):
         upcast_matmuls(model)          # the remaining 16-bit linear layers (patched ones are skipped)
+        upcast_attention(model)
     return model

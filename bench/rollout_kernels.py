@@ -6,7 +6,8 @@ measures. The built-in engine reproduces two of vLLM's documented kernel choices
 fp16 (bf16+head32 too; fp32 is left alone, W8A8 formats have their own scaled matmul):
 
 1. GEMMs read 16-bit operands, accumulate in fp32 and round the output once (cuBLAS; vLLM's
-   linear layers). On a CPU this is `bench.precision.upcast_matmuls`; torch's own CPU 16-bit
+   linear layers), attention's two products included (FlashAttention: P rounded to 16 bits
+   between them; `bench.precision.upcast_attention`). On a CPU this is `bench.precision.upcast_matmuls`; torch's own CPU 16-bit
    GEMM is the same contract, but on CPUs without the instructions (no AVX512-FP16/AMX-FP16 for
    fp16, no AVX512-BF16/AMX for bf16) it runs a scalar kernel 2–4× slower than fp32.
 2. The MLP's activation is one fused kernel (vLLM `SiluAndMul`): silu(gate) · up computed in
@@ -60,11 +61,18 @@ def fuse_silu_mul(model: nn.Module) -> int:
 
 def apply(model: nn.Module, fmt, device) -> dict[str, int]:
     """Apply the rollout engine's kernels to `model`, already cast to the format `fmt`
-    (bench/formats.py; see the module docstring): bf16, fp16 and bf16+head32 only. Returns
-    {"upcast_linear": n, "fused_mlp": m}."""
-    from .precision import cpu_has_native, upcast_matmuls
+    (bench/formats.py; see the module docstring). Where the CPU lacks the format's 16-bit
+    instructions: GEMMs (bf16, fp16, bf16+head32; W8A8 formats have their own scaled matmul) and
+    attention (every 16-bit activation dtype, W8A8's bf16 included) upcast as bench/precision.py
+    does; fused SiluAndMul for bf16, fp16 and bf16+head32. Returns {"upcast_linear": n,
+    "upcast_attention": 0 or 1, "fused_mlp": m}."""
+    from .precision import cpu_has_native, upcast_attention, upcast_matmuls
 
-    if fmt.quant is not None or fmt.dtype not in (torch.float16, torch.bfloat16):
-        return {"upcast_linear": 0, "fused_mlp": 0}
-    up = upcast_matmuls(model) if torch.device(device).type == "cpu" and not cpu_has_native(fmt.name) else 0
-    return {"upcast_linear": up, "fused_mlp": fuse_silu_mul(model)}
+    if fmt.dtype not in (torch.float16, torch.bfloat16):
+        return {"upcast_linear": 0, "upcast_attention": 0, "fused_mlp": 0}
+    emulate = torch.device(device).type == "cpu" and not cpu_has_native(fmt.name)
+    attention = int(emulate and upcast_attention(model))
+    if fmt.quant is not None:
+        return {"upcast_linear": 0, "upcast_attention": attention, "fused_mlp": 0}
+    return {"upcast_linear": upcast_matmuls(model) if emulate else 0, "upcast_attention": attention,
+            "fused_mlp": fuse_silu_mul(model)}

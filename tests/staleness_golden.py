@@ -5,8 +5,10 @@ deterministic per-step metric and every evaluation stored in tests/data/stalenes
 The file was written by the code before `RunConfig.staleness` existed:
     python tests/staleness_golden.py tests/data/staleness_golden.json
 (twice, with identical output: the runs are deterministic). When the built-in rollout engine
-took vLLM's 16-bit kernels (bench/rollout_kernels.py) the fp16 cases were regenerated with the
-same command; the fp32 cases stayed byte for byte, so only they still pin the code from
+took vLLM's 16-bit kernels (bench/rollout_kernels.py), and again when both engines' 16-bit
+attention became upcast on CPUs without fp16 instructions (bench/precision.py:
+upcast_attention), the fp16 cases were regenerated with the same command (on such a CPU:
+avx512_bf16, no avx512_fp16); the fp32 cases stayed byte for byte, so only they still pin the code from
 before staleness. The configs are stored whole in
 the file (not read from a preset), so a later change to a preset does not move the target.
 """
