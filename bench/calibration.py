@@ -51,6 +51,7 @@ class Band:
 # responses), built-in engines, worst pair against any other training format:
 #   fp8  rollout or training   mean 2.6e-2  max 3.7  k3 6.3e-3  (fp8/fp8: mean 1.9e-3, k3 1.0e-4)
 #   int8 rollout               mean 3.0e-2  max 2.6  k3 8.4e-3  (against fp8 training; 1.1e-2 / 2.4e-3 vs fp32)
+#   nvfp4 rollout              mean 3.3e-2  max 7.2  k3 1.5e-2  (against fp8 training; 3.1e-2 / 1.5e-2 vs fp32)
 #   bf16+head32: within bf16's (mean 6.0e-3, k3 4.6e-4 against fp32)
 # The bands sit ~5x above, as the 16-bit ones do.
 BANDS = {
@@ -60,6 +61,7 @@ BANDS = {
     "bf16+head32": Band(mean_abs=1e-1, k3=5e-3),
     "fp8": Band(mean_abs=1.5e-1, k3=3e-2),
     "int8": Band(mean_abs=1.5e-1, k3=4e-2),
+    "nvfp4": Band(mean_abs=2e-1, k3=8e-2),
 }
 
 

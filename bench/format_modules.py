@@ -19,13 +19,13 @@ rounded to the format's dtype, which is what a lookup in a cast embedding gives.
 Sync statistics (`RolloutWeights.load(..., track=True)`), over the weights of every linear
 layer (lm_head included), at each sync:
   rollout_weights_moved   fraction whose stored value changed: the code (int8 value / e4m3
-                          bit pattern) for a W8A8 format, the 16/32-bit value otherwise. A
+                          bit pattern / 2 × e2m1 value) for a quantized format, the 16/32-bit value otherwise. A
                           per-channel scale that follows its channel's amax changes the
                           dequantized values without moving any code: not counted.
   rollout_update_to_step  median over those weights of |Δw| / δ, Δw the fp32 master's change
                           since the previous sync and δ the grid spacing at the new stored
                           value: int8 the channel scale; e4m3 the scale × 2^(max(⌊log2|c|⌋, −6) − 3)
-                          at code c; bf16/fp16/fp32 the value's ulp. Far below 1/2: most
+                          at code c; nvfp4 the e2m1 spacing at the code × its block's scale; bf16/fp16/fp32 the value's ulp. Far below 1/2: most
                           updates cannot move the quantized copy. Over every such weight up to
                           TRACK_SAMPLE (2^24) of them; a larger model uses a fixed uniform sample
                           of 2^24 positions (its fp32 copy of the last sync is then ~200 MB, not
@@ -49,7 +49,8 @@ TRACK_SAMPLE = 2 ** 24      # weights behind rollout_update_to_step at most (see
 # ------------------------------------------------------------------ rollout side
 
 class QuantLinear(nn.Module):
-    """Inference-only W8A8 linear layer: codes [out, in] and scales [out, 1] as buffers."""
+    """Inference-only quantized linear layer: codes [out, in] and scales ([out, 1] per channel,
+    [out, in/16] for nvfp4's blocks) as buffers."""
 
     def __init__(self, linear: nn.Linear, fmt: Format):
         super().__init__()
@@ -205,7 +206,7 @@ class W8A8STE(torch.autograd.Function):
     def forward(ctx, x, w, bias, fmt):
         q = fmt.quant
         xc, xs = q.quantize(x)
-        wc, ws = q.quantize(w)
+        wc, ws = q.quantize_weight(w)
         ctx.save_for_backward(q.dequantize(xc, xs), q.dequantize(wc, ws))
         ctx.dtypes = (x.dtype, w.dtype, None if bias is None else bias.dtype)
         return scaled_mm(xc, xs, wc, ws, bias, fmt.dtype)

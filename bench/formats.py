@@ -2,8 +2,8 @@
 
 A format says how an engine stores and multiplies: `dtype` is the storage dtype of every
 parameter it does not quantize (and of activations and linear outputs); `quant`, when set,
-is the W8A8 quantizer of every linear layer (lm_head included; embeddings and norms stay in
-`dtype`); `head32` keeps lm_head and the logits in fp32. `cast` / `quantize` / `matmul` are
+is the W8A8 (or W4A4) quantizer of every linear layer (lm_head included; embeddings and norms
+stay in `dtype`); `head32` keeps lm_head and the logits in fp32. `cast` / `quantize` / `matmul` are
 the three operations; bench/format_modules.py applies them to a model for either engine.
 
     fp32, fp16, bf16   parameters in that dtype (buffers such as RoPE's stay fp32)
@@ -20,6 +20,14 @@ the three operations; bench/format_modules.py applies them to a model for either
                        clamped to ±127 (never -128: the grid stays symmetric, as amax/127
                        scaling implies; -128 is reachable only by a rounding overshoot),
                        fp32 accumulation, bf16 output; rollout only
+    nvfp4              W4A4 NVFP4 (NVIDIA's Blackwell format; vLLM's `modelopt_fp4` checkpoints):
+                       e2m1 values {0, ±0.5, ±1, ±1.5, ±2, ±3, ±4, ±6} in blocks of 16 along
+                       the input dimension, each block with an e4m3 scale amax_b/6 relative to
+                       an fp32 global scale amax/(448·6) — per tensor for weights, per token at
+                       run time for activations (a checkpoint's calibrated static activation
+                       scale does not exist for an online format). Round-to-nearest-even onto
+                       e2m1, saturating at ±6; block products accumulated in fp32, bf16 output;
+                       rollout only; the built-in engine only (vLLM has no online NVFP4)
 
 The clamp comes before the cast on purpose: torch 2.13 on CPU saturates a float8 cast, but
 the standard (and CUDA's) conversion of a value past 448 gives NaN.
@@ -74,8 +82,11 @@ class Quantizer:
         s = self.scales(x)
         return self.codes(x, s), s
 
-    @staticmethod
-    def dequantize(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    def quantize_weight(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A weight's codes and scales (the same as an activation's for per-row scaling)."""
+        return self.quantize(w)
+
+    def dequantize(self, codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         return codes.float() * scale
 
     def fake(self, x: torch.Tensor) -> torch.Tensor:
@@ -89,6 +100,11 @@ class Quantizer:
     def same(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """Elementwise: are two codes identical."""
         return a == b
+
+    def matmul(self, x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.Tensor, bias=None,
+               out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """y = x Wᵀ + b with x quantized at run time (w8a8_matmul)."""
+        return w8a8_matmul(self, x, w_codes, w_scale, bias, out_dtype)
 
 
 class FP8E4M3(Quantizer):
@@ -114,6 +130,62 @@ class Int8(Quantizer):
 
     def step(self, codes, scale):
         return scale.expand_as(codes).float()
+
+
+E2M1_BOUNDS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])   # midpoints of the e2m1 grid below
+E2M1_GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def e2m1_round(v: torch.Tensor) -> torch.Tensor:
+    """v (fp32) rounded to the nearest e2m1 value, ties to the even code (0, 1, 2, 4: mantissa
+    bit 0), saturating at ±6."""
+    a = v.abs()
+    idx = torch.bucketize(a, E2M1_BOUNDS.to(a.device))              # a tie lands on the lower value
+    tie = (a == E2M1_BOUNDS.to(a.device)[idx.clamp(max=6)]) & (idx % 2 == 1)
+    return torch.sign(v) * E2M1_GRID.to(a.device)[idx + tie.long()]
+
+
+class NVFP4(Quantizer):
+    """Block-scaled e2m1 (formats docstring). codes: int8 holding 2 × the e2m1 value, the shape
+    of x; scale: fp32 [..., in/16], each block's e4m3 scale times the global scale."""
+
+    block = 16
+
+    def __init__(self):
+        super().__init__("nvfp4", 6.0, torch.int8)
+
+    def _blocks(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] % self.block:
+            raise PrecisionError(f"nvfp4 needs an input dimension divisible by {self.block}, got {x.shape[-1]}")
+        return x.float().reshape(*x.shape[:-1], x.shape[-1] // self.block, self.block)
+
+    def scales(self, x: torch.Tensor, per_tensor: bool = False) -> torch.Tensor:
+        """Block scales: e4m3(amax_b / 6 / g) · g, g = amax / (448·6) over the tensor (weights) or
+        over each row (activations: per token)."""
+        amax = self._blocks(x.detach()).abs().amax(-1)                          # [..., nb]
+        top = amax.amax() if per_tensor else amax.amax(-1, keepdim=True)
+        g = torch.where(top > 0, top / (448.0 * 6.0), torch.ones_like(top))
+        s = (amax / 6.0 / g).clamp(max=448.0).to(torch.float8_e4m3fn).float() * g
+        return torch.where(s > 0, s, torch.ones_like(s))
+
+    def quantize_weight(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s = self.scales(w, per_tensor=True)
+        return self.codes(w, s), s
+
+    def codes(self, x, scale):
+        return (2 * e2m1_round(self._blocks(x) / scale.unsqueeze(-1))).reshape(x.shape).to(torch.int8)
+
+    def dequantize(self, codes, scale):
+        return (self._blocks(codes) / 2 * scale.unsqueeze(-1)).reshape(codes.shape)
+
+    def step(self, codes, scale):
+        return (self._blocks(float_step(codes.float() / 2, 1, 0)) * scale.unsqueeze(-1)).reshape(codes.shape)
+
+    def matmul(self, x, w_codes, w_scale, bias=None, out_dtype=torch.bfloat16):
+        """Both operands dequantized exactly to fp32, one fp32 GEMM (a block-scaled MMA sums the
+        block products in fp32 the same way, up to the order of the sum), one rounding."""
+        y = torch.matmul(self.fake(x), self.dequantize(w_codes, w_scale).t())
+        return (y if bias is None else y + bias.float()).to(out_dtype)
 
 
 def w8a8_matmul(q: Quantizer, x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.Tensor,
@@ -169,10 +241,10 @@ class Format:
     def quantize(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.quant is None:
             raise PrecisionError(f"{self.name} does not quantize")
-        return self.quant.quantize(w)
+        return self.quant.quantize_weight(w)
 
     def matmul(self, x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.Tensor, bias=None) -> torch.Tensor:
-        return w8a8_matmul(self.quant, x, w_codes, w_scale, bias, self.dtype)
+        return self.quant.matmul(x, w_codes, w_scale, bias, self.dtype)
 
     def step(self, stored: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
         """Grid spacing at each stored weight (codes and scales for quantized formats)."""
@@ -183,6 +255,8 @@ class Format:
 
 _VLLM_NO_INT8 = ("vLLM 0.32 has no W8A8 int8 for a bf16/fp16 checkpoint (its online `int8_per_channel_weight_only` "
                  "is weight-only and MoE-only); run int8 rollouts with --engine torch")
+_VLLM_NO_NVFP4 = ("vLLM 0.32 runs NVFP4 only from a pre-quantized checkpoint (`modelopt_fp4`, Blackwell GPUs): it has no "
+                  "online NVFP4 quantization of a bf16/fp16 checkpoint; run nvfp4 rollouts with --engine torch")
 FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("fp32", torch.float32, vllm={"dtype": "float32"}, aliases=("float32", "float")),
     Format("bf16", torch.bfloat16, vllm={"dtype": "bfloat16"}, aliases=("bfloat16",)),
@@ -192,6 +266,7 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("fp8", torch.bfloat16, quant=FP8E4M3(),
            vllm={"dtype": "bfloat16", "quantization": "fp8_per_channel"}, aliases=("e4m3", "fp8-e4m3")),
     Format("int8", torch.bfloat16, quant=Int8(), train=False, vllm_refusal=_VLLM_NO_INT8, aliases=("w8a8-int8",)),
+    Format("nvfp4", torch.bfloat16, quant=NVFP4(), train=False, vllm_refusal=_VLLM_NO_NVFP4, aliases=("fp4", "w4a4-nvfp4")),
 )}
 ROLLOUT_FORMATS = tuple(FORMATS)
 TRAIN_FORMATS = tuple(n for n, f in FORMATS.items() if f.train)

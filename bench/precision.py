@@ -1,9 +1,9 @@
 """Precision pairs: the rollout engine's format × the training engine's format.
 
-rollout ∈ {fp32, bf16, bf16+head32, fp16, fp8, int8} × train ∈ {fp32, bf16, bf16+head32, fp16,
-fp8}: 30 pairs; the formats themselves are the registry in bench/formats.py. `fp16` means both
-sides; `rollout=int8,train=fp32` is a mixed pair; int8 is rollout-only, so `int8` alone is
-refused with what to write instead.
+rollout ∈ {fp32, bf16, bf16+head32, fp16, fp8, int8, nvfp4} × train ∈ {fp32, bf16, bf16+head32,
+fp16, fp8}: 35 pairs; the formats themselves are the registry in bench/formats.py. `fp16` means
+both sides; `rollout=int8,train=fp32` is a mixed pair; int8 and nvfp4 are rollout-only, so
+`int8` alone is refused with what to write instead.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ CLASSIC_PAIRS = tuple(Precision(r, t) for r, t in product(CLASSIC, CLASSIC))
 
 
 def parse_list(text: str) -> list[Precision]:
-    """`bf16,fp16` → both same-format pairs; `all` → every pair (30: 6 rollout × 5 train
+    """`bf16,fp16` → both same-format pairs; `all` → every pair (35: 7 rollout × 5 train
     formats); `all16` → the paper's nine pairs of fp32, fp16, bf16; `;` separates mixed pairs."""
     if text.strip() == "all":
         return list(ALL_PAIRS)
@@ -123,7 +123,7 @@ def device_supports(dtype: str, device: str = "cpu") -> bool:
 
     fmt = formats.get(dtype)
     try:
-        a = torch.ones(2, 2, dtype=fmt.dtype, device=device)
+        a = torch.ones(16, 16, dtype=fmt.dtype, device=device)
         ok = bool(torch.isfinite((a @ a).float()).all())
         if ok and fmt.quant is not None:
             ok = bool(torch.isfinite(fmt.matmul(a, *fmt.quantize(a.float())).float()).all())

@@ -12,10 +12,10 @@ from torch import nn
 from bench import formats
 from bench.calibration import BANDS
 from bench.format_modules import QuantLinear, RolloutWeights, W8A8STE
-from bench.formats import FORMATS, PrecisionError, float_step, w8a8_matmul
+from bench.formats import FORMATS, PrecisionError, e2m1_round, float_step, w8a8_matmul
 from bench.precision import ALL_PAIRS, Precision, parse_list, prepare_compute_model
 
-FP8, INT8 = FORMATS["fp8"], FORMATS["int8"]
+FP8, INT8, NVFP4 = FORMATS["fp8"], FORMATS["int8"], FORMATS["nvfp4"]
 ONE = torch.ones(1, 1)
 
 
@@ -100,11 +100,62 @@ def test_int8_w8a8_matmul_by_hand():
     assert y.dtype == torch.bfloat16 and y.float().tolist() == [[3.6875, -2.09375]]
 
 
+# ------------------------------------------------------------------ nvfp4
+
+def test_e2m1_rounds_to_nearest_even_and_saturates_at_6():
+    # grid 0, .5, 1, 1.5, 2, 3, 4, 6; each tie goes to the even code (0, 1, 2, 4: mantissa bit 0)
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    assert e2m1_round(ties).tolist() == [0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0]
+    assert e2m1_round(-ties).tolist() == [0.0, -1.0, -1.0, -2.0, -2.0, -4.0, -4.0]
+    near = torch.tensor([0.26, 0.74, 1.3, 2.4, 2.6, 4.9, 5.1, 6.0, 7.0, 1e6, -1e6, 0.0])
+    assert e2m1_round(near).tolist() == [0.5, 0.5, 1.5, 2.0, 3.0, 4.0, 6.0, 6.0, 6.0, 6.0, -6.0, 0.0]
+
+
+def test_nvfp4_block_scales_codes_and_step_by_hand():
+    q = NVFP4.quant
+    # one row, two blocks of 16: amax 3 and 0.75; weights: global g = 3/(448·6) = 1/896
+    w = torch.zeros(1, 32)
+    w[0, 0], w[0, 1], w[0, 2], w[0, 16], w[0, 17] = 3.0, -1.1, 0.3, 0.75, 0.2
+    codes, scale = q.quantize_weight(w)
+    # block scales: e4m3(amax_b/6/g)·g = e4m3(448)·g = 0.5 and e4m3(112)·g = 0.125
+    assert scale.tolist() == [[0.5, 0.125]]
+    # values / scale: 6, -2.2 → -2, 0.6 → 0.5 | 6, 1.6 → 1.5; codes hold 2 × the e2m1 value
+    assert codes.dtype == torch.int8 and codes[0, :3].tolist() == [12, -4, 1] and codes[0, 16:18].tolist() == [12, 3]
+    deq = q.dequantize(codes, scale)
+    assert deq[0, :3].tolist() == [3.0, -1.0, 0.25] and deq[0, 16:18].tolist() == [0.75, 0.1875]
+    # grid spacing at each code, in weight units: e2m1 spacing (0.5 below 2, 1 in [2, 4), 2 from 4) × block scale
+    st = q.step(codes, scale)
+    assert st[0, :3].tolist() == [1.0, 0.5, 0.25] and st[0, 16:18].tolist() == [0.25, 0.0625] and st[0, 5] == 0.25
+    # e4m3 rounds the block scale: amax 1.0 in a block beside amax 3 → 1/6/g = 149.33 → e4m3 144 → 144/896
+    w[0, 16], w[0, 17] = 1.0, 0.0
+    assert q.quantize_weight(w)[1][0, 1].item() == pytest.approx(144 / 896, rel=1e-6)
+
+
+def test_nvfp4_activation_scales_per_token_weights_per_tensor():
+    q = NVFP4.quant
+    x = torch.zeros(2, 16)
+    x[0, 0], x[1, 0] = 6.0, 0.6                      # a token's own amax sets its global scale
+    assert torch.allclose(q.scales(x).flatten(), torch.tensor([1.0, 0.1]))             # amax / 6 each
+    # as a weight, both rows share the tensor's global scale 6/(448·6): row 1's 0.1 is e4m3(44.8)·g = 44/448
+    assert q.quantize_weight(x)[1].flatten().tolist() == pytest.approx([1.0, 44 / 448], rel=1e-6)
+    with pytest.raises(PrecisionError, match="divisible by 16"):
+        q.quantize_weight(torch.ones(2, 24))
+
+
+def test_nvfp4_matmul_is_the_product_of_the_dequantized_operands():
+    torch.manual_seed(0)
+    x, w = torch.randn(3, 32).to(torch.bfloat16), torch.randn(5, 32) * 0.1
+    wc, ws = NVFP4.quantize(w)
+    y = NVFP4.matmul(x, wc, ws)
+    want = (NVFP4.quant.fake(x) @ NVFP4.quant.dequantize(wc, ws).t()).to(torch.bfloat16)
+    assert y.dtype == torch.bfloat16 and torch.equal(y, want)
+
+
 # ------------------------------------------------------------------ parsing
 
 def test_every_pair_parses_and_names_itself():
-    assert {p.rollout for p in ALL_PAIRS} == set(formats.ROLLOUT_FORMATS) and len(formats.ROLLOUT_FORMATS) == 6
-    assert {p.train for p in ALL_PAIRS} == set(formats.TRAIN_FORMATS) and "int8" not in formats.TRAIN_FORMATS
+    assert {p.rollout for p in ALL_PAIRS} == set(formats.ROLLOUT_FORMATS) and len(formats.ROLLOUT_FORMATS) == 7
+    assert {p.train for p in ALL_PAIRS} == set(formats.TRAIN_FORMATS) and not {"int8", "nvfp4"} & set(formats.TRAIN_FORMATS)
     for p in ALL_PAIRS:
         assert Precision.parse(p.name) == p
         assert Precision.parse(f"train={p.train},rollout={p.rollout}") == p
@@ -128,8 +179,9 @@ def test_int8_is_rollout_only_with_one_message(text):
 
 
 def test_unknown_format_lists_the_formats():
-    with pytest.raises(PrecisionError, match=r"unknown dtype 'fp4'; choose one of fp32, bf16, bf16\+head32, fp16, fp8, int8"):
-        Precision.parse("rollout=fp4,train=fp32")
+    with pytest.raises(PrecisionError, match=r"unknown dtype 'fp6'; choose one of fp32, bf16, bf16\+head32, fp16, fp8, int8, nvfp4"):
+        Precision.parse("rollout=fp6,train=fp32")
+    assert Precision.parse("rollout=fp4,train=fp32") == Precision("nvfp4", "fp32")
 
 
 def test_vllm_formats_and_refusals_without_starting_vllm():
@@ -140,6 +192,8 @@ def test_vllm_formats_and_refusals_without_starting_vllm():
     assert vllm_format_kwargs("fp16") == {"dtype": "float16"}
     with pytest.raises(PrecisionError, match="the vllm engine cannot run int8: .*--engine torch"):
         VLLMEngine("/nowhere", "int8")
+    with pytest.raises(PrecisionError, match="the vllm engine cannot run nvfp4: .*modelopt_fp4.*--engine torch"):
+        VLLMEngine("/nowhere", "nvfp4")
 
 
 # ------------------------------------------------------------------ sync statistics on a toy model
@@ -199,7 +253,7 @@ def _engine(tiny, fmt, track=True):
     return TorchEngine(ref.path, fmt, model=copy.deepcopy(master), tokenizer=tok, track_updates=track)
 
 
-@pytest.mark.parametrize("fmt", ["fp8", "int8"])
+@pytest.mark.parametrize("fmt", ["fp8", "int8", "nvfp4"])
 def test_engine_quantizes_every_linear_and_unties_lm_head(tiny, fmt):
     _, _, master = tiny
     assert master.lm_head.weight is master.model.embed_tokens.weight          # tiny-math ties them

@@ -18,7 +18,7 @@ from runners.trainer import start_run
 
 pytestmark = pytest.mark.integration
 
-NEW_PAIRS = [p for p in ALL_PAIRS if p not in CLASSIC_PAIRS]          # 21
+NEW_PAIRS = [p for p in ALL_PAIRS if p not in CLASSIC_PAIRS]          # 26
 ALGOS = list(REGISTRY)
 CELLS = ([(ALGOS[i % len(ALGOS)], p) for i, p in enumerate(NEW_PAIRS)]
          + [(a, Precision("fp8", "fp8")) for a in ALGOS] + [(a, Precision("int8", "bf16")) for a in ALGOS])
@@ -44,7 +44,7 @@ def cfg2():
 
 
 def test_cells_cover_the_issue():
-    assert len(NEW_PAIRS) == 21 and {p for _, p in CELLS} == set(NEW_PAIRS)
+    assert len(NEW_PAIRS) == 26 and {p for _, p in CELLS} == set(NEW_PAIRS)
     assert {a for a, p in CELLS if p == Precision("fp8", "fp8")} == set(REGISTRY)
     assert {a for a, p in CELLS if p.rollout == "int8"} == set(REGISTRY)
 

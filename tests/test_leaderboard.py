@@ -116,16 +116,16 @@ def test_run_page_by_query_param_shows_curves(store):
 
 
 def test_grid_lists_commands_for_empty_cells(store):
-    """One algorithm at a time, every rollout format × every training format (6 × 5)."""
+    """One algorithm at a time, every rollout format × every training format (7 × 5)."""
     url, info = store
     at = page(url, "pages/grid.py")
     assert at.selectbox(key="grid_algo").value == "pg-seq-is"
     codes = [c.value for c in at.code]
     assert f"bench run --algo pg-seq-is --dtype rollout=int8,train=fp32 --build {info['build']}" in codes
-    assert not any(" --dtype bf16 " in c or " --dtype fp32 " in c for c in codes) and len(codes) == 30 - 2
+    assert not any(" --dtype bf16 " in c or " --dtype fp32 " in c for c in codes) and len(codes) == 35 - 2
     at.selectbox(key="grid_algo").set_value("gspo").run()
     codes = [c.value for c in at.code]
-    assert f"bench run --algo gspo --dtype fp16 --build {info['build']}" in codes and len(codes) == 30
+    assert f"bench run --algo gspo --dtype fp16 --build {info['build']}" in codes and len(codes) == 35
     at.selectbox(key="grid_algo").set_value("grpo").run()
     assert not any("--algo grpo --dtype bf16 " in c for c in at.code)
     at.radio[0].set_value("peak_mean").run()
@@ -207,20 +207,20 @@ def test_app_on_postgresql(pg_url, tmp_path):
 
 def test_mismatch_reports_side_by_side(store, tmp_path):
     url, _ = store
-    every_rollout = ";".join(f"rollout={d},train=fp32" for d in ("fp32", "bf16", "bf16+head32", "fp16", "fp8", "int8"))
+    every_rollout = ";".join(f"rollout={d},train=fp32" for d in ("fp32", "bf16", "bf16+head32", "fp16", "fp8", "int8", "nvfp4"))
     r = CliRunner().invoke(app, ["mismatch", "--dtype", every_rollout, "--limit", "8", "--n", "8", "--db", url, "--json",
                                  "--out", str(tmp_path / "plots")])
     assert r.exit_code == 0, r.output
     reports = {(x["rollout"], x["train"]): x for x in json.loads(r.stdout)}
-    assert len(reports) == 6                          # every rollout format against fp32 (`all`: 30 pairs)
-    dp = {d: reports[(d, "fp32")]["prob_abs_diff_mean"] for d in ("fp32", "fp16", "bf16", "fp8")}
-    assert dp["fp8"] > dp["bf16"] > dp["fp16"] > dp["fp32"], dp
+    assert len(reports) == 7                          # every rollout format against fp32 (`all`: 35 pairs)
+    dp = {d: reports[(d, "fp32")]["prob_abs_diff_mean"] for d in ("fp32", "fp16", "bf16", "fp8", "nvfp4")}
+    assert dp["nvfp4"] > dp["fp8"] > dp["bf16"] > dp["fp16"] > dp["fp32"], dp
     for x in reports.values():
         assert all(Path(p).stat().st_size > 5_000 for p in x["plots"].values())
     at = page(url, "pages/mismatch.py")
     table = at.dataframe[0].value
-    assert len(table) == 6 and {"kl_k1", "prob_abs_diff_mean", "log_ratio_slope"} <= set(table.columns)
-    assert "bf16+head32" in set(table.rollout_dtype) and "int8" in set(table.rollout_dtype)
+    assert len(table) == 7 and {"kl_k1", "prob_abs_diff_mean", "log_ratio_slope"} <= set(table.columns)
+    assert "bf16+head32" in set(table.rollout_dtype) and {"int8", "nvfp4"} <= set(table.rollout_dtype)
 
 
 def test_mismatch_refuses_reshaped_sampling():

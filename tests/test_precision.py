@@ -9,9 +9,9 @@ def test_parse_pairs():
     assert Precision.parse("train=bf16,rollout=float32") == Precision("fp32", "bf16")
     assert Precision.parse("rollout=fp32,train=bf16").name == "rollout=fp32,train=bf16"
     assert Precision.parse("bfloat16").name == "bf16"
-    assert len(ALL_PAIRS) == 30 and len(set(ALL_PAIRS)) == 30          # 6 rollout × 5 training formats
+    assert len(ALL_PAIRS) == 35 and len(set(ALL_PAIRS)) == 35          # 7 rollout × 5 training formats
     assert parse_list("bf16,fp16") == [Precision("bf16", "bf16"), Precision("fp16", "fp16")]
-    assert len(parse_list("all")) == 30
+    assert len(parse_list("all")) == 35
     assert parse_list("all16") == list(CLASSIC_PAIRS) and len(CLASSIC_PAIRS) == 9
 
 

@@ -26,7 +26,7 @@ def build(ctx: typer.Context,
           answer_col: str = typer.Option("answer", help="Column holding the gold answer."),
           solution_col: str = typer.Option("solution", help="Column whose last \\boxed{} is the gold when the answer column is missing."),
           engine: str = typer.Option("auto", help="Rollout engine: auto (vllm when importable), torch, vllm."),
-          dtype: str = typer.Option("bf16", help="Rollout format: fp32, bf16, bf16+head32, fp16, fp8, int8."),
+          dtype: str = typer.Option("bf16", help="Rollout format: fp32, bf16, bf16+head32, fp16, fp8, int8, nvfp4."),
           k: int = typer.Option(40, help="Rollouts per problem."),
           band: Optional[List[float]] = typer.Option(None, help="Keep problems with lo <= accuracy <= hi "
                                                      "(inclusive at both ends). Default 0.2 0.8.", show_default=False),

@@ -358,7 +358,7 @@ def leaderboard(db: Optional[str] = DB_OPT, port: int = typer.Option(8501, help=
 
 @app.command()
 def mismatch(model: str = typer.Option("tiny-math"), dtype: str = typer.Option("all", help="A pair (fp16, "
-             "rollout=fp32,train=bf16), a comma list of dtypes, all (30 pairs) or all16 (the paper's nine)."),
+             "rollout=fp32,train=bf16), a comma list of dtypes, all (35 pairs) or all16 (the paper's nine)."),
              source: str = typer.Option("synthetic-hard", help="Problems (any `bench build --source`)."),
              n: int = typer.Option(32, help="Responses per problem."),
              limit: Optional[int] = typer.Option(100, help="First N problems."),

@@ -71,7 +71,7 @@ def _print_run_end(run_id: str, store, as_json: bool = False) -> None:
 
 @app.command()
 def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` shows them)."),
-        dtype: str = typer.Option("fp32", help="Precision: fp32 | bf16 | bf16+head32 | fp16 | fp8 (both engines) or rollout=X,train=Y (rollout may also be int8, a rollout-only format)."),
+        dtype: str = typer.Option("fp32", help="Precision: fp32 | bf16 | bf16+head32 | fp16 | fp8 (both engines) or rollout=X,train=Y (rollout may also be int8 or nvfp4, rollout-only formats)."),
         build_id: Optional[str] = typer.Option(None, "--build", help="Build id (default: the latest complete build)."),
         model: Optional[str] = typer.Option(None, help="Only builds of this model (and check the build's model)."),
         engine: str = typer.Option("torch", help="Rollout engine: torch, vllm, auto."),
@@ -312,7 +312,7 @@ def _verl_progress(prog, task):
 
 @app.command()
 def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or all."),
-          dtype: str = typer.Option("bf16,fp16,fp32", help="Comma-separated dtypes (both engines), `all` for all 30 pairs, `all16` for the paper's nine, "
+          dtype: str = typer.Option("bf16,fp16,fp32", help="Comma-separated dtypes (both engines), `all` for all 35 pairs, `all16` for the paper's nine, "
                                     "or pairs separated by ';'."),
           build_id: Optional[str] = typer.Option(None, "--build"),
           engine: str = typer.Option("torch"), preset: str = typer.Option("tiny"),

@@ -87,7 +87,7 @@ def resolve_engine(name: str) -> str:
 
 def make_engine(name: str, model_path: str, dtype: str, **kw) -> RolloutEngine:
     """An engine running the model at `model_path` in format `dtype` (bench/formats.py: fp32, bf16,
-    bf16+head32, fp16, fp8, int8; the vllm engine refuses what vLLM cannot run)."""
+    bf16+head32, fp16, fp8, int8, nvfp4; the vllm engine refuses what vLLM cannot run)."""
     name = resolve_engine(name)
     if name == "torch":
         from .torch_engine import TorchEngine
