@@ -59,15 +59,21 @@ class QuantLinear(nn.Module):
         self.register_buffer("codes", codes)
         self.register_buffer("scale", scale)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(fmt.dtype))
+        self._dequantize()
+
+    def _dequantize(self):
+        """Keep the dequantized weight where the format's GEMM reads it (nvfp4), once per sync."""
+        self.w_deq = self.fmt.quant.dequantize(self.codes, self.scale) if self.fmt.quant.cache_dequantized else None
 
     def forward(self, x):
-        return self.fmt.matmul(x, self.codes, self.scale, self.bias)
+        return self.fmt.matmul(x, self.codes, self.scale, self.bias, self.w_deq)
 
     @torch.no_grad()
     def load_weight(self, w: torch.Tensor, track: bool = False):
         codes, scale = self.fmt.quantize(w.float())
         moved = ~self.fmt.quant.same(codes, self.codes) if track else None
         self.codes, self.scale = codes, scale
+        self._dequantize()
         return (moved, self.fmt.step(codes, scale)) if track else None
 
     @torch.no_grad()

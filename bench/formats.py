@@ -101,8 +101,10 @@ class Quantizer:
         """Elementwise: are two codes identical."""
         return a == b
 
+    cache_dequantized = False     # the engine keeps the dequantized weight beside the codes (`w_deq`)
+
     def matmul(self, x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.Tensor, bias=None,
-               out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+               out_dtype: torch.dtype = torch.bfloat16, w_deq: torch.Tensor | None = None) -> torch.Tensor:
         """y = x Wᵀ + b with x quantized at run time (w8a8_matmul)."""
         return w8a8_matmul(self, x, w_codes, w_scale, bias, out_dtype)
 
@@ -132,17 +134,18 @@ class Int8(Quantizer):
         return scale.expand_as(codes).float()
 
 
-E2M1_BOUNDS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])   # midpoints of the e2m1 grid below
-E2M1_GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
-
-
 def e2m1_round(v: torch.Tensor) -> torch.Tensor:
-    """v (fp32) rounded to the nearest e2m1 value, ties to the even code (0, 1, 2, 4: mantissa
-    bit 0), saturating at ±6."""
-    a = v.abs()
-    idx = torch.bucketize(a, E2M1_BOUNDS.to(a.device))              # a tie lands on the lower value
-    tie = (a == E2M1_BOUNDS.to(a.device)[idx.clamp(max=6)]) & (idx % 2 == 1)
-    return torch.sign(v) * E2M1_GRID.to(a.device)[idx + tie.long()]
+    """v (fp32) rounded to the nearest e2m1 value {0, ±0.5, ±1, ±1.5, ±2, ±3, ±4, ±6}, ties to
+    the even code (0, 1, 2, 4: mantissa bit 0), saturating at ±6. Within a binade the grid step
+    is 0.5 below 2, 1 in [2, 4), 2 from 4, and the code's mantissa bit is the parity of a/step,
+    so torch.round (half to even) of a/step is the IEEE rounding."""
+    a = v.abs().clamp(max=6.0)
+    k = ((a >= 2).to(torch.uint8) + (a >= 4).to(torch.uint8)).long()      # binade: 0, 1, 2
+    step = _E2M1_STEPS.to(a.device)[k]
+    return torch.sign(v) * torch.round(a / step) * step
+
+
+_E2M1_STEPS = torch.tensor([0.5, 1.0, 2.0])
 
 
 class NVFP4(Quantizer):
@@ -150,6 +153,7 @@ class NVFP4(Quantizer):
     of x; scale: fp32 [..., in/16], each block's e4m3 scale times the global scale."""
 
     block = 16
+    cache_dequantized = True
 
     def __init__(self):
         super().__init__("nvfp4", 6.0, torch.int8)
@@ -181,10 +185,12 @@ class NVFP4(Quantizer):
     def step(self, codes, scale):
         return (self._blocks(float_step(codes.float() / 2, 1, 0)) * scale.unsqueeze(-1)).reshape(codes.shape)
 
-    def matmul(self, x, w_codes, w_scale, bias=None, out_dtype=torch.bfloat16):
+    def matmul(self, x, w_codes, w_scale, bias=None, out_dtype=torch.bfloat16, w_deq=None):
         """Both operands dequantized exactly to fp32, one fp32 GEMM (a block-scaled MMA sums the
-        block products in fp32 the same way, up to the order of the sum), one rounding."""
-        y = torch.matmul(self.fake(x), self.dequantize(w_codes, w_scale).t())
+        block products in fp32 the same way, up to the order of the sum), one rounding. `w_deq`:
+        the weight already dequantized (the same values)."""
+        w = self.dequantize(w_codes, w_scale) if w_deq is None else w_deq
+        y = torch.matmul(self.fake(x), w.t())
         return (y if bias is None else y + bias.float()).to(out_dtype)
 
 
@@ -243,8 +249,9 @@ class Format:
             raise PrecisionError(f"{self.name} does not quantize")
         return self.quant.quantize_weight(w)
 
-    def matmul(self, x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.Tensor, bias=None) -> torch.Tensor:
-        return self.quant.matmul(x, w_codes, w_scale, bias, self.dtype)
+    def matmul(self, x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.Tensor, bias=None,
+               w_deq: torch.Tensor | None = None) -> torch.Tensor:
+        return self.quant.matmul(x, w_codes, w_scale, bias, self.dtype, w_deq)
 
     def step(self, stored: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
         """Grid spacing at each stored weight (codes and scales for quantized formats)."""
