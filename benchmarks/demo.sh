@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Wall time of the README's main job (`./bench.sh demo`) on a fresh BENCH_HOME, against the
-# 10-minute goal for build + offline mismatch + pg-seq-is at fp16 and bf16 (two jobs) + the report.
+# 10-minute goal for build + offline mismatch + pg-seq-is with nvfp4, fp16 and bf16 rollouts (two jobs) + the report.
 #   bash benchmarks/demo.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
