@@ -7,9 +7,10 @@ fp16 (bf16+head32 too; fp32 is left alone, W8A8 formats have their own scaled ma
 
 1. GEMMs read 16-bit operands, accumulate in fp32 and round the output once (cuBLAS; vLLM's
    linear layers), attention's two products included (FlashAttention: P rounded to 16 bits
-   between them; `bench.precision.upcast_attention`). On a CPU this is `bench.precision.upcast_matmuls`; torch's own CPU 16-bit
-   GEMM is the same contract, but on CPUs without the instructions (no AVX512-FP16/AMX-FP16 for
-   fp16, no AVX512-BF16/AMX for bf16) it runs a scalar kernel 2–4× slower than fp32.
+   between them). On a CPU this is `bench.precision.upcast_matmuls` and `upcast_attention`;
+   torch's own CPU 16-bit GEMM is the same contract, but on CPUs without the instructions (no
+   AVX512-FP16/AMX-FP16 for fp16, no AVX512-BF16/AMX for bf16) it runs a scalar kernel 2–4×
+   slower than fp32.
 2. The MLP's activation is one fused kernel (vLLM `SiluAndMul`): silu(gate) · up computed in
    fp32 from the 16-bit projections and rounded once,
        h = round16( silu(g) · u ),  g = round16(x W_gateᵀ), u = round16(x W_upᵀ),
