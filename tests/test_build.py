@@ -71,7 +71,7 @@ def test_bad_golds_are_listed_and_excluded(tmp_path):
     (["--band", "0.2", "1.5"], "band must lie in [0, 1]"),
     (["--model", "no-such-model"], "unknown model"),
     (["--source", "missing.jsonl"], "unknown source"),
-    (["--dtype", "fp4"], "unknown dtype"),
+    (["--dtype", "fp6"], "unknown dtype"),
     (["--engine", "tpu"], "unknown engine"),
     (["--shard", "3/2"], "bad shard"),
     (["--out", "/proc/bench-out"], "not writable"),

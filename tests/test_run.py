@@ -88,7 +88,7 @@ def test_pg_seq_is_learns_in_fp32(sqlite_build, tmp_path):
 
 @pytest.mark.parametrize("args,needle", [
     (["--algo", "ppo"], "unknown algorithm 'ppo'"),
-    (["--algo", "grpo", "--dtype", "fp4"], "unknown dtype"),
+    (["--algo", "grpo", "--dtype", "fp6"], "unknown dtype"),
     (["--algo", "grpo", "--build", "nope"], "no build 'nope'"),
     (["--algo", "grpo", "--model", "other/model"], "no build yet for model 'other/model'"),
     (["--algo", "grpo", "--checkpoint-dir", "/proc/ckpt"], "not writable"),
