@@ -63,7 +63,8 @@ class QuantLinear(nn.Module):
 
     def _dequantize(self):
         """Keep the dequantized weight where the format's GEMM reads it (nvfp4), once per sync."""
-        self.w_deq = self.fmt.quant.dequantize(self.codes, self.scale) if self.fmt.quant.cache_dequantized else None
+        w = self.fmt.quant.dequantize(self.codes, self.scale) if self.fmt.quant.cache_dequantized else None
+        self.register_buffer("w_deq", w, persistent=False)      # moves with the module, not saved
 
     def forward(self, x):
         return self.fmt.matmul(x, self.codes, self.scale, self.bias, self.w_deq)
