@@ -19,14 +19,15 @@ rounded to the format's dtype, which is what a lookup in a cast embedding gives.
 Sync statistics (`RolloutWeights.load(..., track=True)`), over the weights of every linear
 layer (lm_head included), at each sync:
   rollout_weights_moved   fraction whose stored value changed: the code (int8 value / e4m3
-                          bit pattern / 2 × e2m1 value) for a quantized format, the 16/32-bit value otherwise. A
-                          per-channel scale that follows its channel's amax changes the
-                          dequantized values without moving any code: not counted.
+                          bit pattern / 2 × e2m1 value) for a quantized format, the 16/32-bit
+                          value otherwise. A per-channel (or per-block) scale that follows its
+                          amax changes the dequantized values without moving any code: not
+                          counted.
   rollout_update_to_step  median over those weights of |Δw| / δ, Δw the fp32 master's change
                           since the previous sync and δ the grid spacing at the new stored
                           value: int8 the channel scale; e4m3 the scale × 2^(max(⌊log2|c|⌋, −6) − 3)
-                          at code c; nvfp4 the e2m1 spacing at the code × its block's scale; bf16/fp16/fp32 the value's ulp. Far below 1/2: most
-                          updates cannot move the quantized copy. Over every such weight up to
+                          at code c; nvfp4 the e2m1 spacing at the code × its block's scale;
+                          bf16/fp16/fp32 the value's ulp. Far below 1/2: most updates cannot move the quantized copy. Over every such weight up to
                           TRACK_SAMPLE (2^24) of them; a larger model uses a fixed uniform sample
                           of 2^24 positions (its fp32 copy of the last sync is then ~200 MB, not
                           4 bytes per weight on the device).
@@ -59,12 +60,12 @@ class QuantLinear(nn.Module):
         self.register_buffer("codes", codes)
         self.register_buffer("scale", scale)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(fmt.dtype))
-        self._dequantize()
+        # the dequantized weight where the format's GEMM reads it (nvfp4), remade at each sync;
+        # a buffer so it moves with the module, not persistent so checkpoints stay codes + scales
+        self.register_buffer("w_deq", self._dequantized(), persistent=False)
 
-    def _dequantize(self):
-        """Keep the dequantized weight where the format's GEMM reads it (nvfp4), once per sync."""
-        w = self.fmt.quant.dequantize(self.codes, self.scale) if self.fmt.quant.cache_dequantized else None
-        self.register_buffer("w_deq", w, persistent=False)      # moves with the module, not saved
+    def _dequantized(self):
+        return self.fmt.quant.dequantize(self.codes, self.scale) if self.fmt.quant.cache_dequantized else None
 
     def forward(self, x):
         return self.fmt.matmul(x, self.codes, self.scale, self.bias, self.w_deq)
@@ -74,7 +75,7 @@ class QuantLinear(nn.Module):
         codes, scale = self.fmt.quantize(w.float())
         moved = ~self.fmt.quant.same(codes, self.codes) if track else None
         self.codes, self.scale = codes, scale
-        self._dequantize()
+        self.w_deq = self._dequantized()
         return (moved, self.fmt.step(codes, scale)) if track else None
 
     @torch.no_grad()

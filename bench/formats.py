@@ -3,8 +3,8 @@
 A format says how an engine stores and multiplies: `dtype` is the storage dtype of every
 parameter it does not quantize (and of activations and linear outputs); `quant`, when set,
 is the W8A8 (or W4A4) quantizer of every linear layer (lm_head included; embeddings and norms
-stay in `dtype`); `head32` keeps lm_head and the logits in fp32. `cast` / `quantize` / `matmul` are
-the three operations; bench/format_modules.py applies them to a model for either engine.
+stay in `dtype`); `head32` keeps lm_head and the logits in fp32. `cast` / `quantize` / `matmul`
+are the three operations; bench/format_modules.py applies them to a model for either engine.
 
     fp32, fp16, bf16   parameters in that dtype (buffers such as RoPE's stay fp32)
     bf16+head32        bf16, except an fp32 lm_head and fp32 logits (vLLM's
@@ -109,9 +109,12 @@ class Quantizer:
         return w8a8_matmul(self, x, w_codes, w_scale, bias, out_dtype)
 
 
+E4M3_MAX = 448.0      # the largest finite float8_e4m3fn value
+
+
 class FP8E4M3(Quantizer):
     def __init__(self):
-        super().__init__("e4m3", 448.0, torch.float8_e4m3fn)
+        super().__init__("e4m3", E4M3_MAX, torch.float8_e4m3fn)
 
     def codes(self, x, scale):
         return (x.float() / scale).clamp(-self.qmax, self.qmax).to(torch.float8_e4m3fn)
@@ -168,8 +171,8 @@ class NVFP4(Quantizer):
         over each row (activations: per token)."""
         amax = self._blocks(x.detach()).abs().amax(-1)                          # [..., nb]
         top = amax.amax() if per_tensor else amax.amax(-1, keepdim=True)
-        g = torch.where(top > 0, top / (448.0 * 6.0), torch.ones_like(top))
-        s = (amax / 6.0 / g).clamp(max=448.0).to(torch.float8_e4m3fn).float() * g
+        g = torch.where(top > 0, top / (E4M3_MAX * self.qmax), torch.ones_like(top))
+        s = (amax / self.qmax / g).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn).float() * g
         return torch.where(s > 0, s, torch.ones_like(s))
 
     def quantize_weight(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

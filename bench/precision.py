@@ -214,11 +214,11 @@ def _upcast_attention_forward(module, query, key, value, attention_mask, scaling
     [B, H, Lq, D], k/v [B, H_kv, Lk, D], a bool (True = attend) or additive mask
     [B, 1, Lq, Lk] or None (causal when Lq > 1); returns ([B, Lq, H, D], None)."""
     import torch
+    from transformers.integrations.sdpa_attention import repeat_kv
 
     dt = query.dtype
     rep = query.shape[1] // key.shape[1]
-    k = key.float().repeat_interleave(rep, dim=1) if rep > 1 else key.float()
-    v = value.float().repeat_interleave(rep, dim=1) if rep > 1 else value.float()
+    k, v = repeat_kv(key, rep).float(), repeat_kv(value, rep).float()
     s = torch.matmul(query.float(), k.transpose(-1, -2)) * (query.shape[-1] ** -0.5 if scaling is None else scaling)
     lq, lk = s.shape[-2:]
     causal = getattr(module, "is_causal", True) if is_causal is None else is_causal

@@ -34,7 +34,8 @@ def vllm_format_kwargs(dtype: str) -> dict:
     bf16 checkpoint online in 0.32). Unlike the built-in engine, vLLM leaves lm_head (a
     ParallelLMHead, not a linear layer) in bf16. bf16+head32 is `hf_overrides={"head_dtype":
     "float32"}`: vLLM computes the head in fp32 from its bf16-loaded weight, where the built-in
-    engines keep the fp32 master's values. int8 has no W8A8 path in vLLM 0.32, nvfp4 no online quantization: refused."""
+    engines keep the fp32 master's values. int8 has no W8A8 path in vLLM 0.32 and nvfp4 no online
+    quantization: both refused."""
     fmt = formats.get(dtype)
     if fmt.vllm is None:
         raise PrecisionError(f"the vllm engine cannot run {fmt.name}: {fmt.vllm_refusal}")
