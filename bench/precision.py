@@ -159,8 +159,35 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+CPU_16BIT_CHOICES = ("none", "bf16", "fp16", "all")
+
+
+def cpu_16bit() -> frozenset[str]:
+    """The 16-bit dtypes ("bf16", "fp16") whose instructions the kernels take as present: the
+    CPU's own (AMX / AVX512-BF16 for bf16, AMX-FP16 / AVX512-FP16 for fp16), or what
+    BENCH_CPU_16BIT = none | bf16 | fp16 | all says, so either kind of CPU's path runs on any
+    machine (tests, benchmarks). A bad value is bad input (PrecisionError)."""
+    import os
+
+    mode = os.environ.get("BENCH_CPU_16BIT", "").strip()
+    if not mode:
+        flags = _cpu_flags()
+        return frozenset(d for d, f in _NATIVE_FLAGS.items() if flags & set(f))
+    if mode not in CPU_16BIT_CHOICES:
+        raise PrecisionError(f"BENCH_CPU_16BIT={mode!r}; choose one of {', '.join(CPU_16BIT_CHOICES)} "
+                             "(unset: what the CPU has)")
+    return frozenset({"none": (), "all": ("bf16", "fp16")}.get(mode, (mode,)))
+
+
+def cpu_kernel_path() -> str:
+    """The CPU 16-bit kernel path in one word, as stored with results: none, bf16, fp16 or all."""
+    have = cpu_16bit()
+    return "all" if len(have) == 2 else next(iter(have), "none")
+
+
 def cpu_has_native(dtype: str) -> bool:
-    return bool(_cpu_flags() & set(_NATIVE_FLAGS.get(formats.get(dtype).dtype_name, ())))
+    """Whether the CPU (or BENCH_CPU_16BIT) has the 16-bit instructions of the format's dtype."""
+    return formats.get(dtype).dtype_name in cpu_16bit()
 
 
 def should_upcast(dtype: str, device: str = "cpu") -> bool:

@@ -66,7 +66,7 @@ def cpu_name() -> str:
 
 def device_facts(device: str = "cpu") -> dict:
     """The device's name and, on a CPU, whether it has native bf16 / fp16 GEMM instructions."""
-    from .precision import cpu_has_native
+    from .precision import cpu_has_native, cpu_kernel_path
 
     if str(device).startswith("cuda"):
         import torch
@@ -74,7 +74,8 @@ def device_facts(device: str = "cpu") -> dict:
         return {"device": device, "device_name": torch.cuda.get_device_name(torch.device(device)),
                 "cuda": torch.version.cuda}
     return {"device": "cpu", "device_name": cpu_name(), "cpu_count": os.cpu_count(),
-            "native_bf16_gemm": cpu_has_native("bf16"), "native_fp16_gemm": cpu_has_native("fp16")}
+            "native_bf16_gemm": cpu_has_native("bf16"), "native_fp16_gemm": cpu_has_native("fp16"),
+            "cpu_16bit": cpu_kernel_path()}
 
 
 def collect(device: str = "cpu", train_dtype: str | None = None, **extra) -> dict:
