@@ -7,7 +7,9 @@ lm_head included, becomes a `QuantLinear` holding codes and per-channel scales; 
 the embedding stays in the format's dtype while the head is quantized (or fp32) from the
 same master tensor, and a weight sync that carries the embedding's master tensor refreshes
 both. Every sync re-quantizes from the fp32 master, as a weight sync into a quantized vLLM
-does.
+does. Where the format has a per-tensor weight scale (nvfp4's global scale), the projections
+vLLM fuses into one layer (q/k/v → qkv_proj, gate/up → gate_up_proj) share it — the largest
+amax of the group, as Model-Optimizer's export gives a fused layer one `weight_scale_2`.
 
 Training side (`prepare_train`): the compute copy keeps the module tree and its parameter
 list (the trainer pairs compute and master parameters by position). For a W8A8 format the
@@ -49,14 +51,33 @@ TRACK_SAMPLE = 2 ** 24      # weights behind rollout_update_to_step at most (see
 
 # ------------------------------------------------------------------ rollout side
 
+FUSED_PROJECTIONS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))   # vLLM's qkv_proj, gate_up_proj
+
+
+def fused_groups(model: nn.Module) -> list[list[str]]:
+    """The nn.Linear modules (full names) that vLLM runs as one fused projection: a module's
+    q_proj/k_proj/v_proj children (qkv_proj) and gate_proj/up_proj children (gate_up_proj)."""
+    groups = []
+    for name, mod in model.named_modules():
+        for members in FUSED_PROJECTIONS:
+            if all(isinstance(getattr(mod, m, None), nn.Linear) for m in members):
+                groups.append([f"{name}.{m}" if name else m for m in members])
+    return groups
+
+
 class QuantLinear(nn.Module):
     """Inference-only quantized linear layer: codes [out, in] and scales ([out, 1] per channel,
-    [out, in/16] for nvfp4's blocks) as buffers."""
+    [out, in/16] for nvfp4's blocks) as buffers. `group_top`: the amax of the fused projection
+    it belongs to, where the format shares one global scale across it (nvfp4); `split_k`: the
+    slices its GEMM reduces in (bench/rollout_kernels.py)."""
 
-    def __init__(self, linear: nn.Linear, fmt: Format):
+    split_k = 1
+
+    def __init__(self, linear: nn.Linear, fmt: Format, group_top: float | None = None):
         super().__init__()
         self.fmt, self.in_features, self.out_features = fmt, linear.in_features, linear.out_features
-        codes, scale = fmt.quantize(linear.weight.detach().float())
+        self.group_top = group_top
+        codes, scale = fmt.quantize(linear.weight.detach().float(), top=group_top)
         self.register_buffer("codes", codes)
         self.register_buffer("scale", scale)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(fmt.dtype))
@@ -68,11 +89,11 @@ class QuantLinear(nn.Module):
         return self.fmt.quant.dequantize(self.codes, self.scale) if self.fmt.quant.cache_dequantized else None
 
     def forward(self, x):
-        return self.fmt.matmul(x, self.codes, self.scale, self.bias, self.w_deq)
+        return self.fmt.matmul(x, self.codes, self.scale, self.bias, self.w_deq, self.split_k)
 
     @torch.no_grad()
     def load_weight(self, w: torch.Tensor, track: bool = False):
-        codes, scale = self.fmt.quantize(w.float())
+        codes, scale = self.fmt.quantize(w.float(), top=self.group_top)
         moved = ~self.fmt.quant.same(codes, self.codes) if track else None
         self.codes, self.scale = codes, scale
         self.w_deq = self._dequantized()
@@ -146,13 +167,24 @@ class RolloutWeights:
         self.prev: dict[str, torch.Tensor] = {n: self._tracked(n, p.detach()) for n, p in canonical
                                               if n in self.sample}
         replaced: dict[int, nn.Module] = {}
+        # fused projections sharing one global scale: weight name -> its group's weight names
+        self.groups: dict[str, list[str]] = {}
+        if fmt.quant is not None and fmt.quant.fused_global_scale:
+            for members in fused_groups(model):
+                names = [f"{m}.weight" for m in members]
+                self.groups.update({n: names for n in names})
+        tops = self._group_tops(dict(model.named_parameters()))
+        self.quant_modules: dict[str, QuantLinear] = {}
         if not fmt.plain:
             head = model.get_output_embeddings()
             for mod_name, mod in list(model.named_modules()):
                 if isinstance(mod, nn.Linear) and (fmt.quant is not None or mod is head):
-                    new = QuantLinear(mod, fmt) if fmt.quant is not None else Head32Linear(mod)
+                    top = tops.get(f"{mod_name}.weight")
+                    new = QuantLinear(mod, fmt, top) if fmt.quant is not None else Head32Linear(mod)
                     _set_module(model, mod_name, new)
                     replaced[id(mod)] = new
+                    if fmt.quant is not None:
+                        self.quant_modules[f"{mod_name}.weight"] = new
         fmt.cast(model)
         self.model = model
         self.loaders: dict[str, list] = {}
@@ -172,6 +204,16 @@ class RolloutWeights:
             if is_linear:
                 self.linear_names.add(name)
 
+    def _group_tops(self, tensors: dict[str, torch.Tensor]) -> dict[str, float]:
+        """For every weight of a fused group: the largest |w| over the group's members in
+        `tensors` (a member missing from them does not count)."""
+        tops: dict[str, float] = {}
+        for name, members in self.groups.items():
+            present = [tensors[m] for m in members if m in tensors]
+            if name in tensors:
+                tops[name] = max(float(t.detach().float().abs().amax()) for t in present)
+        return tops
+
     def _tracked(self, name: str, t: torch.Tensor) -> torch.Tensor:
         """`t` flattened to fp32 at the tracked positions of weight `name` (all, or its sample)."""
         idx = self.sample.get(name)
@@ -182,6 +224,9 @@ class RolloutWeights:
     def load(self, named_tensors, track: bool = False) -> dict[str, float]:
         moved = total = 0
         ratios = []
+        named_tensors = list(named_tensors)
+        for name, top in self._group_tops(dict(named_tensors)).items():
+            self.quant_modules[name].group_top = top
         for name, t in named_tensors:
             for fn in self.loaders[name]:
                 out = fn(t.detach(), track)

@@ -102,14 +102,17 @@ class Quantizer:
         return a == b
 
     cache_dequantized = False     # the engine keeps the dequantized weight beside the codes (`w_deq`)
+    fused_global_scale = False    # members of a fused projection share the weight's global scale
 
     def matmul(self, x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.Tensor, bias=None,
-               out_dtype: torch.dtype = torch.bfloat16, w_deq: torch.Tensor | None = None) -> torch.Tensor:
+               out_dtype: torch.dtype = torch.bfloat16, w_deq: torch.Tensor | None = None,
+               split_k: int = 1) -> torch.Tensor:
         """y = x Wᵀ + b with x quantized at run time (w8a8_matmul)."""
-        return w8a8_matmul(self, x, w_codes, w_scale, bias, out_dtype)
+        return w8a8_matmul(self, x, w_codes, w_scale, bias, out_dtype, split_k)
 
 
-E4M3_MAX = 448.0      # the largest finite float8_e4m3fn value
+E4M3_MAX = 448.0                # the largest finite float8_e4m3fn value
+E4M3_MIN_SUBNORMAL = 2.0 ** -9  # its smallest positive value
 
 
 class FP8E4M3(Quantizer):
@@ -157,6 +160,7 @@ class NVFP4(Quantizer):
 
     block = 16
     cache_dequantized = True
+    fused_global_scale = True     # fused projections (q/k/v, gate/up) share one weight global scale
 
     def __init__(self):
         super().__init__("nvfp4", 6.0, torch.int8)
@@ -166,17 +170,23 @@ class NVFP4(Quantizer):
             raise PrecisionError(f"nvfp4 needs an input dimension divisible by {self.block}, got {x.shape[-1]}")
         return x.float().reshape(*x.shape[:-1], x.shape[-1] // self.block, self.block)
 
-    def scales(self, x: torch.Tensor, per_tensor: bool = False) -> torch.Tensor:
-        """Block scales: e4m3(amax_b / 6 / g) · g, g = amax / (448·6) over the tensor (weights) or
-        over each row (activations: per token)."""
+    def scales(self, x: torch.Tensor, per_tensor: bool = False, top: torch.Tensor | float | None = None) -> torch.Tensor:
+        """Block scales: e4m3(clamp(amax_b / 6 / g, 2^-9, 448)) · g, g = amax / (448·6) over the
+        tensor (weights; `top` gives the amax instead, e.g. one shared by the members of a fused
+        projection) or over each row (activations: per token). The lower clamp at 2^-9, the
+        smallest e4m3 subnormal, is Model-Optimizer's: a block far below the tensor's amax keeps
+        the smallest scale instead of rounding to a zero scale (and a zeroed block); an all-zero
+        tensor takes g = 1."""
         amax = self._blocks(x.detach()).abs().amax(-1)                          # [..., nb]
-        top = amax.amax() if per_tensor else amax.amax(-1, keepdim=True)
+        if top is None:
+            top = amax.amax() if per_tensor else amax.amax(-1, keepdim=True)
+        top = torch.as_tensor(top, dtype=torch.float32, device=amax.device)
         g = torch.where(top > 0, top / (E4M3_MAX * self.qmax), torch.ones_like(top))
-        s = (amax / self.qmax / g).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn).float() * g
-        return torch.where(s > 0, s, torch.ones_like(s))
+        return (amax / self.qmax / g).clamp(E4M3_MIN_SUBNORMAL, E4M3_MAX).to(torch.float8_e4m3fn).float() * g
 
-    def quantize_weight(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        s = self.scales(w, per_tensor=True)
+    def quantize_weight(self, w: torch.Tensor, top: torch.Tensor | float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-tensor global scale from the weight's amax, or from `top` (a fused group's)."""
+        s = self.scales(w, per_tensor=True, top=top)
         return self.codes(w, s), s
 
     def codes(self, x, scale):
@@ -188,30 +198,51 @@ class NVFP4(Quantizer):
     def step(self, codes, scale):
         return (self._blocks(float_step(codes.float() / 2, 1, 0)) * scale.unsqueeze(-1)).reshape(codes.shape)
 
-    def matmul(self, x, w_codes, w_scale, bias=None, out_dtype=torch.bfloat16, w_deq=None):
+    def matmul(self, x, w_codes, w_scale, bias=None, out_dtype=torch.bfloat16, w_deq=None, split_k=1):
         """Both operands dequantized exactly to fp32, one fp32 GEMM (a block-scaled MMA sums the
-        block products in fp32 the same way, up to the order of the sum), one rounding. `w_deq`:
-        the weight already dequantized (the same values)."""
+        block products in fp32 the same way, up to the order of the sum: `split_k`), one
+        rounding. `w_deq`: the weight already dequantized (the same values)."""
         w = self.dequantize(w_codes, w_scale) if w_deq is None else w_deq
-        y = torch.matmul(self.fake(x), w.t())
+        y = split_k_matmul(self.fake(x), w, split_k)
         return (y if bias is None else y + bias.float()).to(out_dtype)
 
 
 def w8a8_matmul(q: Quantizer, x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.Tensor,
-                bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+                bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
+                split_k: int = 1) -> torch.Tensor:
     """y = (Σ_k xq_k · wq_k) · s_x · s_w + b, rounded once to `out_dtype`: activations quantized
-    per token at run time, the products of codes accumulated in fp32 (exact for e4m3; for int8
-    while K·127² < 2^24, i.e. K ≤ 1040, beyond which it rounds as an fp32 accumulator does),
-    the scales applied after the sum as a scaled-GEMM epilogue does. w_codes [out, in],
-    w_scale [out, 1]."""
+    per token at run time, the products of codes accumulated in fp32, the scales applied after
+    the sum as a scaled-GEMM epilogue does. The sum is exact for int8 while K·127² < 2^24 (K ≤
+    1040); an e4m3 product spans 2^-18 … 2^17.6, wider than fp32's 24 bits, so its fp32 sum
+    rounds and depends on the order of summation (`split_k`). w_codes [out, in], w_scale [out, 1]."""
     xc, xs = q.quantize(x)
-    return scaled_mm(xc, xs, w_codes, w_scale, bias, out_dtype)
+    return scaled_mm(xc, xs, w_codes, w_scale, bias, out_dtype, split_k)
 
 
-def scaled_mm(x_codes, x_scale, w_codes, w_scale, bias=None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """The GEMM of w8a8_matmul on codes already made: fp32 sum of code products, then the
-    per-token and per-channel scales, the bias, one rounding to `out_dtype`."""
-    acc = torch.matmul(x_codes.float(), w_codes.float().t())
+def split_k_matmul(x: torch.Tensor, w: torch.Tensor, splits: int = 1) -> torch.Tensor:
+    """x Wᵀ in fp32 with the reduction dimension split in `splits` equal slices (split-K, as GPU
+    decode GEMMs reduce): P_s = x[:, K_s] W[:, K_s]ᵀ, each an fp32 GEMM, then
+        y = ((P_0 + P_1) + P_2) + … + P_{S−1}   (fp32, in that order).
+    The same real sum as one GEMM, another fp32 rounding order. splits = 1, or a K not divisible
+    by `splits`: one GEMM. x [..., K], w [N, K], both fp32."""
+    k = x.shape[-1]
+    if splits <= 1 or k % splits:
+        return torch.matmul(x, w.t())
+    xs = x.reshape(-1, splits, k // splits).transpose(0, 1)                 # [S, M, K/S]
+    ws = w.reshape(w.shape[0], splits, k // splits).permute(1, 2, 0)        # [S, K/S, N]
+    parts = torch.bmm(xs, ws)                                                # [S, M, N]
+    y = parts[0]
+    for s in range(1, splits):
+        y = y + parts[s]
+    return y.reshape(*x.shape[:-1], w.shape[0])
+
+
+def scaled_mm(x_codes, x_scale, w_codes, w_scale, bias=None, out_dtype: torch.dtype = torch.bfloat16,
+              split_k: int = 1) -> torch.Tensor:
+    """The GEMM of w8a8_matmul on codes already made: fp32 sum of code products (`split_k`
+    slices, split_k_matmul), then the per-token and per-channel scales, the bias, one rounding
+    to `out_dtype`."""
+    acc = split_k_matmul(x_codes.float(), w_codes.float(), split_k)
     y = acc * x_scale * w_scale.float().reshape(1, -1)
     if bias is not None:
         y = y + bias.float()
@@ -247,14 +278,15 @@ class Format:
                 p.data = p.data.to(self.dtype)
         return model
 
-    def quantize(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def quantize(self, w: torch.Tensor, top: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A weight's codes and scales; `top`: the amax a fused group shares (nvfp4's global scale)."""
         if self.quant is None:
             raise PrecisionError(f"{self.name} does not quantize")
-        return self.quant.quantize_weight(w)
+        return self.quant.quantize_weight(w) if top is None else self.quant.quantize_weight(w, top=top)
 
     def matmul(self, x: torch.Tensor, w_codes: torch.Tensor, w_scale: torch.Tensor, bias=None,
-               w_deq: torch.Tensor | None = None) -> torch.Tensor:
-        return self.quant.matmul(x, w_codes, w_scale, bias, self.dtype, w_deq)
+               w_deq: torch.Tensor | None = None, split_k: int = 1) -> torch.Tensor:
+        return self.quant.matmul(x, w_codes, w_scale, bias, self.dtype, w_deq, split_k)
 
     def step(self, stored: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
         """Grid spacing at each stored weight (codes and scales for quantized formats)."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import product
 
+import torch
+
 from . import formats
 from .formats import PrecisionError, ROLLOUT_FORMATS, TRAIN_FORMATS
 
@@ -229,24 +231,45 @@ def upcast_matmuls(model) -> int:
 UPCAST_ATTENTION = "bench_upcast"      # the attention implementation name `upcast_attention` registers
 
 
+def flash_attention_arithmetic(s: torch.Tensor, v: torch.Tensor, dtype: torch.dtype, dropout: float = 0.0) -> torch.Tensor:
+    """FlashAttention-2's arithmetic from fp32 scores `s` [..., Lq, Lk] (scaled, masked: −inf
+    where not attended) and fp32 values `v` [..., Lk, D] (16-bit values upcast):
+        m = max_k S,   E = exp(S − m) (fp32),   l = Σ_k E (fp32, before any rounding),
+        O = round16( (round16(E) · V)_fp32 / l )
+    — the unnormalised exp(S − m) ∈ (0, 1] is rounded to 16 bits for the P·V product and the
+    fp32 row sum divides at the end, so a long diffuse row keeps normal 16-bit numbers where
+    rounding the normalised probabilities (≈ 1/Lk each) would fall into subnormals. One block
+    holds every key here; the blockwise kernel rescales its running max in fp32 and rounds
+    exp(S − m_running) instead, a difference of the same unit roundoff. Fully masked rows
+    (left padding) give 0. `dropout` drops entries of E for the product, not of l (as FA does)."""
+    m = s.amax(dim=-1, keepdim=True)
+    e = torch.exp(s - torch.where(torch.isfinite(m), m, torch.zeros_like(m)))
+    l = e.sum(dim=-1, keepdim=True)
+    p = torch.nn.functional.dropout(e, dropout) if dropout else e
+    o = torch.matmul(p.to(dtype).float(), v) / torch.where(l > 0, l, torch.ones_like(l))
+    return o.to(dtype)
+
+
 def _upcast_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-                              is_causal=None, **kwargs):
-    """Attention with flash attention's arithmetic from 16-bit q, k, v (FlashAttention-2 on a GPU;
-    torch's own CPU kernel follows the same contract, slowly where the CPU lacks the instructions):
-        S = round32(Q Kᵀ)·scale + mask,   P = round16(softmax32(S)),   O = round16(P V)
-    with both products accumulated in fp32 from 16-bit operands, the softmax in fp32 and P
-    rounded to the 16-bit dtype before the second product. Differs from the blockwise kernel only
-    in when P is normalised (flash rounds exp(S − running max) and divides at the end); fully
-    masked rows (left padding) give 0. Shapes as transformers' attention functions: q
+                              is_causal=None, softcap=None, **kwargs):
+    """Attention with FlashAttention-2's arithmetic from 16-bit q, k, v (torch's own CPU kernel
+    follows the same contract, slowly where the CPU lacks the instructions):
+        S = softcap · tanh((Q Kᵀ)_fp32 · scale / softcap) + mask   (softcap: Gemma 2; else no tanh)
+    then `flash_attention_arithmetic`. Shapes as transformers' attention functions: q
     [B, H, Lq, D], k/v [B, H_kv, Lk, D], a bool (True = attend) or additive mask
-    [B, 1, Lq, Lk] or None (causal when Lq > 1); returns ([B, Lq, H, D], None)."""
-    import torch
+    [B, 1, Lq, Lk] or None (causal when Lq > 1); returns ([B, Lq, H, D], None). Attention sinks
+    (`s_aux`, gpt-oss) are refused: this arithmetic does not model them."""
     from transformers.integrations.sdpa_attention import repeat_kv
 
+    if kwargs.get("s_aux") is not None:
+        raise PrecisionError("the upcast attention does not model attention sinks (s_aux); "
+                             "set BENCH_LOWP_MATMUL=native or run on a CPU with the 16-bit instructions")
     dt = query.dtype
     rep = query.shape[1] // key.shape[1]
     k, v = repeat_kv(key, rep).float(), repeat_kv(value, rep).float()
     s = torch.matmul(query.float(), k.transpose(-1, -2)) * (query.shape[-1] ** -0.5 if scaling is None else scaling)
+    if softcap:
+        s = torch.tanh(s / softcap) * softcap
     lq, lk = s.shape[-2:]
     causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
     if attention_mask is None and lq > 1 and causal:
@@ -254,10 +277,7 @@ def _upcast_attention_forward(module, query, key, value, attention_mask, scaling
     if attention_mask is not None:
         m = attention_mask[..., :lk]
         s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.float()
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
-    if dropout and module.training:
-        p = torch.nn.functional.dropout(p, dropout)
-    out = torch.matmul(p.to(dt).float(), v).to(dt)
+    out = flash_attention_arithmetic(s, v, dt, dropout if module.training else 0.0)
     return out.transpose(1, 2).contiguous(), None
 
 

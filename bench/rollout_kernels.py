@@ -1,28 +1,40 @@
-"""The built-in rollout engine's 16-bit arithmetic, as an inference engine (vLLM) computes it.
+"""The built-in rollout engine's arithmetic, as an inference engine (vLLM) computes it.
 
 A training engine (transformers modules under FSDP) and an inference engine run the same model
 with different kernels, and that difference is the training–inference mismatch the sanity test
-measures. The built-in engine reproduces two of vLLM's documented kernel choices for bf16 and
-fp16 (bf16+head32 too; fp32 is left alone, W8A8 formats have their own scaled matmul):
+measures. On a GPU the causes are (FP16 paper §2; vLLM, FlashAttention-2): fused activations,
+other reduction orders in the GEMMs (decode GEMMs split the reduction dimension, a training
+prefill GEMM does not) and FlashAttention's rounding of P. The built-in engine reproduces each
+of them for every rollout format but fp32, so no pair but fp32/fp32 ever computes identically,
+on any CPU:
 
-1. GEMMs read 16-bit operands, accumulate in fp32 and round the output once (cuBLAS; vLLM's
-   linear layers), attention's two products included (FlashAttention: P rounded to 16 bits
-   between them). On a CPU this is `bench.precision.upcast_matmuls` and `upcast_attention`;
-   torch's own CPU 16-bit GEMM is the same contract, but on CPUs without the instructions (no
-   AVX512-FP16/AMX-FP16 for fp16, no AVX512-BF16/AMX for bf16) it runs a scalar kernel 2–4×
-   slower than fp32.
-2. The MLP's activation is one fused kernel (vLLM `SiluAndMul`): silu(gate) · up computed in
-   fp32 from the 16-bit projections and rounded once,
-       h = round16( silu(g) · u ),  g = round16(x W_gateᵀ), u = round16(x W_upᵀ),
+1. **Fused activation** (vLLM `SiluAndMul`, every 16-bit activation dtype: bf16, fp16,
+   bf16+head32 and the bf16 activations of fp8, int8, nvfp4): silu(gate) · up in fp32 from the
+   projections and rounded once,
+       h = round16( silu(g) · u ),
    where transformers' `LlamaMLP` (and Qwen2's, Mistral's) rounds twice:
        h = round16( round16(silu(g)) · u ).
-   One rounding fewer in the rollout engine than in the training engine, in every layer and
-   every token: a difference of the size of the format's unit roundoff (2^-8 bf16, 2^-11 fp16),
-   so bf16's mismatch stays ~64× fp16's in k3, as the paper's Figure 2 has it.
+   A difference of the format's unit roundoff (2^-8 bf16, 2^-11 fp16) in every layer and token.
+2. **Split-K reduction** where the engine emulates a GEMM (16-bit GEMMs on CPUs without the
+   instructions; the W8A8 / W4A4 scaled GEMMs on every device): the reduction dimension in
+   SPLIT_K equal slices whose fp32 partial sums are added in order
+       y = round( ((P_0 + P_1) + P_2) + P_3 ),  P_s = x[:, K_s] W[:, K_s]ᵀ   (fp32)
+   (bench.formats.split_k_matmul), where the trainer's GEMM reduces K in one pass: the same
+   real sum in another fp32 order, so fp32-level differences (~2^-24 relative) reach the final
+   rounding as they do between a GPU's decode and prefill kernels. Where the CPU has the
+   16-bit instructions, torch's own kernels run in both engines, and their blocking differs
+   between a decode GEMM (a few rows) and a training GEMM (all rows).
+3. **GEMMs and attention read 16-bit operands and accumulate in fp32** with one rounding
+   (cuBLAS, FlashAttention; bench.precision.upcast_matmuls / upcast_attention) — the same
+   contract in both engines; torch's own CPU 16-bit GEMM on CPUs without the instructions (no
+   AVX512-FP16/AMX-FP16 for fp16, no AVX512-BF16/AMX for bf16) is a scalar kernel 2–4× slower
+   than fp32, so both engines upcast there (BENCH_CPU_16BIT overrides the detection).
+4. **Decode with a KV cache** against the trainer's single prefill: other GEMM shapes.
 
-So the two engines never compute identically, even where both GEMMs are upcast (the training
-engine upcasts only where the CPU lacks the 16-bit instructions: bench/precision.py), and
-16-bit rollouts cost about what fp32 rollouts do on any CPU.
+What is modelled is these rounding differences, at the rates the format's unit roundoff and
+the split-K order give; their size relative to a GPU's is measured (README, "How the engines
+differ"), not assumed. fp32 rollouts are left alone (fp32/fp32 differs only by kernel order,
+k3 ~1e-14).
 """
 
 from __future__ import annotations
@@ -33,6 +45,7 @@ import torch
 from torch import nn
 
 SILU_MLP = ("gate_proj", "up_proj", "down_proj", "act_fn")
+SPLIT_K = 4          # slices of the reduction dimension in the rollout engine's emulated GEMMs
 
 
 def _is_silu(act) -> bool:
@@ -60,20 +73,50 @@ def fuse_silu_mul(model: nn.Module) -> int:
     return n
 
 
+def _split_k_linear_forward(self, x):
+    """The 16-bit linear layer as a decode GEMM: fp32 from 16-bit operands, K in SPLIT_K slices
+    (split_k_matmul), bias in fp32, one rounding to the weight dtype."""
+    from .formats import split_k_matmul
+
+    w = self.weight
+    y = split_k_matmul(x.float(), w.float(), SPLIT_K)
+    if self.bias is not None:
+        y = y + self.bias.float()
+    return y.to(w.dtype)
+
+
+def split_k_matmuls(model: nn.Module, sixteen_bit: bool = True) -> int:
+    """Every quantized layer's scaled GEMM reduces in SPLIT_K slices; with `sixteen_bit`, every
+    16-bit nn.Linear computes as `_split_k_linear_forward` too. Returns how many layers changed."""
+    from .format_modules import QuantLinear
+
+    n = 0
+    for mod in model.modules():
+        if isinstance(mod, QuantLinear):
+            mod.split_k = SPLIT_K
+            n += 1
+        elif (sixteen_bit and isinstance(mod, nn.Linear) and mod.weight.element_size() == 2
+              and "forward" not in mod.__dict__):
+            mod.forward = types.MethodType(_split_k_linear_forward, mod)
+            n += 1
+    return n
+
+
+NO_KERNELS = {"split_k_linear": 0, "upcast_attention": 0, "fused_mlp": 0}
+
+
 def apply(model: nn.Module, fmt, device) -> dict[str, int]:
-    """Apply the rollout engine's kernels to `model`, already cast to the format `fmt`
-    (bench/formats.py; see the module docstring). Where the CPU lacks the format's 16-bit
-    instructions: GEMMs (bf16, fp16, bf16+head32; W8A8 formats have their own scaled matmul) and
-    attention (every 16-bit activation dtype, W8A8's bf16 included) upcast as bench/precision.py
-    does; fused SiluAndMul for bf16, fp16 and bf16+head32. Returns {"upcast_linear": n,
-    "upcast_attention": 0 or 1, "fused_mlp": m}."""
-    from .precision import cpu_has_native, upcast_attention, upcast_matmuls
+    """Apply the rollout engine's kernels to `model`, already prepared in the format `fmt`
+    (bench/format_modules.py; see the module docstring): fused SiluAndMul for every format with
+    16-bit activations; split-K GEMMs for the quantized layers (every device) and, where the CPU
+    lacks the format's 16-bit instructions, for the 16-bit layers, with attention upcast
+    (bench/precision.py). fp32: nothing. Returns {"split_k_linear": n, "upcast_attention": 0 or 1,
+    "fused_mlp": m}."""
+    from .precision import cpu_has_native, upcast_attention
 
     if fmt.dtype not in (torch.float16, torch.bfloat16):
-        return {"upcast_linear": 0, "upcast_attention": 0, "fused_mlp": 0}
+        return dict(NO_KERNELS)
     emulate = torch.device(device).type == "cpu" and not cpu_has_native(fmt.name)
     attention = int(emulate and upcast_attention(model))
-    if fmt.quant is not None:
-        return {"upcast_linear": 0, "upcast_attention": attention, "fused_mlp": 0}
-    return {"upcast_linear": upcast_matmuls(model) if emulate else 0, "upcast_attention": attention,
+    return {"split_k_linear": split_k_matmuls(model, sixteen_bit=emulate), "upcast_attention": attention,
             "fused_mlp": fuse_silu_mul(model)}

@@ -129,3 +129,31 @@ def analyse(store, cfg: MismatchConfig, pairs: list[Precision], progress=None) -
             if progress:
                 progress(pair, metrics)
     return reports
+
+
+def step0_pairs(pairs: list[Precision], prompts_n: int = 16, n: int = 4, seed: int = 0,
+                max_tokens: int = 64, model: str = "tiny-math", engine: str = "torch") -> list[dict]:
+    """The step-0 mismatch of each pair on `prompts_n` synthetic-hard problems × `n` samples
+    (T = 1), nothing stored: {pair, tokens, k3, abs_dlogp, differ}, where `differ` is the share
+    of sampled tokens whose log-probability differs between the engines at all (0: the pair
+    computes bit for bit alike, its mismatch is absent rather than measured)."""
+    ref = resolve_model(model)
+    tok = load_tokenizer(ref)
+    problems = load_problems(SourceSpec("synthetic-hard", limit=prompts_n, seed=seed))
+    prompts = [render_prompt(ref, tok, p.problem) for p in problems]
+    base = load_model(ref, torch.float32)
+    rows, samples = [], {}
+    for pair in pairs:
+        if pair.rollout not in samples:
+            kw = {"model": copy.deepcopy(base), "tokenizer": tok} if engine == "torch" else {}
+            eng = make_engine(engine, ref.path, pair.rollout, **kw)
+            try:
+                samples[pair.rollout] = eng.generate(prompts, n, Sampling(1.0, 1.0, max_tokens, seed))
+            finally:
+                eng.close()
+        compute = prepare_compute_model(copy.deepcopy(base), pair.train).eval()
+        mu, pi, mask = _score(compute, tok, prompts, samples[pair.rollout], 256)
+        sel = mask.bool()
+        rows.append({"pair": pair.name, "tokens": int(sel.sum()), "k3": mismatch_metrics(mu, pi, mask)["kl_k3"],
+                     "abs_dlogp": float((pi - mu)[sel].abs().mean()), "differ": float((pi != mu)[sel].float().mean())})
+    return rows

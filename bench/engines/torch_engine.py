@@ -74,7 +74,7 @@ class TorchEngine:
             self.weights = RolloutWeights(model, self.format, track=track_updates)
             self.model = self.weights.model.eval()
             self.kernels = (rollout_kernels.apply(self.model, self.format, self.device) if vllm_kernels
-                            else {"upcast_linear": 0, "upcast_attention": 0, "fused_mlp": 0})
+                            else dict(rollout_kernels.NO_KERNELS))
         self.max_batch = max_batch
         self.eos = self.tokenizer.eos_token_id
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
