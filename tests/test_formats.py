@@ -142,6 +142,61 @@ def test_nvfp4_activation_scales_per_token_weights_per_tensor():
         q.quantize_weight(torch.ones(2, 24))
 
 
+def test_nvfp4_block_scale_clamps_at_the_smallest_e4m3_subnormal():
+    """A block far below the tensor's amax: amax_b / 6 / g = 2^-12 rounds to e4m3 0 (below half
+    of 2^-9); Model-Optimizer clamps it at 2^-9, so the block keeps scale 2^-9 · g and non-zero
+    codes. g = 6/(448·6) = 1/448; block 1 amax 6 · 2^-12 / 448 · 6 … by hand: x = 2^-12 · 6 · g."""
+    q = NVFP4.quant
+    g = 6.0 / (448 * 6)
+    w = torch.zeros(1, 32)
+    w[0, 0] = 6.0
+    w[0, 16] = 6 * 2.0 ** -12 * g            # block 1: amax_b/6/g = 2^-12
+    w[0, 17] = -3 * 2.0 ** -12 * g
+    codes, scale = q.quantize_weight(w)
+    assert scale[0, 0].item() == pytest.approx(1.0) and scale[0, 1].item() == pytest.approx(2.0 ** -9 * g, rel=1e-6)
+    # values / scale: 6·2^-12/2^-9 = 0.75 → e2m1 1 (tie to even), −0.375 → −0.5; codes hold 2 × the value
+    assert codes[0, 16:18].tolist() == [2, -1]
+    # an all-zero block: the smallest scale, zero codes, nothing divides by 0
+    assert codes[0, 18:].eq(0).all() and torch.isfinite(scale).all()
+    z_codes, z_scale = q.quantize_weight(torch.zeros(2, 16))
+    assert z_codes.eq(0).all() and z_scale.flatten().tolist() == [2.0 ** -9] * 2     # g = 1
+
+
+def test_nvfp4_fused_projections_share_one_global_scale():
+    """q/k/v (and gate/up) are one layer in vLLM: their weights take the global scale of the
+    group's amax, as Model-Optimizer's export gives a fused layer one weight_scale_2. Here q_proj
+    amax 6, k_proj amax 0.6, v_proj amax 3: g = 6/(448·6) = 1/448 for all three, so k_proj's block
+    scale is e4m3(0.1 · 448) · g = 44/448 (its own g would give exactly 0.1)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from bench.format_modules import fused_groups
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=1, num_key_value_heads=1))
+    att = model.model.layers[0].self_attn
+    with torch.no_grad():
+        for proj, amax in ((att.q_proj, 6.0), (att.k_proj, 0.6), (att.v_proj, 3.0)):
+            proj.weight.zero_()
+            proj.weight[0, 0] = amax
+    assert sorted(map(tuple, fused_groups(model))) == [
+        ("model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj"),
+        ("model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj", "model.layers.0.self_attn.v_proj")]
+    names = [n for n, _ in model.named_parameters()]
+    rw = RolloutWeights(copy.deepcopy(model), NVFP4)
+    k = rw.model.model.layers[0].self_attn.k_proj
+    assert k.scale[0, 0].item() == pytest.approx(44 / 448, rel=1e-6)
+    assert NVFP4.quant.quantize_weight(att.k_proj.weight)[1][0, 0].item() == pytest.approx(0.1, rel=1e-6)
+    # a sync moves the group's amax (q_proj to 12): k_proj's scale follows, e4m3(0.1 · 896) · 2g = 88/896
+    master = dict(model.named_parameters())
+    with torch.no_grad():
+        master["model.layers.0.self_attn.q_proj.weight"][0, 0] = 12.0
+    rw.load([(n, master[n]) for n in names])
+    assert k.scale[0, 0].item() == pytest.approx(88 / 896, rel=1e-6)
+    # a format with per-channel scales has nothing to share
+    assert RolloutWeights(copy.deepcopy(model), FP8).groups == {}
+
+
 def test_nvfp4_matmul_is_the_product_of_the_dequantized_operands():
     torch.manual_seed(0)
     x, w = torch.randn(3, 32).to(torch.bfloat16), torch.randn(5, 32) * 0.1
@@ -368,18 +423,22 @@ def test_straight_through_on_the_grid_equals_the_unquantized_gradient():
     assert torch.allclose(x.grad, x2.grad, rtol=1e-6, atol=0) and torch.allclose(w.grad, w2.grad, rtol=1e-6, atol=0)
 
 
-def test_fp8_training_copy_matches_the_fp8_rollout_engine(tiny):
+def test_fp8_training_copy_shares_the_rollout_quantizers_not_its_kernels(tiny):
     _, _, master = tiny
     c = prepare_compute_model(copy.deepcopy(master), "fp8")
     assert [n for n, _ in c.named_parameters()] == [n for n, _ in master.named_parameters()]   # trainer pairs by position
     lin_w = {id(m.weight) for m in c.modules() if isinstance(m, nn.Linear)}
     assert all((p.dtype == torch.float32) == (id(p) in lin_w) for p in c.parameters())
     assert all(b.dtype == torch.float32 for n, b in c.named_buffers() if "inv_freq" in n)
+    # the same quantizers and codes: the rollout side's modules without the engine's kernels give
+    # the training copy's bits; the engine's kernels (fused SiluAndMul, split-K) do not
+    plain = RolloutWeights(copy.deepcopy(master), FP8).model.eval()
     e = _engine(tiny, "fp8", track=False)
     ids = torch.tensor([[3, 4, 5, 6, 7, 8, 9]])
     with torch.no_grad():
-        a, b = c(ids).logits, e.model(ids).logits
-    assert a.dtype == b.dtype == torch.bfloat16 and torch.equal(a, b)
+        a, b, engine = c(ids).logits, plain(ids).logits, e.model(ids).logits
+    assert a.dtype == b.dtype == engine.dtype == torch.bfloat16 and torch.equal(a, b)
+    assert not torch.equal(a, engine) and (a.float() - engine.float()).abs().max() < 0.05 * a.float().abs().max()
     out = c(ids).logits.float().logsumexp(-1).sum()
     out.backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in c.parameters() if p.requires_grad)
