@@ -1,15 +1,17 @@
 """Stop rules and the mismatch early warning. Pure bookkeeping over the evaluation history;
 its state is a plain dict so checkpoints can carry it.
 
-Split accuracy is a noisy estimate: avg@4 over ~120 problems (n = 480 graded samples) has a
-standard error near 0.012 at p = 0.93, so single readings decide nothing. The rules therefore
-decide on bounds that account for the sample size behind each reading:
+Split accuracy is a noisy estimate: avg@4 over the embedded default build's 177 problems
+(n = 708 graded samples) has a standard error near 0.0096 at p = 0.93, so single readings
+decide nothing. The rules therefore decide on bounds that account for the sample size behind
+each reading:
 
 - converged: the one-sided `confidence` Wilson lower bound on the successes pooled over the
-  last `hold` evaluations is >= target. With hold=3 and confidence=0.9 (pooled n = 1,440 on the
-  tiny preset) the pooled accuracy must reach ~0.957, which a run truly at 0.93 (4 standard
-  errors below) reaches in ~0.1% of runs of 30 evaluations (windows overlapping), while a
-  run truly at 0.97 (2.8 standard errors above) converges at its third evaluation in > 99% of
+  last `hold` evaluations is >= target. With hold=3 and confidence=0.9 (pooled n = 2,124 on
+  that build) the pooled accuracy must reach ~0.956 (0.957 at n = 1,440, the n that
+  tests/test_stop.py simulates), which a run truly at 0.93 (4.7 pooled standard errors below
+  at n = 2,124) reaches in ~0.1% of runs of 30 evaluations at n = 1,440 (windows overlapping;
+  fewer at a larger n), while a run truly at 0.97 converges at its third evaluation in > 99% of
   runs. hold=2 at the same confidence lets ~0.5% of runs at 0.93 through (too close to the 1%
   the sanity test allows); hold=4 costs one more evaluation and gains nothing needed.
   tests/test_stop.py simulates both cases.

