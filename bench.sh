@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench set-up and entry points on a fresh machine (creates ./.venv on first use):
 #   ./bench.sh demo   the sanity test on the embedded tiny-math model (CPU)
-#   ./bench.sh test   the whole test suite, integration tests included (what CI runs)
+#   ./bench.sh test   the docs site (mkdocs build --strict), then the whole test suite, integration tests included (what CI runs)
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${BENCH_VENV:-.venv}
@@ -16,7 +16,7 @@ setup() {
   # torch first, pinned: an unpinned torch would pull a multi-GB CUDA build.
   python -c "import torch" 2>/dev/null || { say "installing torch==2.13.0"; pip install -q torch==2.13.0; }
   say "installing bench"
-  pip install -q -e ".[test,app,postgres,ray]"
+  pip install -q -e ".[test,app,postgres,ray,docs]"
 }
 
 setup_vllm() {
@@ -85,6 +85,8 @@ case "${1:-}" in
     setup_browser
     start_postgres
     shift
+    say "building the docs site (mkdocs build --strict)"
+    mkdocs build --strict --quiet --site-dir "${BENCH_SITE_DIR:-site}"
     export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
     python -m pytest "$@"
     ;;
