@@ -86,7 +86,7 @@ case "${1:-}" in
     start_postgres
     shift
     say "building the docs site (mkdocs build --strict)"
-    NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet --site-dir "${BENCH_SITE_DIR:-site}"
+    NO_MKDOCS_2_WARNING=1 mkdocs build --strict --site-dir "${BENCH_SITE_DIR:-site}"
     export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
     python -m pytest "$@"
     ;;

@@ -5,6 +5,7 @@ from a store."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import sys
 from pathlib import Path
@@ -112,3 +113,16 @@ def test_plot_demo_draws_the_chosen_cells(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(SystemExit, match="no build has runs"):
         plot_demo.main(["--db", url, "--out", str(out), "--dtype", "rollout=int8,train=fp32"])
+
+
+def test_site_builds_strictly(tmp_path):
+    """`mkdocs build --strict` (what ./bench.sh test runs): a broken link or anchor, or a page
+    missing from the nav, fails. Without `--quiet`, which would hide the warnings strict counts."""
+    import subprocess
+
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("material")
+    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                       cwd=ROOT, capture_output=True, text=True, env={**os.environ,
+                                                                      "NO_MKDOCS_2_WARNING": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
