@@ -68,7 +68,7 @@ def plot(build: str, algo: str, pairs: list[Precision], data: dict, out: Path) -
     colours = ["tab:blue", "tab:red", "tab:green", "tab:purple", "tab:orange", "tab:brown"]
     for i, p in enumerate(pairs):
         runs = [(k, v) for k, v in data.items() if k[0] == p]
-        for j, ((_, run_id, seed), points) in enumerate(runs):
+        for j, ((_, _run, seed), points) in enumerate(runs):
             steps, acc = zip(*points)
             name = label(p) + ("" if len(runs) == 1 else f", seed {seed}")
             ax.plot(steps, acc, marker="o", ms=3, lw=1.6, color=colours[i % len(colours)],
@@ -89,7 +89,8 @@ def plot(build: str, algo: str, pairs: list[Precision], data: dict, out: Path) -
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--db", default=None, help="SQLAlchemy URL of the store (default: $BENCH_DB_URL or $BENCH_HOME's SQLite)")
+    ap.add_argument("--db", default=None,
+                    help="SQLAlchemy URL of the store (default: $BENCH_DB_URL or $BENCH_HOME's SQLite)")
     ap.add_argument("--out", type=Path, default=OUT, help=f"PNG to write (default: {OUT.relative_to(OUT.parents[2])})")
     ap.add_argument("--algo", default="pg-seq-is")
     ap.add_argument("--dtype", action="append", default=None,
