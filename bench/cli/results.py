@@ -158,8 +158,8 @@ def report(csv: Optional[Path] = typer.Option(None, "--csv", help="Also write th
            build_id: Optional[str] = typer.Option(None, "--build"),
            runs: bool = typer.Option(False, "--runs", help="One row per run instead of one per cell."),
            db: Optional[str] = DB_OPT):
-    """The leaderboard ranking in the terminal, one row per cell (algorithm × precision on a build) over
-    its seeds: PASS only when every seed's run converged (the lower confidence bound of split accuracy,
+    """The leaderboard ranking in the terminal, one row per cell (algorithm × precision on a build, with
+    one trainer, rollout engine, staleness K and settings fingerprint `config`) over its seeds: PASS only when every seed's run converged (the lower confidence bound of split accuracy,
     pooled over its last evaluations, reached 0.95); passes k/N, peak accuracy mean with a 95% t-interval,
     median steps to pass (min–max), median KL k3. Cells and runs are grouped by staleness K (a K column
     when a run is stale; `staleness` in --json). --runs: one row per run. Then a summary (which cells
