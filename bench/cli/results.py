@@ -159,8 +159,9 @@ def report(csv: Optional[Path] = typer.Option(None, "--csv", help="Also write th
            runs: bool = typer.Option(False, "--runs", help="One row per run instead of one per cell."),
            db: Optional[str] = DB_OPT):
     """The leaderboard ranking in the terminal, one row per cell (algorithm × precision on a build, with
-    one trainer, rollout engine, staleness K and settings fingerprint `config`) over its seeds: PASS only when every seed's run converged (the lower confidence bound of split accuracy,
-    pooled over its last evaluations, reached 0.95); passes k/N, peak accuracy mean with a 95% t-interval,
+    one trainer, rollout engine, staleness K and settings fingerprint `config`) over its seeds: PASS only
+    when every seed's run converged (the lower confidence bound of split accuracy, pooled over its last
+    evaluations, reached 0.95); passes k/N, peak accuracy mean with a 95% t-interval,
     median steps to pass (min–max), median KL k3. Cells and runs are grouped by staleness K (a K column
     when a run is stale; `staleness` in --json). --runs: one row per run. Then a summary (which cells
     pass, why each run ended, the bf16 ÷ fp16 mismatch ratios) and, apart and never ranked, the paper's
@@ -317,7 +318,8 @@ def _print_summary(summary: dict) -> None:
                   highlight=False)
         for r in ratios:
             k = f" K={r.get('staleness', 0)}" if stale else ""
-            out.print(f"  {escape(r['algo'])}{k}{escape(which(r))}: {_e(r['kl_k3_bf16'])} ÷ {_e(r['kl_k3_fp16'])} = {ratio_text(r['ratio'])}"
+            out.print(f"  {escape(r['algo'])}{k}{escape(which(r))}: {_e(r['kl_k3_bf16'])} ÷ {_e(r['kl_k3_fp16'])} = "
+                      f"{ratio_text(r['ratio'])}"
                       + ("" if len({x['build'] for x in ratios}) == 1 else f" (build {r['build']})"), highlight=False)
     else:
         out.print("Mismatch, bf16 ÷ fp16: no algorithm has both a bf16 and an fp16 cell here", highlight=False)

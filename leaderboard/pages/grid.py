@@ -63,7 +63,8 @@ chart = alt.Chart(grid).mark_rect(stroke="white").encode(
 text = alt.Chart(grid).mark_text().encode(x=x, y=y, text="cell:N", color=ink)
 st.altair_chart(chart + text, width="stretch")
 where = f"{trainer}, {view.engine.iloc[0]}, cfg {short(view.config_fp.iloc[0])}" if not view.empty else trainer
-st.caption(f"{algo} on build {build} ({where}{f', staleness K={k}' if k else ''}), a cell over its seeds: the text is the mean peak split accuracy, "
+st.caption(f"{algo} on build {build} ({where}{f', staleness K={k}' if k else ''}), a cell over its seeds: "
+           "the text is the mean peak split accuracy, "
            "✓ for PASS (every seed stopped converged) and k/N seeds passed; the colour is that pass rate (red none, "
            f"green all), or the peak on a fixed 0–1 scale turning from blue to green at the {PASS_LINE} pass line.")
 missing = grid[grid.peak_mean.isna() & grid.n_seeds.isna()]

@@ -92,7 +92,8 @@ for c in cells.itertuples():
     for r in c.runs:
         s = seed_of.get(r)
         k = f" · K={c.staleness}" if c.staleness else ""
-        label[r] = f"{c.algo} · {c.precision}{k} · {c.engine} · cfg {short(c.config_fp)} · seed {'-' if s is None or s != s else int(s)} · {r}"
+        seed = "-" if s is None or s != s else int(s)
+        label[r] = f"{c.algo} · {c.precision}{k} · {c.engine} · cfg {short(c.config_fp)} · seed {seed} · {r}"
 pick = st.selectbox("Open a run", ["—"] + list(label), format_func=lambda r: label.get(r, r))
 if pick != "—":
     st.switch_page("pages/run.py", query_params={"run": pick})
