@@ -1,4 +1,6 @@
-"""What else changed: a stored run config against the defaults of its preset.
+"""What else changed: a stored run config against the defaults of its preset (`diff`), and the
+settings on which several cells' configs differ (`spread`, with bench/fingerprint.py's
+NOT_SETTINGS: what tells their cells apart).
 
 Pure dict functions shared by the CLI (which knows the presets) and the leaderboard (which
 reads the preset's defaults as the run stored them, in `runs.provenance["preset_defaults"]`)."""
@@ -31,3 +33,18 @@ def diff(defaults: dict, config: dict) -> list[tuple[str, object, object]]:
     run = leaves({k: v for k, v in config.items() if k not in NOT_SETTINGS})
     keys = list(dict.fromkeys([*base, *run]))
     return [(k, base.get(k, ABSENT), run.get(k, ABSENT)) for k in keys if base.get(k, ABSENT) != run.get(k, ABSENT)]
+
+
+def spread(configs: dict[str, dict], ignore: tuple[str, ...] = NOT_SETTINGS) -> list[tuple[str, dict[str, object]]]:
+    """[(key, {name: value, ...}), ...] for every leaf on which the named configs do not all
+    agree (a leaf one of them lacks reads ABSENT there), top-level keys in `ignore` left out; the
+    keys in the order they first appear. Two configs: the same keys as `diff`."""
+    flat = {name: leaves({k: v for k, v in (c or {}).items() if k not in ignore}) for name, c in configs.items()}
+    keys = list(dict.fromkeys(k for f in flat.values() for k in f))
+    out = []
+    for k in keys:
+        values = {name: f.get(k, ABSENT) for name, f in flat.items()}
+        first = next(iter(values.values()))
+        if any(v != first for v in values.values()):
+            out.append((k, values))
+    return out

@@ -167,12 +167,9 @@ class RolloutWeights:
         self.prev: dict[str, torch.Tensor] = {n: self._tracked(n, p.detach()) for n, p in canonical
                                               if n in self.sample}
         replaced: dict[int, nn.Module] = {}
-        # fused projections sharing one global scale: weight name -> its group's weight names
-        self.groups: dict[str, list[str]] = {}
-        if fmt.quant is not None and fmt.quant.fused_global_scale:
-            for members in fused_groups(model):
-                names = [f"{m}.weight" for m in members]
-                self.groups.update({n: names for n in names})
+        # the weight names of each fused projection that shares one global scale
+        self.groups: list[list[str]] = ([[f"{m}.weight" for m in members] for members in fused_groups(model)]
+                                        if fmt.quant is not None and fmt.quant.fused_global_scale else [])
         tops = self._group_tops(dict(model.named_parameters()))
         self.quant_modules: dict[str, QuantLinear] = {}
         if not fmt.plain:
@@ -208,10 +205,11 @@ class RolloutWeights:
         """For every weight of a fused group: the largest |w| over the group's members in
         `tensors` (a member missing from them does not count)."""
         tops: dict[str, float] = {}
-        for name, members in self.groups.items():
-            present = [tensors[m] for m in members if m in tensors]
-            if name in tensors:
-                tops[name] = max(float(t.detach().float().abs().amax()) for t in present)
+        for members in self.groups:
+            present = [m for m in members if m in tensors]
+            if present:
+                top = max(float(tensors[m].detach().float().abs().amax()) for m in present)
+                tops.update(dict.fromkeys(present, top))
         return tops
 
     def _tracked(self, name: str, t: torch.Tensor) -> torch.Tensor:

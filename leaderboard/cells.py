@@ -1,6 +1,13 @@
-"""A leaderboard cell: one algorithm at one precision pair and one staleness K on one build (and
-trainer), over its seeds. Shared by the Streamlit pages and `bench report`; pure functions of
-`runs_frame` (a frame without a `staleness` column reads as K = 0 throughout).
+"""A leaderboard cell: one algorithm at one precision pair and one staleness K on one build, with
+one trainer, one rollout engine and one settings fingerprint, over its seeds. Shared by the
+Streamlit pages and `bench report`; pure functions of `runs_frame` (a frame without a
+`staleness` column reads as K = 0 throughout; without `config_fp`, the fingerprint of its
+`config` column, or of no config at all).
+
+The key (CELL_KEY) is (model, build, algo, precision, trainer, engine, staleness, config_fp):
+`config_fp` is bench/fingerprint.py's hash of every stored setting but the seed (and the
+bookkeeping it lists), so runs at another learning rate, or from another engine, never share a
+cell, and no run stands in for a seed of another cell.
 
 Per cell: passes k/N (a seed passes when its run's verdict is PASS, i.e. the run stopped
 converged); the verdict is PASS only when every seed passes, RUNNING while no seed has failed
@@ -18,7 +25,9 @@ from collections import Counter
 
 import pandas as pd
 
-CELL_KEY = ["model", "build", "algo", "precision", "trainer", "staleness"]
+from bench.fingerprint import fingerprint
+
+CELL_KEY = ["model", "build", "algo", "precision", "trainer", "engine", "staleness", "config_fp"]
 LEVEL = 0.95
 INTERVAL = "95% Student-t interval over seeds (mean ± t(0.975, n−1)·s/√n)"
 
@@ -121,9 +130,9 @@ def verdict(sanities: list[str]) -> str:
 
 
 def cell_columns() -> list[str]:
-    return ["model", "build", "algo", "precision", "trainer", "staleness", "sanity", "passes", "seeds", "status", "pass_rate",
-            "peak_mean", "peak_ci_lo", "peak_ci_hi", "peak_sd", "steps_to_pass_median", "steps_to_pass_min",
-            "steps_to_pass_max", "kl_k3_median", "n_seeds", "runs"]
+    return [*CELL_KEY, "sanity", "passes", "seeds", "status", "pass_rate", "peak_mean", "peak_ci_lo", "peak_ci_hi",
+            "peak_sd", "steps_to_pass_median", "steps_to_pass_min", "steps_to_pass_max", "kl_k3_median", "n_seeds",
+            "runs"]
 
 
 def with_staleness(runs: pd.DataFrame) -> pd.DataFrame:
@@ -134,11 +143,22 @@ def with_staleness(runs: pd.DataFrame) -> pd.DataFrame:
     return r
 
 
+def with_cell_key(runs: pd.DataFrame) -> pd.DataFrame:
+    """A copy of `runs` with every CELL_KEY column: `staleness` as in `with_staleness`, `engine`
+    None where missing, `config_fp` the fingerprint of `config` where missing."""
+    r = with_staleness(runs)
+    if "engine" not in r.columns:
+        r["engine"] = None
+    if "config_fp" not in r.columns:
+        r["config_fp"] = [fingerprint(c) for c in r.config] if "config" in r.columns else fingerprint(None)
+    return r
+
+
 def seed_runs(runs: pd.DataFrame) -> pd.DataFrame:
     """One run per (cell, seed): the newest (a seed rerun after a failure counts once)."""
     if runs.empty:
         return runs
-    r = with_staleness(runs)
+    r = with_cell_key(runs)
     if "seed" not in r.columns:
         r["seed"] = None
     r["_seed"] = r.seed.map(lambda x: -1 if x is None or x != x else int(x))
@@ -191,3 +211,32 @@ def by_staleness(frame: pd.DataFrame) -> pd.DataFrame:
     if frame.empty or "staleness" not in frame.columns:
         return frame
     return frame.sort_values("staleness", kind="stable").reset_index(drop=True)
+
+
+def fingerprint_configs(runs: pd.DataFrame) -> dict[str, dict]:
+    """Settings fingerprint → the config of its newest run in `runs` (every run of a fingerprint has
+    the same settings; they differ only in what the fingerprint leaves out)."""
+    if runs.empty or "config" not in runs.columns:
+        return {}
+    r = with_cell_key(runs)
+    r = r.sort_values("created_at", kind="stable") if "created_at" in r.columns else r
+    return {fp: cfg for fp, cfg in zip(r.config_fp, r.config)}
+
+
+def settings_spread(configs: dict[str, dict]) -> list[tuple[str, dict[str, object]]]:
+    """The settings on which the named configs differ: `bench.configdiff.spread` without what
+    the fingerprint leaves out (the seed, K, bookkeeping), so exactly what tells the cells apart."""
+    from bench import configdiff
+    from bench.fingerprint import NOT_SETTINGS
+
+    return configdiff.spread(configs, ignore=NOT_SETTINGS)
+
+
+def settings_label(fp: str, spread: list[tuple[str, dict[str, object]]], most: int = 3) -> str:
+    """A fingerprint as a choice: its short form and its values of the settings that differ
+    (`settings_spread` keyed by fingerprint), e.g. "cfg 1a2b3c: lr=0.0005, eval_every=5"."""
+    from bench.fingerprint import short
+
+    parts = [f"{k}={values.get(fp)}" for k, values in spread[:most]]
+    more = f", +{len(spread) - most} more" if len(spread) > most else ""
+    return f"cfg {short(fp)}" + (f": {', '.join(parts)}{more}" if parts else "")

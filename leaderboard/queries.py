@@ -7,6 +7,7 @@ import pandas as pd
 from sqlalchemy import event, func, select
 from sqlalchemy.engine import Engine
 
+from bench.fingerprint import fingerprint
 from bench.store import Build, BuildProblem, Eval, MismatchReport, Model, Run, RunStep
 
 
@@ -50,11 +51,13 @@ def _read(engine: Engine, q) -> pd.DataFrame:
 def runs_frame(engine: Engine, build_id: str | None = None) -> pd.DataFrame:
     """One row per run with its leaderboard columns; mismatch over the last tenth of the run.
     `mean_kl` is the per-token k3 estimate of KL[μ‖π] (non-negative, low variance); the
-    per-sequence k1 (`mean_kl_k1`) sits at its noise floor for fp16 on short answers."""
+    per-sequence k1 (`mean_kl_k1`) sits at its noise floor for fp16 on short answers.
+    `config` is the stored run config and `config_fp` its settings fingerprint
+    (bench/fingerprint.py: every setting but the seed), part of the cell key."""
     q = (select(Run.id.label("run"), Model.name.label("model"), Run.build_id.label("build"), Run.algo,
                 Run.rollout_dtype, Run.train_dtype, Run.trainer, Run.engine, Run.status, Run.stop_reason,
                 Run.peak_accuracy, Run.final_accuracy, Run.steps_to_target, Run.wall_to_target, Run.step.label("steps"),
-                Run.wall_s, Run.kl_warning_step, Run.seed, Run.staleness, Run.created_at, Run.updated_at)
+                Run.wall_s, Run.kl_warning_step, Run.seed, Run.staleness, Run.config, Run.created_at, Run.updated_at)
          .join(Model, Model.id == Run.model_id))
     if build_id:
         q = q.where(Run.build_id == build_id)
@@ -81,13 +84,14 @@ def runs_frame(engine: Engine, build_id: str | None = None) -> pd.DataFrame:
     runs = runs.merge(best, on="run", how="left").merge(lastv, on="run", how="left")
     runs["precision"] = [r if r == t else f"{r}→{t}" for r, t in zip(runs.rollout_dtype, runs.train_dtype)]
     runs["sanity"] = [sanity(st) for st in runs.status]
+    runs["config_fp"] = [fingerprint(c) for c in runs.config]
     return runs
 
 
 def report_columns() -> list[str]:
-    return ["run", "model", "build", "algo", "precision", "staleness", "status", "sanity", "peak_accuracy", "final_accuracy",
-            "steps_to_target", "wall_to_target", "best_eval", "last_eval", "mean_kl", "mean_kl_k1", "max_abs_dp",
-            "log_ratio_slope", "steps"]
+    return ["run", "model", "build", "algo", "precision", "engine", "config_fp", "staleness", "status", "sanity",
+            "peak_accuracy", "final_accuracy", "steps_to_target", "wall_to_target", "best_eval", "last_eval",
+            "mean_kl", "mean_kl_k1", "max_abs_dp", "log_ratio_slope", "steps"]
 
 
 def ranked(runs: pd.DataFrame) -> pd.DataFrame:

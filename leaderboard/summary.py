@@ -1,8 +1,10 @@
 """The closing summary of `bench report`: which cells pass, why each run ended (stop reason,
 the step of the KL early warning), and the mismatch ratios — median KL k3 of the bf16 cell
-over the fp16 cell of the same algorithm on the same build, and the same ratio from the
-offline reports of `bench mismatch` when the store has both. Pure functions of the frames
-`bench report` already reads (`cells_frame`, `runs_frame`, `mismatch_frame`)."""
+over the fp16 cell of the same algorithm on the same build (with the same trainer, engine,
+staleness and settings fingerprint: the two cells differ only by their precision pair), and
+the same ratio from the offline reports of `bench mismatch` when the store has both. Pure
+functions of the frames `bench report` already reads (`cells_frame`, `runs_frame`,
+`mismatch_frame`)."""
 
 from __future__ import annotations
 
@@ -51,18 +53,21 @@ def _ended(runs: pd.DataFrame, run_ids: list[str]) -> list[dict]:
 
 
 def mismatch_ratios(cells: pd.DataFrame) -> list[dict]:
-    """bf16 over fp16 median KL k3 for every (model, build, trainer, staleness K, algorithm) with
-    both cells."""
+    """bf16 over fp16 median KL k3 for every (model, build, trainer, engine, staleness K, settings
+    fingerprint, algorithm) with both cells: the two cells differ only by their precision pair."""
     if cells.empty:
         return []
     num, den = RATIO
     out = []
-    cells = cells.assign(staleness=cells.staleness if "staleness" in cells.columns else 0)
-    for (model, build, trainer, k, algo), g in cells.groupby(["model", "build", "trainer", "staleness", "algo"],
-                                                             sort=True):
+    cells = cells.assign(staleness=cells.staleness if "staleness" in cells.columns else 0,
+                         engine=cells.engine if "engine" in cells.columns else None,
+                         config_fp=cells.config_fp if "config_fp" in cells.columns else None)
+    keys = ["model", "build", "trainer", "engine", "staleness", "config_fp", "algo"]
+    for (model, build, trainer, engine, k, fp, algo), g in cells.groupby(keys, sort=True, dropna=False):
         kl = dict(zip(g.precision, g.kl_k3_median))
         if num in kl and den in kl:
-            out.append({"model": model, "build": build, "trainer": trainer, "staleness": int(k), "algo": algo,
+            out.append({"model": model, "build": build, "trainer": trainer, "engine": _text(engine),
+                        "staleness": int(k), "config_fp": _text(fp), "algo": algo,
                         f"kl_k3_{num}": _num(kl[num]), f"kl_k3_{den}": _num(kl[den]),
                         "ratio": _ratio(kl[num], kl[den])})
     return out
@@ -96,6 +101,7 @@ def report_summary(cells: pd.DataFrame, runs: pd.DataFrame, mismatch: pd.DataFra
     per_cell = []
     for c in cells.itertuples():
         per_cell.append({"algo": c.algo, "precision": c.precision, "build": c.build, "trainer": c.trainer,
+                         "engine": _text(getattr(c, "engine", None)), "config_fp": _text(getattr(c, "config_fp", None)),
                          "staleness": _int(getattr(c, "staleness", 0)) or 0,
                          "sanity": c.sanity, "passes": c.passes, "status": c.status,
                          "steps_to_pass_median": _num(c.steps_to_pass_median),

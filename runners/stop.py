@@ -85,9 +85,14 @@ class StopState:
         return s
 
 
-def after_eval(state: StopState, cfg: StopConfig, step: int, accuracy: float, n: int) -> tuple[str, str] | None:
+def after_eval(state: StopState, cfg: StopConfig, step: int, accuracy: float, n: int,
+               pooled: tuple[float, int] | None = None) -> tuple[str, str] | None:
     """Record one split evaluation (`accuracy` over `n` graded samples, e.g. problems × m);
-    return (status, reason) when the run should stop."""
+    return (status, reason) when the run should stop. The bound pools the last `hold`
+    evaluations: by default as Σ aᵢnᵢ / Σ nᵢ over Σ nᵢ samples, right when each evaluation grades
+    samples of its own (native: fresh draws every time). Where evaluations share graded samples
+    (verl's windows of training rewards overlap when eval_every < their length) the caller gives
+    `pooled` = (accuracy, n) over the distinct samples of those evaluations instead."""
     state.evals.append((step, accuracy, int(n)))
     if state.peak < 0 or accuracy >= state.peak + cfg.min_delta - 1e-12:
         state.peak, state.peak_step, state.evals_since_peak = accuracy, step, 0
@@ -100,10 +105,12 @@ def after_eval(state: StopState, cfg: StopConfig, step: int, accuracy: float, n:
     window = state.evals[-cfg.hold:]
     if len(window) == cfg.hold and all(k > 0 for _, _, k in window):
         total = sum(k for _, _, k in window)
-        pooled = sum(a * k for _, a, k in window) / total
-        state.bound = wilson_lower(pooled * total, total, cfg.confidence)
+        acc = sum(a * k for _, a, k in window) / total
+        if pooled is not None:
+            acc, total = pooled[0], int(pooled[1])
+        state.bound = wilson_lower(acc * total, total, cfg.confidence)
         if state.bound >= cfg.target:
-            return CONVERGED, (f"split accuracy {pooled:.3f} over the last {cfg.hold} evaluations ({total} graded "
+            return CONVERGED, (f"split accuracy {acc:.3f} over the last {cfg.hold} evaluations ({total} graded "
                                f"samples): its {cfg.confidence:.0%} lower bound {state.bound:.3f} >= {cfg.target} "
                                f"(step {step})")
     if state.peak - accuracy >= cfg.collapse_drop:

@@ -1,5 +1,6 @@
 """The algorithm × precision grid on one build: cells run one after another (or in `jobs`
-processes); a cell that already finished on that build with the same trainer is skipped.
+processes); a cell that already finished on that build with the same trainer, rollout engine and
+settings (bench/fingerprint.py: every setting but the seed) is skipped.
 With seeds, every cell runs once per seed and a finished (cell, seed) pair is skipped; with a
 staleness axis (`--staleness 0,1,2,4`: runners/staleness.py), once per K as well, a finished
 (cell, K, seed) run skipped. A cell's finished runs are those of its K (runs.staleness; without
@@ -18,9 +19,12 @@ import subprocess
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 
 from sqlalchemy import select
 
+from bench.engines import resolve_engine
+from bench.fingerprint import fingerprint
 from bench.precision import Precision
 from bench.store import Run, session
 
@@ -75,16 +79,39 @@ def _relay(cmd: list[str], on_line) -> tuple[int, str, str]:
 
 
 def _finished_run(s, build_id: str, algo: str, p: Precision, trainer: str = "native",
-                  seed: int | None = None, staleness: int = 0) -> Run | None:
+                  seed: int | None = None, staleness: int = 0, engine: str | None = None,
+                  config_fp: str | None = None) -> Run | None:
     """The newest finished run of the cell at staleness K (of the cell, K and `seed`, when given;
     the seed is the run's config["seed"], kept in runs.seed, K its config["staleness"], kept in
-    runs.staleness)."""
+    runs.staleness). The cell is leaderboard/cells.py's: with `engine` (runs.engine) and
+    `config_fp` (bench/fingerprint.py of runs.config) given, only a run of that engine and those
+    settings counts, so another engine's or another learning rate's run never stands in."""
     q = select(Run).where(Run.build_id == build_id, Run.algo == algo, Run.rollout_dtype == p.rollout,
                           Run.train_dtype == p.train, Run.trainer == trainer, Run.status.in_(FINISHED),
                           Run.staleness == staleness)
     if seed is not None:
         q = q.where(Run.seed == seed)
-    return s.scalars(q.order_by(Run.created_at.desc())).first()
+    if engine is not None:
+        q = q.where(Run.engine == engine)
+    runs = s.scalars(q.order_by(Run.created_at.desc()))
+    return next((r for r in runs if config_fp is None or fingerprint(r.config) == config_fp), None)
+
+
+def run_engine(engine: str, trainer: str) -> str:
+    """The engine a run of the sweep records (runs.engine): verl's rollouts are vLLM's; a native
+    run resolves `auto` as `bench run` does (an unavailable vllm is the cell's own failure)."""
+    if trainer == "verl":
+        return "vllm"
+    try:
+        return resolve_engine(engine)
+    except ValueError:
+        return engine
+
+
+def cell_fingerprint(preset: str, args: dict) -> str:
+    """The settings fingerprint of the run config a cell of the sweep stores: the preset with the
+    cell's overrides (its seed and K among them), as runs.config keeps it."""
+    return fingerprint({"preset": preset, **asdict(get_preset(preset, **args))})
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -162,10 +189,15 @@ def run_grid(store, db_url: str | None, algos: list[str], pairs: list[Precision]
     def where(k, seed) -> str:
         return ("" if k is None else f" K={k}") + ("" if seed is None else f" seed {seed}")
 
+    def cell_args(k, seed) -> dict:
+        return {**overrides, **({} if seed is None else {"seed": seed}), **({} if k is None else {"staleness": k})}
+
     todo, results = [], {}
+    recorded_engine = run_engine(engine, trainer)
     with session(store) as s:
         for a, p, k, seed in cells:
-            done = _finished_run(s, build_id, a, p, trainer, seed, default_k if k is None else k)
+            done = _finished_run(s, build_id, a, p, trainer, seed, default_k if k is None else k, recorded_engine,
+                                 cell_fingerprint(preset, cell_args(k, seed)))
             if done:
                 log(f"skip {a} {p.name}{where(k, seed)}: finished as run {done.id} ({done.status})")
                 results[(a, p, k, seed)] = _summary(s, done.id, a, p, f"{done.status} (earlier)", seed, k)
@@ -185,7 +217,7 @@ def run_grid(store, db_url: str | None, algos: list[str], pairs: list[Precision]
     def _one(cell) -> str | None:
         a, p, k, seed = cell
         at = where(k, seed)
-        args = {**overrides, **({} if seed is None else {"seed": seed}), **({} if k is None else {"staleness": k})}
+        args = cell_args(k, seed)
         label = f"{a} {p.name}{at}"
         if jobs == 1 and verl_args is None:
             cfg = get_preset(preset, **args)

@@ -46,6 +46,7 @@ from bench.store import Eval, Run, RunStep, session
 
 from . import stop as stop_rules
 from .algos import LossInputs, get_loss, leave_one_out_advantages
+from .draws import BENCHMARK_EVAL, SPLIT_EVAL, eval_seed
 from .logprobs import pack, response_logprobs  # noqa: F401  (importable from here as before)
 from .presets import RunConfig
 from .train_engine import Batch, TrainingEngine
@@ -202,15 +203,16 @@ class NativeTrainer:
         the rollout engine; and, when the rollout format differs from the training format,
         `split@train`: the same avg@m (same seeds) sampled from the training engine's compute
         copy (fp32 master weights in the training format, its forward as in training), i.e.
-        what the run learned rather than what its quantized sampler answers. The stop rules,
-        peak and final accuracy read `split` (what training sees, as before). With staleness
+        what the run learned rather than what its quantized sampler answers. The draws are
+        seeded by the run's seed and the step (runners/draws.py): seeds never share them. The
+        stop rules, peak and final accuracy read `split` (what training sees, as before). With staleness
         the rollout engine holds the current weights for the evaluation (runners/staleness.py)."""
         with self.stale.current_weights(self.engine, self.master):
             return self._evaluate()
 
     def _evaluate(self) -> dict[str, float]:
         cfg = self.cfg
-        sp = Sampling(cfg.temperature, cfg.top_p, cfg.max_tokens, seed=10_000_019 + self.step)
+        sp = Sampling(cfg.temperature, cfg.top_p, cfg.max_tokens, seed=eval_seed(SPLIT_EVAL, cfg.seed, self.step))
         scores = {"split": (cfg.eval_split_m, self._score(self.split, self.engine.generate(self.prompts, cfg.eval_split_m, sp)))}
         if self.train_sampler is not None:
             self._sync_compute()
@@ -219,7 +221,7 @@ class NativeTrainer:
             scores["split@train"] = (cfg.eval_split_m, self._score(self.split, samples))
         for b, probs in self.benchmarks:
             ref_prompts = [render_prompt(self.ref, self.tok, p.problem) for p in probs]
-            bsp = Sampling(b.temperature, b.top_p, cfg.max_tokens, seed=20_000_003 + self.step)
+            bsp = Sampling(b.temperature, b.top_p, cfg.max_tokens, seed=eval_seed(BENCHMARK_EVAL, cfg.seed, self.step))
             scores[b.name] = (b.n, self._score(probs, self.engine.generate(ref_prompts, b.n, bsp)))
         with session(self.store) as s:
             for name, (n, r) in scores.items():

@@ -7,7 +7,9 @@ latest checkpoint under `trainer.default_local_dir`.
 
 Split accuracy for verl runs is the training reward over the last pass over the split
 (`ceil(split / prompts_per_step)` steps): verl evaluates only its validation sets, and the
-sanity test's quantity is accuracy on the split's problems under the current policy.
+sanity test's quantity is accuracy on the split's problems under the current policy. The stop
+rule's pooled bound counts each graded sample once (`Follower.pooled`): evaluations more often
+than the pass is long share their steps.
 """
 
 from __future__ import annotations
@@ -70,6 +72,15 @@ SPLIT_ESTIMATOR = ("verl's training reward over the last pass over the split (ce
                    "B x G rollouts, each graded once, the policy moving between steps)")
 
 
+def pooled_steps(ends: list[int], width: int) -> list[int]:
+    """The distinct training steps (indices into the run's per-step rewards) behind evaluations
+    whose windows end at `ends` (exclusive), each window the `width` steps before its end:
+    ⋃ᵢ [max(0, endᵢ − width), endᵢ), ascending. Windows overlap when evaluations come more often
+    than every `width` steps: B=16 on a 1,460-problem split (width 92) evaluated every 10 steps,
+    three evaluations cover 92 + 2·10 = 112 steps, not 3·92 = 276."""
+    return sorted({i for end in ends for i in range(max(0, end - width), end)})
+
+
 @dataclass
 class Follower:
     """Turns verl's per-step metrics into bench's steps, evals and stop decisions."""
@@ -82,6 +93,8 @@ class Follower:
     wall: float = 0.0
     rewards: deque = field(init=False)      # the training rewards of the last pass over the split
     calibrated: bool = False                # the step-1 calibration gate has run (or the run has one)
+    history: list = field(default_factory=list)     # every step's training reward, in order
+    eval_ends: list = field(default_factory=list)   # len(history) at each split evaluation
 
     def __post_init__(self):
         self.rewards = deque(maxlen=max(1, math.ceil(self.split_size / self.cfg.prompts_per_step)))
@@ -91,12 +104,25 @@ class Follower:
         """Graded responses behind the split accuracy: the last pass's B × G per step."""
         return len(self.rewards) * self.cfg.prompts_per_step * self.cfg.samples_per_prompt
 
+    def pooled(self) -> tuple[float, int]:
+        """(accuracy, n) of the last `hold` split evaluations together, over their distinct graded
+        samples: the mean training reward of the distinct steps of their windows (`pooled_steps`;
+        every step grades B × G responses) and n = those steps × B × G. Each step counts once
+        however many windows hold it, so n is not overstated when evaluations come more often
+        than the window is long."""
+        steps = pooled_steps(self.eval_ends[-self.cfg.stop.hold:], self.rewards.maxlen)
+        if not steps:
+            return 0.0, 0
+        acc = sum(self.history[i] for i in steps) / len(steps)
+        return acc, len(steps) * self.cfg.prompts_per_step * self.cfg.samples_per_prompt
+
     def track(self, step: int, m: dict, split_acc: float | None = None, may_eval: bool = True):
         """Feed one training step's (bench-named) metrics to the stop rules; returns a verdict.
         The split accuracy is computed when an evaluation is due (and `may_eval`), or given
         (a step replayed from the store)."""
         if m.get("reward") is not None:
             self.rewards.append(m["reward"])
+            self.history.append(m["reward"])
         kl = _finite(m.get("kl_k3"))
         kl = _finite(m.get("bypass/kl_k3")) if kl is None else kl          # bypass cells log only that
         if kl is not None and stop_rules.after_step(self.state, self.cfg.stop, step, kl):
@@ -104,8 +130,10 @@ class Follower:
         due = step % self.cfg.eval_every == 0 or step >= self.cfg.max_steps
         if split_acc is None and may_eval and due and len(self.rewards) == self.rewards.maxlen:
             split_acc = m["eval/split"] = sum(self.rewards) / len(self.rewards)
-        return None if split_acc is None else stop_rules.after_eval(self.state, self.cfg.stop, step, split_acc,
-                                                                    self.split_n)
+        if split_acc is None:
+            return None
+        self.eval_ends.append(len(self.history))
+        return stop_rules.after_eval(self.state, self.cfg.stop, step, split_acc, self.split_n, pooled=self.pooled())
 
     def ingest(self, step: int, data: dict) -> tuple[str, str] | None:
         """One log line; returns (status, reason) when a stop rule fires."""

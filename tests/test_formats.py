@@ -194,7 +194,7 @@ def test_nvfp4_fused_projections_share_one_global_scale():
     rw.load([(n, master[n]) for n in names])
     assert k.scale[0, 0].item() == pytest.approx(88 / 896, rel=1e-6)
     # a format with per-channel scales has nothing to share
-    assert RolloutWeights(copy.deepcopy(model), FP8).groups == {}
+    assert RolloutWeights(copy.deepcopy(model), FP8).groups == []
 
 
 def test_nvfp4_matmul_is_the_product_of_the_dequantized_operands():

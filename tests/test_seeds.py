@@ -155,3 +155,47 @@ def test_a_partly_finished_seeded_sweep_resumes_the_missing_pairs(tmp_path):
     cells = json.loads(CliRunner().invoke(app, ["report", "--db", url, "--json"]).stdout)["cells"]
     assert len(cells) == 1 and cells[0]["passes"] == "0/3" and cells[0]["seeds"] == [0, 1, 2]
     assert len(set(cells[0]["runs"])) == 3 and first[1] not in cells[0]["runs"]    # the rerun stands for seed 1
+
+
+def test_eval_seed_mixes_the_run_seed_by_hand():
+    from runners.draws import BENCHMARK_EVAL, SPLIT_EVAL, eval_seed
+
+    assert eval_seed(SPLIT_EVAL, 0, 0) == 10_000_019 and eval_seed(BENCHMARK_EVAL, 0, 7) == 20_000_010  # as before
+    assert eval_seed(SPLIT_EVAL, 1, 0) == 10_000_019 + 4_294_967_296
+    assert eval_seed(BENCHMARK_EVAL, 3, 5) == 20_000_003 + 5 + 3 * 4_294_967_296
+    seeds = {eval_seed(SPLIT_EVAL, s, t) for s in range(5) for t in range(300)}
+    assert len(seeds) == 5 * 300                                     # no two (seed, step) pairs share draws
+    training = {s * 1_000_003 + t for s in range(5) for t in range(300)} | {30_000_001 + s for s in range(5)}
+    assert not {eval_seed(SPLIT_EVAL, s, t) for s in range(1, 5) for t in range(300)} & training
+
+
+@pytest.mark.integration
+def test_seeds_draw_their_own_evaluations(tmp_path, monkeypatch):
+    """Step-0 evaluations (split and benchmark) of seeds 0, 1 and 0 again, no training step: the
+    weights are the same, so only the sampling seed tells the draws apart. Seed 1's differ from
+    seed 0's; seed 0 twice draws the same."""
+    from bench.precision import Precision
+    from runners import trainer
+    from runners.trainer import start_run
+    from staleness_golden import base_config, make_build
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    build = make_build(url)
+    drawn = []
+    score = trainer.NativeTrainer._score
+
+    def spy(self, problems, samples):
+        drawn[-1].append([s.text for row in samples for s in row])
+        return score(self, problems, samples)
+
+    monkeypatch.setattr(trainer.NativeTrainer, "_score", spy)
+    for seed in (0, 1, 0):
+        cfg = base_config()
+        cfg.max_steps, cfg.seed = 0, seed
+        drawn.append([])
+        start_run(open_store(url), "pg-seq-is", Precision.parse("fp32"), cfg, build_id=build,
+                  ckpt_root=tmp_path / "ckpt")
+    first, other, again = drawn
+    assert len(first) == 2                                           # split, synthetic-hard
+    assert first == again
+    assert first[0] != other[0] and first[1] != other[1]

@@ -24,6 +24,7 @@ def runs(ctx: typer.Context, as_json: bool = typer.Option(False, "--json"), db: 
 
     df = runs_frame(_store(db))
     if as_json:
+        df = df.drop(columns=["config"], errors="ignore")          # `bench runs show RUN --json` has it
         out.print_json(df.to_json(orient="records", date_format="iso") if not df.empty else "[]")
         return
     if df.empty:
@@ -79,6 +80,7 @@ def _f(x) -> str:
 def _run_info(store, run_id: str) -> dict:
     from sqlalchemy import select
 
+    from bench.fingerprint import fingerprint
     from bench.store import Eval, Run, RunStep, session
 
     with session(store) as s:
@@ -93,7 +95,8 @@ def _run_info(store, run_id: str) -> dict:
                 "status": r.status,
                 "stop_reason": r.stop_reason, "steps": r.step, "wall_s": r.wall_s, "peak_accuracy": r.peak_accuracy,
                 "final_accuracy": r.final_accuracy, "steps_to_target": r.steps_to_target,
-                "wall_to_target": r.wall_to_target, "kl_warning_step": r.kl_warning_step, "config": r.config,
+                "wall_to_target": r.wall_to_target, "kl_warning_step": r.kl_warning_step,
+                "config_fp": fingerprint(r.config), "config": r.config,
                 "calibration": r.calibration, "provenance": r.provenance,
                 "last_step": last.metrics if last else None,
                 "evals": [{"step": e.step, "benchmark": e.benchmark, "n": e.n, "score": e.score} for e in evals]}
@@ -155,9 +158,10 @@ def report(csv: Optional[Path] = typer.Option(None, "--csv", help="Also write th
            build_id: Optional[str] = typer.Option(None, "--build"),
            runs: bool = typer.Option(False, "--runs", help="One row per run instead of one per cell."),
            db: Optional[str] = DB_OPT):
-    """The leaderboard ranking in the terminal, one row per cell (algorithm × precision on a build) over
-    its seeds: PASS only when every seed's run converged (the lower confidence bound of split accuracy,
-    pooled over its last evaluations, reached 0.95); passes k/N, peak accuracy mean with a 95% t-interval,
+    """The leaderboard ranking in the terminal, one row per cell (algorithm × precision on a build, with
+    one trainer, rollout engine, staleness K and settings fingerprint `config`) over its seeds: PASS only
+    when every seed's run converged (the lower confidence bound of split accuracy, pooled over its last
+    evaluations, reached 0.95); passes k/N, peak accuracy mean with a 95% t-interval,
     median steps to pass (min–max), median KL k3. Cells and runs are grouped by staleness K (a K column
     when a run is stale; `staleness` in --json). --runs: one row per run. Then a summary (which cells
     pass, why each run ended, the bf16 ÷ fp16 mismatch ratios) and, apart and never ranked, the paper's
@@ -208,32 +212,40 @@ def _records(df) -> list[dict]:
     return json.loads(df.to_json(orient="records", double_precision=15)) if not df.empty else []
 
 
+def _text(x) -> str:
+    return x if isinstance(x, str) and x else "-"
+
+
 def _report_cells(df, csv: Optional[Path], as_json: bool) -> list[dict] | None:
+    from bench.fingerprint import short
+
     flat = df.assign(seeds=df.seeds.map(lambda xs: " ".join("-" if x is None else str(x) for x in xs)),
                      runs=df.runs.map(" ".join)) if not df.empty else df
     _write_csv(flat, csv)
     if as_json:
         return _records(df)
     stale = _stale(df)
-    t = Table("#", "algo", "precision", *(["K"] if stale else []), "sanity", "passes", "peak (mean, 95% t-interval)",
-              "steps→pass median (min–max)", "KL k3 median", "seeds", "run")
+    t = Table("#", "algo", "precision", *(["K"] if stale else []), "engine", "config", "sanity", "passes",
+              "peak (mean, 95% t-interval)", "steps→pass median (min–max)", "KL k3 median", "seeds", "run")
     for i, r in enumerate(df.itertuples(), 1):
         peak = _f(r.peak_mean) + ("" if r.peak_ci_lo != r.peak_ci_lo else f" [{r.peak_ci_lo:.3f}, {r.peak_ci_hi:.3f}]")
         steps = "-" if r.steps_to_pass_median != r.steps_to_pass_median else (
             f"{r.steps_to_pass_median:g}" + ("" if r.steps_to_pass_min == r.steps_to_pass_max
                                              else f" ({r.steps_to_pass_min:g}–{r.steps_to_pass_max:g})"))
-        t.add_row(str(i), r.algo, r.precision, *([str(r.staleness)] if stale else []),
-                  _SANITY.get(r.sanity, "[red]FAIL[/]"), r.passes, peak, steps,
+        t.add_row(str(i), r.algo, r.precision, *([str(r.staleness)] if stale else []), _text(r.engine),
+                  short(r.config_fp), _SANITY.get(r.sanity, "[red]FAIL[/]"), r.passes, peak, steps,
                   "-" if r.kl_k3_median != r.kl_k3_median else f"{r.kl_k3_median:.2e}",
                   " ".join("-" if x is None else str(x) for x in r.seeds),
                   r.runs[0] if len(r.runs) == 1 else f"{len(r.runs)} runs (--runs)")
     out.print(t)
     out.print("peak: mean over seeds with a two-sided 95% Student-t interval (mean ± t(0.975, n−1)·s/√n); "
-              "a cell passes only when every seed passes", highlight=False)
+              "a cell passes only when every seed passes; config: the fingerprint of every setting but the seed "
+              "(runs differing in any other setting, or in engine, are other cells)", highlight=False)
     return None
 
 
 def _report_runs(frame, csv: Optional[Path], as_json: bool) -> list[dict] | None:
+    from bench.fingerprint import short
     from leaderboard.cells import by_staleness
     from leaderboard.queries import ranked, report_columns
 
@@ -242,11 +254,11 @@ def _report_runs(frame, csv: Optional[Path], as_json: bool) -> list[dict] | None
     if as_json:
         return _records(df)
     stale = _stale(df)
-    t = Table("#", "algo", "precision", *(["K"] if stale else []), "sanity", "status", "peak", "final", "steps→pass",
-              "eval", "KL k3", "max|Δp|", "steps", "run")
+    t = Table("#", "algo", "precision", *(["K"] if stale else []), "engine", "config", "sanity", "status", "peak",
+              "final", "steps→pass", "eval", "KL k3", "max|Δp|", "steps", "run")
     for i, r in enumerate(df.itertuples(), 1):
-        t.add_row(str(i), r.algo, r.precision, *([str(r.staleness)] if stale else []),
-                  _SANITY.get(r.sanity, "[red]FAIL[/]"), r.status,
+        t.add_row(str(i), r.algo, r.precision, *([str(r.staleness)] if stale else []), _text(r.engine),
+                  short(r.config_fp), _SANITY.get(r.sanity, "[red]FAIL[/]"), r.status,
                   _f(r.peak_accuracy), _f(r.final_accuracy),
                   "-" if r.steps_to_target != r.steps_to_target or r.steps_to_target is None else str(int(r.steps_to_target)),
                   _f(r.best_eval), "-" if r.mean_kl != r.mean_kl or r.mean_kl is None else f"{r.mean_kl:.2e}",
@@ -276,6 +288,16 @@ def _ending(run: dict) -> str:
     return seed + text
 
 
+def _which(per_cell: list[dict]):
+    """A cell's engine and settings fingerprint as a label suffix (" [torch · cfg 1a2b3c]"), or ""
+    for every cell when the report's cells all share one engine and one fingerprint."""
+    from bench.fingerprint import short
+
+    if len({(c.get("engine"), c.get("config_fp")) for c in per_cell}) < 2:
+        return lambda c: ""
+    return lambda c: f" [{c.get('engine') or '-'} · cfg {short(c.get('config_fp'))}]"
+
+
 def _print_summary(summary: dict) -> None:
     from rich.markup import escape
 
@@ -284,18 +306,20 @@ def _print_summary(summary: dict) -> None:
     out.print(f"\n[bold]Summary[/]: {summary['pass']} of {summary['cells']} cells pass on every seed "
               f"({summary['fail']} fail, {summary['running']} running)", highlight=False)
     stale = any(c.get("staleness") for c in summary["per_cell"])
+    which = _which(summary["per_cell"])
     for c in summary["per_cell"]:
         endings = "; ".join(_ending(r) for r in c["runs"]) or c["status"]
         k = f" K={c.get('staleness', 0)}" if stale else ""
-        out.print(f"  {_SANITY.get(c['sanity'], '[red]FAIL[/]')} {escape(c['algo'])} {escape(c['precision'])}{k} "
-                  f"({c['passes']}): {escape(endings)}", highlight=False)
+        out.print(f"  {_SANITY.get(c['sanity'], '[red]FAIL[/]')} {escape(c['algo'])} {escape(c['precision'])}{k}"
+                  f"{escape(which(c))} ({c['passes']}): {escape(endings)}", highlight=False)
     ratios = summary["mismatch_ratios"]
     if ratios:
         out.print("Mismatch, bf16 ÷ fp16 (median over seeds of each run's mean KL k3 over its last tenth):",
                   highlight=False)
         for r in ratios:
             k = f" K={r.get('staleness', 0)}" if stale else ""
-            out.print(f"  {escape(r['algo'])}{k}: {_e(r['kl_k3_bf16'])} ÷ {_e(r['kl_k3_fp16'])} = {ratio_text(r['ratio'])}"
+            out.print(f"  {escape(r['algo'])}{k}{escape(which(r))}: {_e(r['kl_k3_bf16'])} ÷ {_e(r['kl_k3_fp16'])} = "
+                      f"{ratio_text(r['ratio'])}"
                       + ("" if len({x['build'] for x in ratios}) == 1 else f" (build {r['build']})"), highlight=False)
     else:
         out.print("Mismatch, bf16 ÷ fp16: no algorithm has both a bf16 and an fp16 cell here", highlight=False)

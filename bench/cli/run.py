@@ -341,7 +341,8 @@ def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or a
                                                   "weights of K training steps ago), e.g. 0,1,2,4,8,16; finished (cell, K, "
                                                   "seed) runs are skipped. Native trainer only."),
           db: Optional[str] = DB_OPT):
-    """Run the algorithm × precision grid on one build, skipping cells already finished."""
+    """Run the algorithm × precision grid on one build, skipping cells already finished (by the same
+    trainer and rollout engine, at the same settings but the seed)."""
     from bench.device import resolve_device
     from runners.algos import REGISTRY
     from runners.sweep import parse_seeds, parse_staleness, run_grid

@@ -1,20 +1,23 @@
 """Overlay cells: each metric as the mean over a cell's seeds with a band of ± one standard
-deviation (not one line per run); the config table shows only the keys that differ."""
+deviation (not one line per run); then the settings that tell the chosen cells apart (their
+fingerprints' difference, bench/configdiff.py) and each run's config, only the keys that differ."""
 
 import altair as alt
 import pandas as pd
 import streamlit as st
 
+from bench.fingerprint import short
 from leaderboard import data, display
-from leaderboard.cells import cells_frame, ranked_cells
+from leaderboard.cells import cells_frame, ranked_cells, settings_spread
 
 st.title("Compare cells")
 url, runs = data.runs_or_stop()
 cells = ranked_cells(cells_frame(runs))
-keys = [f"{c.algo} · {c.precision}{f' · K={c.staleness}' if c.staleness else ''} · {c.build} · {c.trainer}"
-        for c in cells.itertuples()]
+names = [f"{c.algo} · {c.precision}{f' · K={c.staleness}' if c.staleness else ''} · {c.build} · {c.trainer} · "
+         f"{c.engine} · cfg {short(c.config_fp)}" for c in cells.itertuples()]
+keys = [f"{n} · {c.model} · {c.config_fp}" for n, c in zip(names, cells.itertuples())]       # unique: the cell key
 by_key = dict(zip(keys, cells.itertuples()))
-label = {k: f"{k.rsplit(' · ', 1)[0]} · {c.passes} pass" for k, c in by_key.items()}
+label = {k: f"{n} · {c.passes} pass" for k, n, c in zip(keys, names, cells.itertuples())}
 chosen = st.multiselect("Cells", keys, default=keys[:2], format_func=label.get)
 if not chosen:
     st.info("Pick at least one cell.")
@@ -43,6 +46,21 @@ for m in picked:
                                             alt.Tooltip("std:Q", format=".3g"), "count"])
     st.altair_chart(band + line, width="stretch")
 
+st.subheader("Settings that tell the cells apart")
+config_of = runs.set_index("run").config.to_dict()
+spread = settings_spread({label[k]: config_of.get(by_key[k].runs[-1]) for k in chosen})
+if len(chosen) < 2:
+    st.caption("Pick two or more cells to see what differs between their settings.")
+elif not spread:
+    st.caption("The chosen cells share every setting (they differ in the cell key only: algorithm, precision, "
+               "staleness, build, trainer or engine).")
+else:
+    st.caption("Every setting but the seed (and the bookkeeping bench/fingerprint.py leaves out) on which the "
+               "chosen cells differ; each cell's newest run stands for it.")
+    display.dataframe(pd.DataFrame([{"setting": key, **values} for key, values in spread]), hide_index=True,
+                      width="stretch")
+
+st.subheader("Each run's config")
 configs = {}
 for r, k in run_cell.items():
     info = data.run_info(url, r)

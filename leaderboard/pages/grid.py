@@ -1,16 +1,19 @@
 """Rollout × training precision for one algorithm on one build: peak split accuracy on a fixed
 0–1 colour scale with the 0.95 pass line marked, steps to pass, or mean KL; every format of
 bench/formats.py as a row (rollout) or a column (training). A cell is its runs over seeds
-(leaderboard/cells.py): mean peak, PASS only when every seed passed."""
+(leaderboard/cells.py): mean peak, PASS only when every seed passed; the grid holds one trainer,
+staleness K, rollout engine and settings fingerprint (a choice when the build has several)."""
 
 import altair as alt
 import pandas as pd
 import streamlit as st
 
 from bench.algorithms import ALGORITHMS     # the grid shows cells not run yet
+from bench.fingerprint import short
 from bench.formats import ROLLOUT_FORMATS, TRAIN_FORMATS
 from leaderboard import cells as cell_stats
 from leaderboard import data
+from leaderboard.cellpick import engine_and_settings
 
 PASS_LINE = 0.95
 
@@ -25,7 +28,8 @@ view = cell_stats.with_staleness(view[view.trainer == trainer])
 ks = sorted(set(view.staleness)) or [0]
 k = st.selectbox("Staleness K", ks, help="Rollouts from the weights of K updates ago (the Staleness page "
                  "shows precision × K)") if len(ks) > 1 else ks[0]
-stats = cell_stats.cells_frame(view[view.staleness == k])
+view = engine_and_settings(view[view.staleness == k], st.columns(2))
+stats = cell_stats.cells_frame(view)
 split = stats.precision.str.split("→")
 stats["rollout_dtype"], stats["train_dtype"] = split.str[0], split.str[-1]
 
@@ -58,7 +62,9 @@ chart = alt.Chart(grid).mark_rect(stroke="white").encode(
              "steps_to_pass_median", "kl_k3_median"])
 text = alt.Chart(grid).mark_text().encode(x=x, y=y, text="cell:N", color=ink)
 st.altair_chart(chart + text, width="stretch")
-st.caption(f"{algo} on build {build} ({trainer}{f', staleness K={k}' if k else ''}), a cell over its seeds: the text is the mean peak split accuracy, "
+where = f"{trainer}, {view.engine.iloc[0]}, cfg {short(view.config_fp.iloc[0])}" if not view.empty else trainer
+st.caption(f"{algo} on build {build} ({where}{f', staleness K={k}' if k else ''}), a cell over its seeds: "
+           "the text is the mean peak split accuracy, "
            "✓ for PASS (every seed stopped converged) and k/N seeds passed; the colour is that pass rate (red none, "
            f"green all), or the peak on a fixed 0–1 scale turning from blue to green at the {PASS_LINE} pass line.")
 missing = grid[grid.peak_mean.isna() & grid.n_seeds.isna()]

@@ -1,4 +1,5 @@
-"""One row per cell (algorithm × precision on a build) over its seeds: does it pass the sanity
+"""One row per cell (algorithm × precision on a build, with one trainer, rollout engine, staleness
+K and settings fingerprint: leaderboard/cells.py) over its seeds: does it pass the sanity
 test on every seed (k/N), how high and how surely (mean peak with a 95% t-interval), how fast
 (median steps to pass, min–max), how large the mismatch (median KL k3). Single runs one click down.
 Below, apart and never ranked: the paper's published results (Reference)."""
@@ -6,6 +7,7 @@ Below, apart and never ranked: the paper's published results (Reference)."""
 import pandas as pd
 import streamlit as st
 
+from bench.fingerprint import short
 from leaderboard import data, display
 from leaderboard.cells import INTERVAL, cell_columns, cells_frame, ranked_cells
 from leaderboard.reference import matching_rows, paper_offline_mismatch, reference_rows
@@ -29,19 +31,27 @@ cells = ranked_cells(cells_frame(view))
 if verdicts:
     cells = cells[cells.sanity.isin(verdicts)]
 if search and not cells.empty:
-    hay = cells.apply(lambda c: " ".join([c.algo, c.precision, c.status, str(c.model), *c.runs]), axis=1)
+    hay = cells.apply(lambda c: " ".join([c.algo, c.precision, c.status, str(c.model), str(c.engine),
+                                          str(c.config_fp), *c.runs]), axis=1)
     cells = cells[hay.str.contains(search, case=False, regex=False)]
 
-default = ["algo", "precision", *(["staleness"] if (cells.staleness > 0).any() else []), "sanity", "passes",
+default = ["algo", "precision", *(["staleness"] if (cells.staleness > 0).any() else []), "engine", "config_fp",
+           "sanity", "passes",
            "status", "peak_mean", "peak_ci_lo", "peak_ci_hi", "steps_to_pass_median", "steps_to_pass_min",
            "steps_to_pass_max", "kl_k3_median", "seeds", "build"]
 cols = st.multiselect("Columns", cell_columns(), default=default)
 passed = int((cells.sanity == "PASS").sum()) if not cells.empty else 0
 st.caption(f"{len(cells)} cells · {passed} pass the sanity test on every seed (a seed passes when its run converged: "
            f"the 90% lower bound of split accuracy, pooled over the last evaluations, ≥ 95%) · peak: {INTERVAL}")
+shown = cells[cols].copy()
+if "config_fp" in shown:
+    shown["config_fp"] = shown.config_fp.map(short)
 display.dataframe(
-    cells[cols], hide_index=True, width="stretch",
+    shown, hide_index=True, width="stretch",
     column_config={
+        "config_fp": st.column_config.TextColumn("config", help="Fingerprint of every setting but the seed "
+                                                 "(bench/fingerprint.py): runs differing in any other setting "
+                                                 "are other cells; the Compare page shows the differences"),
         "peak_mean": st.column_config.ProgressColumn("peak acc (mean)", min_value=0, max_value=1, format="%.3f"),
         "peak_ci_lo": st.column_config.NumberColumn("95% CI low", format="%.3f"),
         "peak_ci_hi": st.column_config.NumberColumn("95% CI high", format="%.3f"),
@@ -82,7 +92,8 @@ for c in cells.itertuples():
     for r in c.runs:
         s = seed_of.get(r)
         k = f" · K={c.staleness}" if c.staleness else ""
-        label[r] = f"{c.algo} · {c.precision}{k} · seed {'-' if s is None or s != s else int(s)} · {r}"
+        seed = "-" if s is None or s != s else int(s)
+        label[r] = f"{c.algo} · {c.precision}{k} · {c.engine} · cfg {short(c.config_fp)} · seed {seed} · {r}"
 pick = st.selectbox("Open a run", ["—"] + list(label), format_func=lambda r: label.get(r, r))
 if pick != "—":
     st.switch_page("pages/run.py", query_params={"run": pick})

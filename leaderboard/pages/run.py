@@ -1,11 +1,15 @@
 """One run's curves: reward, split accuracy, evaluations, every mismatch metric, grad norm,
-loss scale, response length; its config and stop reason. Refreshes while the run is running."""
+loss scale, response length; its config and stop reason; its cell (engine, settings
+fingerprint, seeds) and the settings that tell it apart from the other cells of its algorithm ×
+precision. Refreshes while the run is running."""
 
 import altair as alt
 import pandas as pd
 import streamlit as st
 
+from bench.fingerprint import short
 from leaderboard import data, display
+from leaderboard.cells import settings_spread, with_cell_key
 
 st.title("Run")
 url, runs = data.runs_or_stop()
@@ -121,3 +125,37 @@ def _config_diff():
 
 
 _config_diff()
+
+
+def _cell():
+    """The run's cell (leaderboard/cells.py): its engine, settings fingerprint and seeds; and what
+    tells it apart from the other cells of the same algorithm × precision on this build (another
+    engine, or settings that differ: bench/configdiff.spread over the cells' newest configs)."""
+    keyed = with_cell_key(runs)
+    me = keyed.set_index("run").loc[run_id]
+    same = ["model", "build", "algo", "precision", "trainer", "staleness"]
+    near = keyed[(keyed[same] == me[same]).all(axis=1)]
+    mine = near[(near.engine == me.engine) & (near.config_fp == me.config_fp)]
+    seeds = " ".join("-" if x is None or x != x else str(int(x)) for x in sorted(set(mine.seed.dropna())))
+    st.subheader("Cell")
+    st.caption(f"{info['algo']} · {row.precision} on build {info['build_id']} · {info['trainer']} · engine "
+               f"{me.engine} · settings cfg {short(me.config_fp)} (every setting but the seed): "
+               f"{len(mine)} run(s), seeds {seeds or '-'}.")
+    others = near[(near.engine != me.engine) | (near.config_fp != me.config_fp)]
+    if others.empty:
+        return
+    name = lambda e, fp: f"{e} · cfg {short(fp)}"          # noqa: E731
+    newest = near.sort_values("created_at", kind="stable")
+    configs = {name(e, fp): c for e, fp, c in zip(newest.engine, newest.config_fp, newest.config)}
+    this = name(me.engine, me.config_fp)
+    configs = {this: configs.pop(this), **configs}
+    st.caption(f"Other cells of {info['algo']} · {row.precision} on this build: "
+               + ", ".join(k for k in configs if k != this) + ". What tells them apart:")
+    spread = settings_spread(configs)
+    engines = {k: k.split(" · ")[0] for k in configs}
+    rows = ([{"setting": "engine", **engines}] if len(set(engines.values())) > 1 else []) + \
+        [{"setting": key, **values} for key, values in spread]
+    display.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+
+
+_cell()

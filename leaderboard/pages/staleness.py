@@ -1,7 +1,8 @@
 """Staleness, the sanity test's second axis: for one algorithm on one build, each precision ×
 staleness K cell (rollouts from the weights of K training steps ago, `bench run --staleness K`) over
 its seeds — pass rate, mean peak split accuracy, median steps to pass — and the two mismatch
-components at the end of its runs; then, for one run, both components against step.
+components at the end of its runs; then, for one run, both components against step. One trainer,
+rollout engine and settings fingerprint at a time (a choice when the build has several).
 
 The components (runners/staleness.py, kept apart in every step): precision = π_old vs μ, the
 training and rollout engines at the same (sampling) weights (`kl_k3`, `prob_abs_diff_mean`);
@@ -13,6 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from leaderboard import data, display
+from leaderboard.cellpick import engine_and_settings
 from leaderboard.cells import cells_frame, with_staleness
 
 METRICS = {"pass_rate": "pass rate (k/N seeds)", "peak_mean": "peak split accuracy (mean over seeds)",
@@ -32,7 +34,7 @@ algo = c2.selectbox("Algorithm", algos, index=algos.index(stale_algos[0]) if sta
 view = view[view.algo == algo]
 trainers = sorted(set(view.trainer))
 trainer = c3.selectbox("Trainer", trainers) if len(trainers) > 1 else trainers[0]
-view = view[view.trainer == trainer]
+view = engine_and_settings(view[view.trainer == trainer], st.columns(2))
 cells = cells_frame(view)
 ks = sorted(set(cells.staleness))
 if ks == [0]:

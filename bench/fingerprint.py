@@ -1,0 +1,68 @@
+"""A run config's settings fingerprint: which runs are seeds of one experiment.
+
+A leaderboard cell is (model, build, algorithm, precision pair, trainer, engine, staleness K,
+fingerprint); its runs differ only by their seed. The fingerprint is defined once, here:
+
+    fingerprint(config) = first 12 hex digits of
+        sha256(json.dumps(settings(config), sort_keys=True, separators=(",", ":")))
+
+where `settings(config)` is the stored run config (`{"preset": name, **asdict(RunConfig)}`, JSON
+types) without the top-level keys of `NOT_SETTINGS`, with every number written as a float
+(so 1 and 1.0, or 5e-4 and 0.0005, are one value) and tuples as lists. Nested keys (algo.*,
+stop.*, benchmarks[i].*) are all settings. Keys are sorted, so the order a config was written
+in does not matter. `short(fp)` is what tables show (6 hex digits); the full 12 (48 bits) key
+the cells, so two configs share a cell only if they are equal (a collision among even 10⁴
+configs has probability ~2·10⁻⁷).
+
+Left out (`NOT_SETTINGS`), because they are not a choice of experiment:
+- seed: what tells a cell's runs apart;
+- staleness: the cell's own K column already;
+- preset: the preset's name (its values are stored key by key and counted);
+- verl: the verl job description (paths under the run's own directory, the command line);
+- bookkeeping and resources, which say where and how fast the same run is computed, not what
+  it computes (as the device, which is not in the config either): checkpoint_every, threads,
+  rollout_max_batch, gpu_memory_utilization, max_tokens_per_microbatch (the same optimizer
+  step up to float rounding), gradient_checkpointing (a recompute).
+
+A run stored before a setting existed has no key for it and so a fingerprint of its own (it ran
+other code); `bench.configdiff` shows what differs between two cells' configs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+NOT_SETTINGS = ("seed", "staleness", "preset", "verl", "checkpoint_every", "threads", "rollout_max_batch",
+                "gpu_memory_utilization", "max_tokens_per_microbatch", "gradient_checkpointing")
+LENGTH = 12          # hex digits that key a cell
+SHOWN = 6            # hex digits a table shows
+
+
+def _canonical(value):
+    """JSON-typed copy: numbers (not booleans) as floats, tuples as lists, dicts recursed."""
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)):
+        return float(value)
+    return str(value)
+
+
+def settings(config: dict | None) -> dict:
+    """The settings of a stored run config: every key but those of NOT_SETTINGS, canonical."""
+    return _canonical({k: v for k, v in (config or {}).items() if k not in NOT_SETTINGS})
+
+
+def fingerprint(config: dict | None) -> str:
+    """The 12-hex-digit fingerprint of `config`'s settings (see the module docstring)."""
+    text = json.dumps(settings(config), sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:LENGTH]
+
+
+def short(fp: str | None) -> str:
+    """The fingerprint as tables show it (its first 6 hex digits)."""
+    return "-" if not fp else str(fp)[:SHOWN]
