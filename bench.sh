@@ -16,7 +16,12 @@ setup() {
   # torch first, pinned: an unpinned torch would pull a multi-GB CUDA build.
   python -c "import torch" 2>/dev/null || { say "installing torch==2.13.0"; pip install -q torch==2.13.0; }
   say "installing bench"
-  pip install -q -e ".[test,app,postgres,ray,docs]"
+  pip install -q -e ".[test,app,postgres,ray]"
+}
+
+setup_docs() {
+  # the docs site's tools (the `docs` extra): mkdocs and the Material theme
+  python -c "import mkdocs, material" 2>/dev/null || { say "installing the docs extra"; pip install -q -e ".[docs]"; }
 }
 
 setup_vllm() {
@@ -80,6 +85,7 @@ case "${1:-}" in
     ;;
   test)
     setup
+    setup_docs
     setup_vllm
     setup_verl
     setup_browser
