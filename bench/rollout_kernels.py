@@ -32,9 +32,9 @@ on any CPU:
 4. **Decode with a KV cache** against the trainer's single prefill: other GEMM shapes.
 
 What is modelled is these rounding differences, at the rates the format's unit roundoff and
-the split-K order give; their size relative to a GPU's is measured (README, "How the engines
-differ"), not assumed. fp32 rollouts are left alone (fp32/fp32 differs only by kernel order,
-k3 ~1e-14).
+the split-K order give; their size against real vLLM is measured (docs/precision.md, "How the
+engines differ"), not assumed. fp32 rollouts are left alone (fp32/fp32 differs only by kernel
+order, k3 ~1e-13).
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ class RunConfig:
     gpu_memory_utilization: float = 0.5 # --engine vllm: the fraction of the GPU vLLM may take for its
                                         #   weights and KV cache; on one GPU shared with the native trainer
                                         #   leave room for the fp32 master, AdamW state, gradients and the
-                                        #   compute copy (README: "One GPU")
+                                        #   compute copy (docs/gpu.md)
     loss_scale_init: float = 2.0 ** 16  # fp16 dynamic loss scaling
     loss_scale_growth_interval: int = 400
     loss_scale_backoff: float = 0.5

@@ -136,7 +136,7 @@ def _seed_from_config(mapper, connection, run: Run) -> None:
 
 
 class RunStep(Base):
-    """Per-step metrics of a run (bench's metric names; see runners/metrics docs)."""
+    """Per-step metrics of a run (bench's metric names; every one defined in docs/metrics.md)."""
 
     __tablename__ = "run_steps"
     run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
