@@ -55,8 +55,12 @@ def runs_export(ctx: typer.Context, run_ids: List[str] = typer.Argument(..., hel
 def runs_import(ctx: typer.Context, bundle: Path = typer.Argument(..., help="A bundle from `bench runs export`."),
                 as_json: bool = typer.Option(False, "--json"), db: Optional[str] = DB_OPT):
     """Load a bundle into this store (SQLite or PostgreSQL) in one transaction. Importing twice changes
-    nothing; a build of the same id with another split hash, or a malformed or altered bundle, is
-    refused and the store left unchanged."""
+    nothing; a build of the same id with another split hash, a malformed or altered bundle, a copy of a
+    stored run that changes its identity (algorithm, formats, trainer, engine, seed, staleness, config,
+    model, build, created_at), or a further-along copy that does not keep every stored step, evaluation
+    and calibration bit for bit, is refused and the store left unchanged. The bundle's sha256 sums
+    detect corruption, not tampering (they sit unsigned beside what they cover): `bench runs verify
+    RUN` re-runs a run's first steps and compares every stored number."""
     from bench.bundle import BundleError, import_bundle
 
     store = _store(db or (ctx.obj or {}).get("db"))
