@@ -141,6 +141,8 @@ def build_problems(engine: Engine, build_id: str) -> pd.DataFrame:
 def mismatch_frame(engine: Engine) -> pd.DataFrame:
     df = _read(engine, select(MismatchReport.id, Model.name.label("model"), MismatchReport.rollout_dtype,
                               MismatchReport.train_dtype, MismatchReport.source, MismatchReport.n,
+                              MismatchReport.engine, MismatchReport.limit, MismatchReport.max_tokens,
+                              MismatchReport.device, MismatchReport.cpu_16bit,
                               MismatchReport.metrics, MismatchReport.plots, MismatchReport.created_at)
                .join(Model, Model.id == MismatchReport.model_id).order_by(MismatchReport.created_at.desc()))
     if df.empty:

@@ -283,7 +283,7 @@ def _ending(run: dict) -> str:
 def _print_summary(summary: dict) -> None:
     from rich.markup import escape
 
-    from leaderboard.summary import ratio_text
+    from leaderboard.summary import conditions_text, ratio_text
 
     out.print(f"\n[bold]Summary[/]: {summary['pass']} of {summary['cells']} cells pass on every seed "
               f"({summary['fail']} fail, {summary['running']} running)", highlight=False)
@@ -305,7 +305,8 @@ def _print_summary(summary: dict) -> None:
         out.print("Mismatch, bf16 ÷ fp16: no algorithm has both a bf16 and an fp16 cell here", highlight=False)
     for r in summary["offline_mismatch_ratios"]:
         k1 = f", KL k1 {ratio_text(r.get('ratio_k1'))}" if "ratio_k1" in r else ""
-        out.print(f"Offline mismatch (bench mismatch, {escape(str(r['model']))} on {escape(str(r['source']))}), "
+        out.print(f"Offline mismatch (bench mismatch, {escape(str(r['model']))} on {escape(str(r['source']))}; "
+                  f"{escape(conditions_text(r))}), "
                   f"bf16 ÷ fp16: KL k3 {_e(r['kl_k3_bf16'])} ÷ {_e(r['kl_k3_fp16'])} = {ratio_text(r['ratio'])}{k1}",
                   highlight=False)
 
