@@ -11,7 +11,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from bench.cli import DB_OPT, _store, _user_errors, app, console, fail, out, runs_app
+from bench.cli import DB_OPT, _progress, _store, _user_errors, app, console, fail, out, runs_app
 
 
 @runs_app.callback()
@@ -74,6 +74,62 @@ def runs_import(ctx: typer.Context, bundle: Path = typer.Argument(..., help="A b
     out.print(f"imported {bundle}: runs {len(summary['runs_added'])} added, {len(summary['runs_updated'])} updated, "
               f"{len(summary['runs_present'])} already present; builds {len(summary['builds_added'])} added, "
               f"{len(summary['builds_present'])} already present", highlight=False)
+
+
+@runs_app.command("verify")
+def runs_verify(ctx: typer.Context, run_id: str = typer.Argument(..., help="A native run (`bench runs` lists them)."),
+                steps: int = typer.Option(3, "--steps", help="Re-run and compare the first N steps (the step-0 "
+                                          "calibration and evaluations too)."),
+                device: Optional[str] = typer.Option(None, help="Where to re-run: default the device the run "
+                                                     "recorded; elsewhere the comparison is within a tolerance."),
+                as_json: bool = typer.Option(False, "--json"), db: Optional[str] = DB_OPT):
+    """Is this result real? Re-run the first N steps of a stored or imported native run from its build,
+    config and seed (the trainer's own code path, into a scratch store) and compare every stored per-step
+    metric, evaluation and the calibration: bit-identical on the device and CPU kind the run recorded
+    (CPU: its 16-bit kernel path), within a stated tolerance elsewhere. Exit 1 and the first differing
+    step and metric when anything differs; every verification is stored and shown by the leaderboard.
+    This, not the bundle's checksums, is the answer to an edited bundle. Timing metrics are not
+    compared; a later window from a checkpoint is not re-run."""
+    from runners.verify import VerifyError, plan_verification, run_verification
+
+    store = _store(db or (ctx.obj or {}).get("db"))
+    try:
+        plan = plan_verification(store, run_id, steps, device)
+        with _progress("re-running") as prog:
+            task = prog.add_task("steps", total=plan.last_step, rate="")
+            result = run_verification(store, plan, progress=lambda step, total, m: prog.update(task, completed=step))
+    except (VerifyError, *_user_errors()) as e:
+        fail(str(e))
+    if as_json:
+        out.print_json(json.dumps(result, default=str))
+    else:
+        out.print(_verify_text(result), highlight=False, markup=False, soft_wrap=True)
+    if result["verdict"] == "differs":
+        raise typer.Exit(1)
+
+
+def _verify_text(r: dict) -> str:
+    """One verification in words: what was re-run where, the criterion, the verdict or the first
+    difference."""
+    from runners.verify import kind_text
+
+    window = f"steps 0–{r['steps']}" + ("" if r["steps"] == r["requested_steps"] else
+                                        f" (the run has {r['steps']} steps)")
+    where = f"on {kind_text(r['here'])}"
+    if r["same_kind"]:
+        criterion = "bit-identical required (the device and CPU kind the run recorded)"
+    else:
+        criterion = (f"the run recorded {kind_text(r['recorded'])}, so each number must agree within "
+                     f"{r['tolerance']}")
+    head = f"run {r['run']}: re-ran {window} {where}; {r['compared']} values compared; {criterion}: "
+    if r["verdict"] == "differs":
+        d = r["first_difference"]
+        return (head + f"DIFFERS at step {d['step']}, {d['metric']}: stored {d['stored']!r}, re-run "
+                f"{d['replayed']!r} ({r['differences']} of {r['compared']} values differ)")
+    if r["verdict"] == "within-tolerance":
+        return head + (f"verified {r['steps']} steps within tolerance ({r['exact_differences']} values differ in "
+                       "their last digits)")
+    return head + f"verified {r['steps']} steps, bit-identical"
 
 
 def _f(x) -> str:
