@@ -306,7 +306,7 @@ def _identity_changes(s, bundle_run: dict, local: Run) -> list[str]:
 
 def _step_values(columns: dict, metrics: dict) -> dict:
     """A step's leaderboard columns and metrics, those that time the machine left out."""
-    return {**{f"column {c}": columns[c] for c in RunStep.COLUMNS}, **deterministic(metrics or {})}
+    return {**{f"{c} (column)": columns[c] for c in RunStep.COLUMNS}, **deterministic(metrics or {})}
 
 
 def _not_a_continuation(s, bundle_run: dict, local: Run) -> str | None:

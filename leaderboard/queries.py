@@ -7,7 +7,7 @@ import pandas as pd
 from sqlalchemy import event, func, select
 from sqlalchemy.engine import Engine
 
-from bench.store import Build, BuildProblem, Eval, MismatchReport, Model, Run, RunStep
+from bench.store import Build, BuildProblem, Eval, MismatchReport, Model, Run, RunStep, RunVerification
 
 
 def sanity(status: str | None) -> str:
@@ -136,6 +136,24 @@ def build_problems(engine: Engine, build_id: str) -> pd.DataFrame:
                                 BuildProblem.accuracy, BuildProblem.n_correct, BuildProblem.n_samples,
                                 BuildProblem.bucket).where(BuildProblem.build_id == build_id)
                  .order_by(BuildProblem.position))
+
+
+VERIFICATION_COLUMNS = ["run", "created_at", "device", "device_name", "cpu_16bit", "steps", "compared", "differences",
+                        "verdict", "tolerance", "first_difference"]
+
+
+def verifications_frame(engine: Engine, run_ids: list[str] | None = None) -> pd.DataFrame:
+    """Every `bench runs verify` of the runs (all runs when None), newest first; empty on a store
+    from before verifications were stored."""
+    from sqlalchemy import inspect
+
+    if not inspect(engine).has_table(RunVerification.__tablename__):
+        return pd.DataFrame(columns=VERIFICATION_COLUMNS)
+    q = select(RunVerification.run_id.label("run"), *(getattr(RunVerification, c) for c in VERIFICATION_COLUMNS[1:]))
+    if run_ids is not None:
+        q = q.where(RunVerification.run_id.in_(run_ids))
+    df = _read(engine, q.order_by(RunVerification.created_at.desc(), RunVerification.id.desc()))
+    return df if not df.empty else pd.DataFrame(columns=VERIFICATION_COLUMNS)
 
 
 def mismatch_frame(engine: Engine) -> pd.DataFrame:

@@ -15,10 +15,11 @@ import math
 from dataclasses import dataclass, field
 
 from bench.machine_metrics import is_machine_metric
+from bench.store.schema import RunStep
 
 TOLERANCE = {"rel": 1e-3, "abs": 1e-6}
 TOLERANCE_TEXT = "rel 1e-3 / abs 1e-6 (math.isclose)"
-COLUMNS = ("reward", "kl_k1", "kl_k3", "prob_abs_diff_mean", "prob_diff_max", "prob_diff_min", "log_ratio_slope")
+COLUMNS = RunStep.COLUMNS          # the leaderboard columns, stored beside the metrics dict
 MISSING = "(none)"
 
 # verdicts
@@ -28,7 +29,7 @@ BIT_IDENTICAL, WITHIN_TOLERANCE, DIFFERS = "bit-identical", "within-tolerance", 
 @dataclass
 class Window:
     """One side of the comparison: calibration (or None), steps {step: {name: value}} (the
-    metrics dict plus `column <name>` for the leaderboard columns), evals {(step, benchmark):
+    metrics dict plus `<name> (column)` for the leaderboard columns), evals {(step, benchmark):
     (n, score)}."""
 
     calibration: dict | None = None
@@ -37,9 +38,9 @@ class Window:
 
 
 def step_values(columns: dict, metrics: dict | None) -> dict:
-    """A stored step as compared: its leaderboard columns (named `column <name>`) and every
+    """A stored step as compared: its leaderboard columns (named `<name> (column)`) and every
     metric that does not time the machine."""
-    values = {f"column {c}": columns.get(c) for c in COLUMNS}
+    values = {f"{c} (column)": columns.get(c) for c in COLUMNS}
     values.update({k: v for k, v in (metrics or {}).items() if not is_machine_metric(k)})
     return values
 
@@ -55,7 +56,7 @@ def flatten(w: Window, last_step: int) -> dict[tuple, object]:
         if 1 <= step <= last_step:
             out[(step, 1, "")] = "present"
             for k, v in values.items():
-                out[(step, 2 if k in ("reward", "column reward") else 3, k)] = v
+                out[(step, 2 if k in ("reward", "reward (column)") else 3, k)] = v
     for (step, bench), (n, score) in w.evals.items():
         if 0 <= step <= last_step:
             out[(step, 4, f"eval {bench} n")] = n

@@ -252,7 +252,7 @@ def test_an_import_that_changes_a_stored_runs_identity_is_refused(source, tmp_pa
 
 
 @pytest.mark.parametrize("edit, needle", [
-    (lambda o: o["steps"][0].update(reward=1.0), "step 1 column reward"),
+    (lambda o: o["steps"][0].update(reward=1.0), "step 1 reward (column)"),
     (lambda o: o["steps"][1]["metrics"].update(kl_k3=0.0), "step 2 kl_k3"),
     (lambda o: o["steps"].__delitem__(0), "it lacks stored step 1"),
     (lambda o: o["evals"][0].update(score=0.999), "evaluation"),
