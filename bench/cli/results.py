@@ -124,8 +124,13 @@ def _verify_text(r: dict) -> str:
     head = f"run {r['run']}: re-ran {window} {where}; {r['compared']} values compared; {criterion}: "
     if r["verdict"] == "differs":
         d = r["first_difference"]
-        return (head + f"DIFFERS at step {d['step']}, {d['metric']}: stored {d['stored']!r}, re-run "
+        text = (head + f"DIFFERS at step {d['step']}, {d['metric']}: stored {d['stored']!r}, re-run "
                 f"{d['replayed']!r} ({r['differences']} of {r['compared']} values differ)")
+        if not r["same_kind"]:
+            text += ("; on another device or CPU kind the 16-bit kernels round otherwise and sampled tokens can "
+                     "change, so this alone does not show tampering: verify where the run ran for the "
+                     "bit-identical check")
+        return text
     if r["verdict"] == "within-tolerance":
         return head + (f"verified {r['steps']} steps within tolerance ({r['exact_differences']} values differ in "
                        "their last digits)")
