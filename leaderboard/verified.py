@@ -31,13 +31,16 @@ def _first(v: dict) -> dict:
 
 def run_text(v: dict | None) -> str:
     """"verified 3 steps, bit-identical", "verified 3 steps within rel 1e-3 / abs 1e-6 (…)",
-    "verify FAILED at step 2 (reward)", or "not verified"."""
+    "verify FAILED at step 2 (reward)" (", re-run on another device or CPU kind" where the run
+    recorded another: a looser check, whose failure alone does not show tampering), or "not
+    verified"."""
     if not v:
         return NOT_VERIFIED
     steps = int(v["steps"])
     if v["verdict"] == "differs":
         d = _first(v)
-        return f"verify FAILED at step {d.get('step', '?')} ({d.get('metric', '?')})"
+        elsewhere = "" if v.get("tolerance") is None else ", re-run on another device or CPU kind"
+        return f"verify FAILED at step {d.get('step', '?')} ({d.get('metric', '?')}{elsewhere})"
     if v["verdict"] == "within-tolerance":
         return f"verified {steps} steps within {v.get('tolerance')}"
     return f"verified {steps} steps, bit-identical"

@@ -281,3 +281,24 @@ def test_the_leaderboard_and_run_page_show_the_verification(source, tmp_path):
     at.run()
     assert not at.exception, [e.message for e in at.exception]
     assert any(want in s.value for s in at.success), [s.value for s in at.success]
+
+
+def test_verification_texts_by_hand():
+    from leaderboard.verified import cell_text, run_text
+
+    ok = {"run": "a", "steps": 3, "verdict": "bit-identical", "tolerance": None, "first_difference": None}
+    loose = {"run": "b", "steps": 2, "verdict": "within-tolerance", "tolerance": vc.TOLERANCE_TEXT,
+             "first_difference": None}
+    bad = {"run": "c", "steps": 3, "verdict": "differs", "tolerance": None,
+           "first_difference": {"step": 2, "metric": "reward", "stored": 0.75, "replayed": 0.5}}
+    assert run_text(ok) == "verified 3 steps, bit-identical" and run_text(None) == "not verified"
+    assert run_text(loose) == "verified 2 steps within rel 1e-3 / abs 1e-6 (math.isclose)"
+    assert run_text(bad) == "verify FAILED at step 2 (reward)"
+    assert run_text({**bad, "tolerance": vc.TOLERANCE_TEXT}) == (
+        "verify FAILED at step 2 (reward, re-run on another device or CPU kind)")
+    by_run = {"a": ok, "b": loose, "c": bad}
+    assert cell_text(["a"], by_run) == "verified 3 steps, bit-identical"
+    assert cell_text(["a", "x"], by_run) == "1/2 runs verified, bit-identical"
+    assert cell_text(["a", "b", "x"], by_run) == "2/3 runs verified (within tolerance)"
+    assert cell_text(["a", "c"], by_run) == "1/2 runs FAILED verify (run c at step 2, reward)"
+    assert cell_text(["x", "y"], by_run) == "not verified"

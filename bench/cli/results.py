@@ -144,7 +144,7 @@ def _f(x) -> str:
 def _run_info(store, run_id: str) -> dict:
     from sqlalchemy import select
 
-    from bench.store import Eval, Run, RunStep, session
+    from bench.store import Eval, Run, RunStep, RunVerification, session
 
     with session(store) as s:
         r = s.get(Run, run_id)
@@ -153,6 +153,8 @@ def _run_info(store, run_id: str) -> dict:
         last = s.scalars(select(RunStep).where(RunStep.run_id == run_id).order_by(RunStep.step.desc())).first()
         evals = s.execute(select(Eval.step, Eval.benchmark, Eval.n, Eval.score).where(Eval.run_id == run_id)
                           .order_by(Eval.step)).all()
+        checks = s.scalars(select(RunVerification).where(RunVerification.run_id == run_id)
+                           .order_by(RunVerification.created_at.desc(), RunVerification.id.desc())).all()
         return {"id": r.id, "build": r.build_id, "algo": r.algo, "rollout_dtype": r.rollout_dtype,
                 "train_dtype": r.train_dtype, "staleness": r.staleness, "trainer": r.trainer, "engine": r.engine,
                 "status": r.status,
@@ -161,7 +163,11 @@ def _run_info(store, run_id: str) -> dict:
                 "wall_to_target": r.wall_to_target, "kl_warning_step": r.kl_warning_step, "config": r.config,
                 "calibration": r.calibration, "provenance": r.provenance,
                 "last_step": last.metrics if last else None,
-                "evals": [{"step": e.step, "benchmark": e.benchmark, "n": e.n, "score": e.score} for e in evals]}
+                "evals": [{"step": e.step, "benchmark": e.benchmark, "n": e.n, "score": e.score} for e in evals],
+                "verifications": [{"created_at": v.created_at, "device": v.device, "cpu_16bit": v.cpu_16bit,
+                                   "steps": v.steps, "compared": v.compared, "differences": v.differences,
+                                   "verdict": v.verdict, "tolerance": v.tolerance,
+                                   "first_difference": v.first_difference} for v in checks]}
 
 
 @runs_app.command("show")
@@ -178,7 +184,7 @@ def runs_show(ctx: typer.Context, run_id: str, as_json: bool = typer.Option(Fals
         out.print_json(json.dumps(info, default=str))
         return
     for k, v in info.items():
-        if k not in ("config", "last_step", "evals", "calibration", "provenance"):
+        if k not in ("config", "last_step", "evals", "calibration", "provenance", "verifications"):
             out.print(f"[bold]{k}[/]: {v}", highlight=False)
     cal = info["calibration"]
     if cal:
@@ -195,6 +201,12 @@ def runs_show(ctx: typer.Context, run_id: str, as_json: bool = typer.Option(Fals
             out.print(f"[bold]split accuracy[/]: {prov['split_accuracy_estimator']}", highlight=False)
     for e in info["evals"]:
         out.print(f"  eval step {e['step']}: {e['benchmark']} avg@{e['n']} = {e['score']:.3f}", highlight=False)
+    from leaderboard.verified import run_text
+
+    v = (info["verifications"] or [None])[0]
+    where = "" if v is None else f" ({v['device']}" + (f", 16-bit path {v['cpu_16bit']}" if v["cpu_16bit"] else "") \
+        + f", {v['created_at']:%Y-%m-%d %H:%M})"
+    out.print(f"[bold]verified[/]: {run_text(v)}{where}", highlight=False, markup=True)
     _print_config_diff(preset, diff)
 
 
