@@ -113,13 +113,14 @@ def _edited(source, tmp_path, edit):
 
 
 @pytest.mark.integration
-def test_a_bundle_with_an_edited_step_2_reward_imports_then_fails_verify_at_step_2(source, tmp_path):
+def test_a_bundle_with_an_edited_step_2_reward_imports_then_fails_verify_at_step_2(source, tmp_path, db_url):
+    """Into a fresh SQLite and a fresh PostgreSQL store."""
     def edit(o):
         (st,) = [x for x in o["steps"] if x["step"] == 2]
         st["reward"] = st["metrics"]["reward"] = st["reward"] + 0.25 if st["reward"] < 0.75 else st["reward"] - 0.25
 
     bundle = _edited(source, tmp_path, edit)
-    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    url = db_url
     r = _cli("runs", "import", str(bundle), "--db", url)          # the checksums cannot tell
     assert r.exit_code == 0, r.output
     r = _cli("runs", "verify", source["run"], "--db", url)
