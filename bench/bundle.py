@@ -291,17 +291,28 @@ def _identity_changes(s, bundle_run: dict, local: Run) -> list[str]:
     bundle" (empty: the same run). The identity is what the run is, not how far it got."""
     r = bundle_run
     model = s.get(Model, local.model_id)
+    seed, k = r["config"].get("seed"), r["config"].get("staleness")       # as an insert fills the columns
     theirs = {"algo": r["algo"], "rollout_dtype": r["rollout_dtype"], "train_dtype": r["train_dtype"],
-              "trainer": r["trainer"], "engine": r["engine"], "seed": r["seed"],
-              "staleness": r["config"].get("staleness", 0), "config": r["config"],
+              "trainer": r["trainer"], "engine": r["engine"],
+              "seed": r["seed"] if r["seed"] is not None or not isinstance(seed, int) else seed,
+              "staleness": k if isinstance(k, int) and not isinstance(k, bool) else 0, "config": r["config"],
               "model": (r["model"]["name"], r["model"]["weights_hash"]), "build": r["build"],
               "created_at": _time(r["created_at"], r["id"])}
     ours = {"algo": local.algo, "rollout_dtype": local.rollout_dtype, "train_dtype": local.train_dtype,
             "trainer": local.trainer, "engine": local.engine, "seed": local.seed, "staleness": local.staleness,
             "config": local.config, "model": (model.name, model.weights_hash), "build": local.build_id,
             "created_at": local.created_at}
-    return [f"{f}: {_show(ours[f])} → {_show(theirs[f])}" if f != "config" else "config"
+    return [f"{f}: {_show(ours[f])} → {_show(theirs[f])}" if f != "config" else _config_change(ours[f], theirs[f])
             for f in ours if ours[f] != theirs[f]]
+
+
+def _config_change(ours, theirs) -> str:
+    """"config (lr: 0.0005 → 0.5, …)": the top-level settings that differ."""
+    if not (isinstance(ours, dict) and isinstance(theirs, dict)):
+        return "config"
+    keys = sorted(k for k in set(ours) | set(theirs) if ours.get(k, "(none)") != theirs.get(k, "(none)"))
+    shown = [f"{k}: {_show(ours.get(k))} → {_show(theirs.get(k))}" for k in keys[:3]]
+    return "config (" + ", ".join(shown) + (", …" if len(keys) > 3 else "") + ")"
 
 
 def _step_values(columns: dict, metrics: dict) -> dict:
