@@ -232,7 +232,7 @@ def _promote(o):
     (_promote, "rollout_dtype: 'fp32' → 'fp16'; train_dtype: 'fp32' → 'fp16'"),
     (lambda o: o.update(train_dtype="bf16"), "train_dtype: 'fp32' → 'bf16'"),             # no further along
     (lambda o: o.update(seed=7), "seed: 0 → 7"),
-    (lambda o: o["config"].update(lr=0.5), "config (lr: 0.0005 → 0.5)"),
+    (lambda o: o["config"].update(lr=0.5), "config (lr: 0.001 → 0.5)"),
     (lambda o: o.update(created_at="2020-01-01T00:00:00"), "created_at"),
     (lambda o: o["model"].update(weights_hash="0" * 16), "model"),
 ])
