@@ -28,6 +28,7 @@ from pathlib import Path
 from sqlalchemy import select
 
 from bench.device import resolve_device
+from bench.engines import resolve_engine
 from bench.models import ModelRef, resolve_model, weights_hash
 from bench.precision import Precision, cpu_kernel_path
 from bench.problems import split_hash
@@ -110,8 +111,14 @@ def _inputs(s, run_id: str, steps: int):
                           "be verified here (verify re-runs native runs only)")
     try:
         build, _, ref = resolve_inputs(s, run.build_id, None)
-    except RunError as e:
+        resolve_engine(run.engine)
+    except (RunError, ValueError) as e:
         raise VerifyError(f"run {run_id}: {e}") from None
+    try:
+        config_from_dict(run.config)
+    except (TypeError, KeyError) as e:
+        raise VerifyError(f"run {run_id}'s config cannot be read by this bench ({e}): re-run it with the bench "
+                          "that made it (its provenance names the commit)") from None
     model = s.get(Model, run.model_id)
     if model.weights_hash is None:
         raise VerifyError(f"run {run_id}'s model {model.name!r} recorded no weights hash (a hub id): the model "

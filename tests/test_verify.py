@@ -303,3 +303,13 @@ def test_verification_texts_by_hand():
     assert cell_text(["a", "b", "x"], by_run) == "2/3 runs verified (within tolerance)"
     assert cell_text(["a", "c"], by_run) == "1/2 runs FAILED verify (run c at step 2, reward)"
     assert cell_text(["x", "y"], by_run) == "not verified"
+
+
+@pytest.mark.integration
+def test_a_config_this_bench_cannot_read_is_one_message(source, tmp_path):
+    bundle = _edited(source, tmp_path, lambda o: o["config"].update(a_setting_from_the_future=1))
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    assert _cli("runs", "import", str(bundle), "--db", url).exit_code == 0
+    r = _cli("runs", "verify", source["run"], "--db", url)
+    assert r.exit_code == 2 and "config cannot be read by this bench" in r.stderr, r.output
+    assert _verifications(url) == []
