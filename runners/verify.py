@@ -27,6 +27,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
+from bench import provenance
 from bench.device import resolve_device
 from bench.engines import resolve_engine
 from bench.models import ModelRef, resolve_model, weights_hash
@@ -208,6 +209,8 @@ class Plan:
     here: dict
     recorded: dict
     exact: bool
+    bench_recorded: str | None      # the commit of bench that made the run, and the one re-running it
+    bench_here: str | None
 
 
 def plan_verification(store, run_id: str, steps: int = DEFAULT_STEPS, device: str | None = None) -> Plan:
@@ -222,7 +225,8 @@ def plan_verification(store, run_id: str, steps: int = DEFAULT_STEPS, device: st
     except ValueError as e:
         raise VerifyError(f"run {run_id} ran on {want}: {e}") from None
     here = machine_kind(device)
-    return Plan(run, build, model, ref, split, last, steps, stored, here, recorded, same_kind(here, recorded))
+    return Plan(run, build, model, ref, split, last, steps, stored, here, recorded, same_kind(here, recorded),
+                ((run.provenance or {}).get("bench") or {}).get("commit"), provenance.git_commit()["commit"])
 
 
 def run_verification(store, plan: Plan, progress=None) -> dict:
@@ -239,13 +243,14 @@ def run_verification(store, plan: Plan, progress=None) -> dict:
         v = RunVerification(run_id=plan.run.id, device=plan.here["device"], device_name=plan.here["device_name"],
                             cpu_16bit=plan.here["cpu_16bit"], steps=plan.last_step, compared=result["compared"],
                             differences=result["differences"], verdict=result["verdict"], tolerance=text,
-                            first_difference=first)
+                            first_difference=first, bench_commit=plan.bench_here)
         s.add(v)
         s.flush()
         vid, when = v.id, v.created_at
     return {"run": plan.run.id, "verification": vid, "created_at": when.isoformat(), "steps": plan.last_step,
             "requested_steps": plan.requested, "here": plan.here, "recorded": plan.recorded,
-            "same_kind": plan.exact, "tolerance": text, **result, "first_difference": first}
+            "same_kind": plan.exact, "tolerance": text, "bench_recorded": plan.bench_recorded,
+            "bench_here": plan.bench_here, **result, "first_difference": first}
 
 
 def verify_run(store, run_id: str, steps: int = DEFAULT_STEPS, device: str | None = None, progress=None) -> dict:

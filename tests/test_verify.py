@@ -75,6 +75,9 @@ def test_an_untouched_run_verifies_bit_identical(source):
     assert (v["run_id"], v["steps"], v["verdict"], v["differences"], v["tolerance"], v["first_difference"]) == \
         (run_id, 3, "bit-identical", 0, None, None)
     assert (v["device"], v["cpu_16bit"]) == ("cpu", cpu_kernel_path())
+    from bench.provenance import git_commit
+
+    assert v["bench_commit"] == git_commit()["commit"]
     # calibration fields, 3 steps' metrics and columns, the evaluations at steps 0, 2 and 3
     with session(open_store(url)) as s:
         n_metrics = sum(len(vc.step_values({c: getattr(x, c) for c in RunStep.COLUMNS}, x.metrics)) + 1
@@ -313,3 +316,23 @@ def test_a_config_this_bench_cannot_read_is_one_message(source, tmp_path):
     r = _cli("runs", "verify", source["run"], "--db", url)
     assert r.exit_code == 2 and "config cannot be read by this bench" in r.stderr, r.output
     assert _verifications(url) == []
+
+
+def test_the_message_names_the_criterion_and_what_else_can_explain_a_difference():
+    from bench.cli.results import _verify_text
+
+    here = {"device": "cpu", "device_name": None, "cpu_16bit": "all", "lowp_matmul_mode": "auto"}
+    base = {"run": "r1", "steps": 3, "requested_steps": 3, "here": here, "recorded": {**here, "cpu_16bit": "none"},
+            "same_kind": False, "tolerance": vc.TOLERANCE_TEXT, "compared": 200, "differences": 2,
+            "exact_differences": 2, "verdict": "differs", "bench_recorded": "a" * 40, "bench_here": "b" * 40,
+            "first_difference": {"step": 2, "metric": "reward", "stored": 0.75, "replayed": 0.5}}
+    text = _verify_text(base)
+    assert "re-ran steps 0–3 on cpu (16-bit path all)" in text
+    assert "the run recorded cpu (16-bit path none), so each number must agree within rel 1e-3 / abs 1e-6" in text
+    assert "DIFFERS at step 2, reward: stored 0.75, re-run 0.5 (2 of 200 values differ)" in text
+    assert "does not show tampering" in text and "made by bench aaaaaaaaaaaa, this is bbbbbbbbbbbb" in text
+    same = _verify_text({**base, "same_kind": True, "tolerance": None, "bench_here": "a" * 40,
+                         "recorded": here})
+    assert "bit-identical required" in same and "tampering" not in same and "made by bench" not in same
+    ok = _verify_text({**base, "verdict": "within-tolerance", "differences": 0, "first_difference": None})
+    assert ok.endswith("verified 3 steps within tolerance (2 values differ in their last digits)")

@@ -130,6 +130,10 @@ def _verify_text(r: dict) -> str:
             text += ("; on another device or CPU kind the 16-bit kernels round otherwise and sampled tokens can "
                      "change, so this alone does not show tampering: verify where the run ran for the "
                      "bit-identical check")
+        mine, theirs = r.get("bench_here"), r.get("bench_recorded")
+        if mine and theirs and mine != theirs:
+            text += (f"; the run was made by bench {theirs[:12]}, this is {mine[:12]}: a change to the trainer "
+                     "in between can also explain it")
         return text
     if r["verdict"] == "within-tolerance":
         return head + (f"verified {r['steps']} steps within tolerance ({r['exact_differences']} values differ in "

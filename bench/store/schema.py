@@ -190,6 +190,7 @@ class RunVerification(Base):
     verdict: Mapped[str] = mapped_column(String(20))
     tolerance: Mapped[str | None] = mapped_column(Text)        # None: bit-identical was required
     first_difference: Mapped[dict | None] = mapped_column(JSON)
+    bench_commit: Mapped[str | None] = mapped_column(String(40))   # the bench that re-ran (the run's: provenance)
 
 
 class MismatchReport(Base):

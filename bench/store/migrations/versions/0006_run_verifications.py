@@ -2,7 +2,7 @@
 
 When, on which device and CPU kind (cpu_kernel_path() on a CPU), how many steps were re-run and
 values compared, the verdict (bit-identical, within-tolerance, differs), the tolerance applied
-(None: bit-identical was required) and the first difference. Rows go with their run.
+(None: bit-identical was required), the first difference and the bench commit that re-ran. Rows go with their run.
 
 Revision ID: 0006
 Revises: 0005
@@ -33,6 +33,7 @@ def upgrade() -> None:
         sa.Column('verdict', sa.String(length=20), nullable=False),
         sa.Column('tolerance', sa.Text(), nullable=True),
         sa.Column('first_difference', sa.JSON(), nullable=True),
+        sa.Column('bench_commit', sa.String(length=40), nullable=True),
         sa.ForeignKeyConstraint(['run_id'], ['runs.id'], ondelete='CASCADE'),
         sa.PrimaryKeyConstraint('id'),
     )
