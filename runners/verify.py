@@ -25,7 +25,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from bench import provenance
 from bench.device import resolve_device
@@ -140,7 +140,8 @@ def _inputs(s, run_id: str, steps: int):
     if build.split_hash and split_hash((p.id, p.answer) for p in split) != build.split_hash:
         raise VerifyError(f"run {run_id}: build {build.id}'s kept problems do not hash to its split hash "
                           f"{build.split_hash[:12]}…")
-    last = min(steps, run.step)
+    highest = s.scalar(select(func.max(RunStep.step)).where(RunStep.run_id == run_id)) or 0
+    last = min(steps, max(run.step, highest))        # a row claiming fewer steps than it stores hides none
     stored = _window(s, run_id, last, run.calibration)
     return run, build, model, ref, split, last, stored
 

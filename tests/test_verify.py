@@ -336,3 +336,17 @@ def test_the_message_names_the_criterion_and_what_else_can_explain_a_difference(
     assert "bit-identical required" in same and "tampering" not in same and "made by bench" not in same
     ok = _verify_text({**base, "verdict": "within-tolerance", "differences": 0, "first_difference": None})
     assert ok.endswith("verified 3 steps within tolerance (2 values differ in their last digits)")
+
+
+@pytest.mark.integration
+def test_a_row_claiming_fewer_steps_than_it_stores_hides_none(source, tmp_path):
+    def edit(o):
+        (st,) = [x for x in o["steps"] if x["step"] == 2]
+        st["metrics"]["kl_k3"] = 0.0
+        o["step"] = 1
+
+    bundle = _edited(source, tmp_path, edit)
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    assert _cli("runs", "import", str(bundle), "--db", url).exit_code == 0
+    r = _cli("runs", "verify", source["run"], "--db", url)
+    assert r.exit_code == 1 and "DIFFERS at step 2, kl_k3:" in " ".join(r.stdout.split()), r.output
