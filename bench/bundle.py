@@ -9,10 +9,22 @@ Import validates everything before it writes: a member missing, extra or altered
 JSON that does not parse or does not have the expected fields, another schema version, a path
 that would land outside the extraction folder, a link, a run whose build is not in the bundle,
 a kept split whose recomputed hash differs from the one recorded. Then one transaction: a build
-already in the store with the same id and another split hash refuses the whole bundle; runs
-already present and no further along are left alone, so importing twice changes nothing.
-Every refusal is one BundleError and leaves the store unchanged. Only the store is used
-(no stage): `bench runs export` / `bench runs import` call this.
+already in the store with the same id and another split hash refuses the whole bundle; so does
+a run already in the store whose identity the bundle would change (algorithm, rollout and train
+format, trainer, engine, seed, staleness, config, model, build, created_at), whatever its step,
+and a further-along copy that is not a continuation of the stored run: every stored step, bit
+for bit (the metrics that time the machine aside, bench/machine_metrics.py: a resume re-runs the
+steps after its checkpoint), every evaluation, the calibration and the provenance (a resume may
+append to its `resumes`) must be in it unchanged. Runs already present and no further along are
+left alone, so importing twice changes nothing. Every refusal is one BundleError and leaves the
+store unchanged. Only the store is used (no stage): `bench runs export` / `bench runs import`
+call this.
+
+The sha256 sums sit in the same unsigned bundle.json as the members they cover: they detect a
+corrupted bundle, not an edited one (whoever edits a member can recompute its sum). What a bundle
+claims about a run new to the store is taken as it is; `bench runs verify` re-runs its first
+steps from its build, config and seed and compares every stored number, which is the answer to
+tampering.
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
+from bench.machine_metrics import deterministic
 from bench.problems import split_hash
 from bench.store import Build, BuildProblem, Eval, Model, Run, RunStep, get_or_create_model, session
 
@@ -268,6 +281,75 @@ def _further(bundle_run: dict, local: Run) -> bool:
     return rank(bundle_run["status"], bundle_run["step"]) > rank(local.status, local.step)
 
 
+def _show(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _identity_changes(s, bundle_run: dict, local: Run) -> list[str]:
+    """What the bundle's copy of a stored run changes of the run's identity, as "field: stored →
+    bundle" (empty: the same run). The identity is what the run is, not how far it got."""
+    r = bundle_run
+    model = s.get(Model, local.model_id)
+    seed, k = r["config"].get("seed"), r["config"].get("staleness")       # as an insert fills the columns
+    theirs = {"algo": r["algo"], "rollout_dtype": r["rollout_dtype"], "train_dtype": r["train_dtype"],
+              "trainer": r["trainer"], "engine": r["engine"],
+              "seed": r["seed"] if r["seed"] is not None or not isinstance(seed, int) else seed,
+              "staleness": k if isinstance(k, int) and not isinstance(k, bool) else 0, "config": r["config"],
+              "model": (r["model"]["name"], r["model"]["weights_hash"]), "build": r["build"],
+              "created_at": _time(r["created_at"], r["id"])}
+    ours = {"algo": local.algo, "rollout_dtype": local.rollout_dtype, "train_dtype": local.train_dtype,
+            "trainer": local.trainer, "engine": local.engine, "seed": local.seed, "staleness": local.staleness,
+            "config": local.config, "model": (model.name, model.weights_hash), "build": local.build_id,
+            "created_at": local.created_at}
+    return [f"{f}: {_show(ours[f])} → {_show(theirs[f])}" if f != "config" else _config_change(ours[f], theirs[f])
+            for f in ours if ours[f] != theirs[f]]
+
+
+def _config_change(ours, theirs) -> str:
+    """"config (lr: 0.0005 → 0.5, …)": the top-level settings that differ."""
+    if not (isinstance(ours, dict) and isinstance(theirs, dict)):
+        return "config"
+    keys = sorted(k for k in set(ours) | set(theirs) if ours.get(k, "(none)") != theirs.get(k, "(none)"))
+    shown = [f"{k}: {_show(ours.get(k))} → {_show(theirs.get(k))}" for k in keys[:3]]
+    return "config (" + ", ".join(shown) + (", …" if len(keys) > 3 else "") + ")"
+
+
+def _step_values(columns: dict, metrics: dict) -> dict:
+    """A step's leaderboard columns and metrics, those that time the machine left out."""
+    return {**{f"{c} (column)": columns[c] for c in RunStep.COLUMNS}, **deterministic(metrics or {})}
+
+
+def _not_a_continuation(s, bundle_run: dict, local: Run) -> str | None:
+    """Why the bundle's further-along copy does not continue the stored run (None: it does).
+    Every stored step and evaluation must be in it with the same values, bit for bit; the
+    calibration and provenance too (a resume may only append to the provenance's `resumes`)."""
+    r = bundle_run
+    theirs = {x["step"]: x for x in r["steps"]}
+    for st in s.scalars(select(RunStep).where(RunStep.run_id == local.id).order_by(RunStep.step)):
+        x = theirs.get(st.step)
+        if x is None:
+            return f"it lacks stored step {st.step}"
+        a = _step_values({c: getattr(st, c) for c in RunStep.COLUMNS}, st.metrics)
+        b = _step_values(x, x["metrics"])
+        for name in sorted(set(a) | set(b)):
+            if a.get(name, "(none)") != b.get(name, "(none)"):
+                return f"step {st.step} {name}: stored {_show(a.get(name))}, bundle {_show(b.get(name))}"
+    evals = {(e["step"], e["benchmark"]): e for e in r["evals"]}
+    for e in s.scalars(select(Eval).where(Eval.run_id == local.id).order_by(Eval.step, Eval.benchmark)):
+        x = evals.get((e.step, e.benchmark))
+        if x is None or (x["n"], x["score"]) != (e.n, e.score):
+            got = "none" if x is None else f"avg@{x['n']} {x['score']!r}"
+            return f"evaluation {e.benchmark} at step {e.step}: stored avg@{e.n} {e.score!r}, bundle {got}"
+    if local.calibration is not None and r["calibration"] != local.calibration:
+        return "its step-0 calibration differs"
+    ours, theirs_p = dict(local.provenance or {}), dict(r["provenance"] or {})
+    res_a, res_b = ours.pop("resumes", []), theirs_p.pop("resumes", [])
+    if local.provenance is not None and (ours != theirs_p or res_b[:len(res_a)] != res_a):
+        return "its provenance differs"
+    return None
+
+
 def import_bundle(engine, path: Path) -> dict:
     """Load the bundle at `path` into the store in one transaction; returns what was added,
     updated and already present. BundleError (store unchanged) on any fault or conflict."""
@@ -297,9 +379,15 @@ def _write(engine, builds: dict, runs: dict) -> dict:
             existing[bid] = local
         for rid, r in runs.items():
             local = s.get(Run, rid)
-            _need(local is None or local.build_id == r["build"],
-                  f"run {rid} exists in this store on build {local.build_id if local else ''}, the bundle's on "
-                  f"{r['build']}: a different run; nothing imported")
+            if local is None:
+                continue
+            changed = _identity_changes(s, r, local)
+            _need(not changed, f"run {rid} exists in this store and the bundle changes its identity "
+                  f"({'; '.join(changed)}): refused whatever its step; nothing imported")
+            if _further(r, local):
+                broken = _not_a_continuation(s, r, local)
+                _need(broken is None, f"run {rid}: the bundle's copy is further along but not a continuation of "
+                      f"the stored run ({broken}); nothing imported")
         for bid, b in builds.items():
             if existing[bid] is not None:
                 summary["builds_present"].append(bid)

@@ -85,6 +85,11 @@ def build_problems(url: str, build_id: str) -> pd.DataFrame:
 
 
 @st.cache_data(ttl=TTL, show_spinner=False)
+def verifications(url: str) -> pd.DataFrame:
+    return queries.verifications_frame(_engine(url))
+
+
+@st.cache_data(ttl=TTL, show_spinner=False)
 def mismatch(url: str) -> pd.DataFrame:
     return queries.mismatch_frame(_engine(url))
 

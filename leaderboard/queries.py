@@ -8,7 +8,7 @@ from sqlalchemy import event, func, select
 from sqlalchemy.engine import Engine
 
 from bench.fingerprint import fingerprint
-from bench.store import Build, BuildProblem, Eval, MismatchReport, Model, Run, RunStep
+from bench.store import Build, BuildProblem, Eval, MismatchReport, Model, Run, RunStep, RunVerification
 
 
 def sanity(status: str | None) -> str:
@@ -142,9 +142,29 @@ def build_problems(engine: Engine, build_id: str) -> pd.DataFrame:
                  .order_by(BuildProblem.position))
 
 
+VERIFICATION_COLUMNS = ["run", "created_at", "device", "device_name", "cpu_16bit", "steps", "compared", "differences",
+                        "verdict", "tolerance", "first_difference", "bench_commit"]
+
+
+def verifications_frame(engine: Engine, run_ids: list[str] | None = None) -> pd.DataFrame:
+    """Every `bench runs verify` of the runs (all runs when None), newest first; empty on a store
+    from before verifications were stored."""
+    from sqlalchemy import inspect
+
+    if not inspect(engine).has_table(RunVerification.__tablename__):
+        return pd.DataFrame(columns=VERIFICATION_COLUMNS)
+    q = select(RunVerification.run_id.label("run"), *(getattr(RunVerification, c) for c in VERIFICATION_COLUMNS[1:]))
+    if run_ids is not None:
+        q = q.where(RunVerification.run_id.in_(run_ids))
+    df = _read(engine, q.order_by(RunVerification.created_at.desc(), RunVerification.id.desc()))
+    return df if not df.empty else pd.DataFrame(columns=VERIFICATION_COLUMNS)
+
+
 def mismatch_frame(engine: Engine) -> pd.DataFrame:
     df = _read(engine, select(MismatchReport.id, Model.name.label("model"), MismatchReport.rollout_dtype,
                               MismatchReport.train_dtype, MismatchReport.source, MismatchReport.n,
+                              MismatchReport.engine, MismatchReport.limit, MismatchReport.max_tokens,
+                              MismatchReport.device, MismatchReport.cpu_16bit,
                               MismatchReport.metrics, MismatchReport.plots, MismatchReport.created_at)
                .join(Model, Model.id == MismatchReport.model_id).order_by(MismatchReport.created_at.desc()))
     if df.empty:

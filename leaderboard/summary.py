@@ -2,9 +2,9 @@
 the step of the KL early warning), and the mismatch ratios — median KL k3 of the bf16 cell
 over the fp16 cell of the same algorithm on the same build (with the same trainer, engine,
 staleness and settings fingerprint: the two cells differ only by their precision pair), and
-the same ratio from the offline reports of `bench mismatch` when the store has both. Pure
-functions of the frames `bench report` already reads (`cells_frame`, `runs_frame`,
-`mismatch_frame`)."""
+the same ratio from the offline reports of `bench mismatch` measured under the same conditions
+when the store has both. Pure functions of the frames `bench report` already reads
+(`cells_frame`, `runs_frame`, `mismatch_frame`)."""
 
 from __future__ import annotations
 
@@ -73,21 +73,38 @@ def mismatch_ratios(cells: pd.DataFrame) -> list[dict]:
     return out
 
 
+# what an offline report's numbers depend on besides its pair (runners/offline_mismatch.conditions)
+CONDITIONS = ("model", "source", "engine", "limit", "n", "max_tokens", "device", "cpu_16bit")
+
+
+def _condition(v):
+    """A condition's value as JSON gives it: None for a missing one, an int for a count."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
+    return int(v) if isinstance(v, float) and v.is_integer() else (v.item() if hasattr(v, "item") else v)
+
+
 def offline_ratios(mismatch: pd.DataFrame | None) -> list[dict]:
-    """bf16/bf16 over fp16/fp16 from the newest offline report of each (model, source)."""
+    """bf16/bf16 over fp16/fp16 from the newest offline report of each set of conditions (model,
+    source, engine, limit, n, max_tokens, device, CPU 16-bit kernel path): two reports pair only
+    when every condition is the same. Reports that recorded no conditions (from before they were
+    stored: no engine) are never paired."""
     if mismatch is None or mismatch.empty or "kl_k3" not in mismatch.columns:
         return []
+    if "engine" not in mismatch.columns:
+        return []
     num, den = RATIO
-    m = mismatch[(mismatch.rollout_dtype == mismatch.train_dtype) & mismatch.rollout_dtype.isin(RATIO)]
+    m = mismatch[(mismatch.rollout_dtype == mismatch.train_dtype) & mismatch.rollout_dtype.isin(RATIO)
+                 & mismatch.engine.notna()]
     if "created_at" in m.columns:
         m = m.sort_values("created_at", kind="stable")
     out = []
-    for (model, source), g in m.groupby(["model", "source"], sort=True):
+    for key, g in m.groupby(list(CONDITIONS), sort=True, dropna=False):
         newest = g.groupby("rollout_dtype").tail(1).set_index("rollout_dtype")
         if num in newest.index and den in newest.index:
             a, b = newest.loc[num], newest.loc[den]
-            row = {"model": model, "source": source, f"kl_k3_{num}": _num(a.kl_k3), f"kl_k3_{den}": _num(b.kl_k3),
-                   "ratio": _ratio(a.kl_k3, b.kl_k3)}
+            row = {**{c: _condition(v) for c, v in zip(CONDITIONS, key)},
+                   f"kl_k3_{num}": _num(a.kl_k3), f"kl_k3_{den}": _num(b.kl_k3), "ratio": _ratio(a.kl_k3, b.kl_k3)}
             if "kl_k1" in newest.columns:
                 row.update({f"kl_k1_{num}": _num(a.kl_k1), f"kl_k1_{den}": _num(b.kl_k1),
                             "ratio_k1": _ratio(a.kl_k1, b.kl_k1)})
@@ -110,6 +127,16 @@ def report_summary(cells: pd.DataFrame, runs: pd.DataFrame, mismatch: pd.DataFra
     return {"cells": len(per_cell), "pass": verdicts.count("PASS"), "fail": verdicts.count("FAIL"),
             "running": verdicts.count("RUNNING"), "per_cell": per_cell,
             "mismatch_ratios": mismatch_ratios(cells), "offline_mismatch_ratios": offline_ratios(mismatch)}
+
+
+def conditions_text(row: dict) -> str:
+    """An offline ratio's conditions in words: "torch, 100 problems × n 32, ≤64 tokens, cpu (16-bit
+    path none)"."""
+    limit = "all problems" if row.get("limit") is None else f"{row['limit']} problems"
+    where = str(row.get("device"))
+    if row.get("cpu_16bit") is not None:
+        where += f" (16-bit path {row['cpu_16bit']})"
+    return f"{row.get('engine')}, {limit} × n {row.get('n')}, ≤{row.get('max_tokens')} tokens, {where}"
 
 
 def ratio_text(r: float | None) -> str:

@@ -1,7 +1,9 @@
 """`bench mismatch`: the paper's offline analysis (its Figure 2). Sample n responses per
 problem with the rollout engine at T=1, top-p=1 (μ is then the raw softmax), score the same
 tokens with the training engine (π, one full-sequence forward), and report every mismatch
-metric plus two plots: the token scatter μ vs π and the sequence log-ratio against length."""
+metric plus two plots: the token scatter μ vs π and the sequence log-ratio against length.
+Each report is stored with its conditions (`conditions`): reports compare only with reports of
+the same conditions (leaderboard/summary.py pairs bf16 with fp16 on them)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import torch
 from bench.engines import Sampling, make_engine
 from bench.mismatch import mismatch_metrics
 from bench.models import load_model, load_tokenizer, render_prompt, resolve_model, weights_hash
-from bench.precision import Precision, prepare_compute_model
+from bench.precision import Precision, cpu_kernel_path, prepare_compute_model
 from bench.problems import SourceSpec, load_problems
 from bench.store import MismatchReport, bench_home, get_or_create_model, session
 
@@ -37,6 +39,16 @@ class MismatchConfig:
     out: Path | None = None           # plots; default $BENCH_HOME/mismatch/<model>
     threads: int | None = None
     device: str = "cpu"               # both engines (bench/device.py; the vllm engine picks its own)
+
+
+def conditions(cfg: MismatchConfig, max_tokens: int) -> dict:
+    """What a report's numbers depend on besides the model, the pair and the source: the rollout
+    engine, the problems (limit), responses per problem (n), the response budget, the device and,
+    on a CPU, its 16-bit kernel path (`cpu_kernel_path()`: which instructions bench's kernels take,
+    so an fp16 or bf16 pair is computed differently on another kind of CPU; None on a GPU)."""
+    on_cpu = str(cfg.device).startswith("cpu")
+    return {"engine": cfg.engine, "limit": cfg.limit, "n": cfg.n, "max_tokens": max_tokens, "device": cfg.device,
+            "cpu_16bit": cpu_kernel_path() if on_cpu else None}
 
 
 def _score(model, tok, prompts: list[str], samples, batch: int, device="cpu"):
@@ -104,6 +116,7 @@ def analyse(store, cfg: MismatchConfig, pairs: list[Precision], progress=None) -
     problems = load_problems(SourceSpec(cfg.source, limit=cfg.limit, seed=cfg.seed))
     prompts = [render_prompt(ref, tok, p.problem) for p in problems]
     sampling = Sampling(1.0, 1.0, cfg.max_tokens or (64 if ref.embedded else 8192), cfg.seed)
+    cond = conditions(cfg, sampling.max_tokens)
     base = load_model(ref, torch.float32).to(cfg.device)
     out_root = Path(cfg.out or bench_home() / "mismatch" / ref.name.replace("/", "_"))
     reports = []
@@ -124,8 +137,9 @@ def analyse(store, cfg: MismatchConfig, pairs: list[Precision], progress=None) -
             with session(store) as s:
                 m = get_or_create_model(s, ref.name, ref.path, weights_hash(ref))
                 s.add(MismatchReport(model_id=m.id, rollout_dtype=pair.rollout, train_dtype=pair.train,
-                                     source=cfg.source, n=cfg.n, metrics=metrics, plots=plots))
-            reports.append({"rollout": pair.rollout, "train": pair.train, **metrics, "plots": plots})
+                                     source=cfg.source, metrics=metrics, plots=plots, **cond))
+            reports.append({"rollout": pair.rollout, "train": pair.train, **metrics, "plots": plots,
+                            "conditions": cond})
             if progress:
                 progress(pair, metrics)
     return reports

@@ -210,3 +210,94 @@ def test_a_further_along_copy_updates_the_run(source, tmp_path):
     assert json.loads(r.stdout)["runs_updated"] == [name[len("runs/"):-len(".json")]]
     with session(open_store(url)) as s:
         assert s.get(Run, name[len("runs/"):-len(".json")]).status == "max_steps"
+
+
+def _run_fields(url, run_id):
+    with session(open_store(url)) as s:
+        r = s.get(Run, run_id)
+        return {c.name: getattr(r, c.name) for c in Run.__table__.columns}
+
+
+def _promote(o):
+    """The measured exploit: an fp32 max_steps run edited to one more step, converged, rollout
+    and train fp16 (then resealed: bundle.json's sums recomputed)."""
+    extra = json.loads(json.dumps(o["steps"][-1]))
+    extra["step"] = o["step"] + 1
+    o["steps"].append(extra)
+    o.update(step=o["step"] + 1, status="converged", stop_reason="split accuracy lower bound 0.96 >= 0.95",
+             rollout_dtype="fp16", train_dtype="fp16", steps_to_target=o["step"] + 1, peak_accuracy=0.99)
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (_promote, "rollout_dtype: 'fp32' → 'fp16'; train_dtype: 'fp32' → 'fp16'"),
+    (lambda o: o.update(train_dtype="bf16"), "train_dtype: 'fp32' → 'bf16'"),             # no further along
+    (lambda o: o.update(seed=7), "seed: 0 → 7"),
+    (lambda o: o["config"].update(lr=0.5), "config (lr: 0.001 → 0.5)"),
+    (lambda o: o.update(created_at="2020-01-01T00:00:00"), "created_at"),
+    (lambda o: o["model"].update(weights_hash="0" * 16), "model"),
+])
+def test_an_import_that_changes_a_stored_runs_identity_is_refused(source, tmp_path, edit, needle):
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    assert _cli("runs", "import", str(source["bundle"]), "--db", url).exit_code == 0
+    members = _members(source["bundle"])
+    name = f"runs/{source['runs'][0]}.json"
+    _write(tmp_path / "edited.tar.gz", _reseal(_edit_json(members, name, edit)))
+    before, fields = _counts(url), _run_fields(url, source["runs"][0])
+    r = _cli("runs", "import", str(tmp_path / "edited.tar.gz"), "--db", url)
+    err = " ".join(r.stderr.split())
+    assert r.exit_code == 2 and err.count("error:") == 1, r.output
+    assert "changes its identity" in err and needle in err, err
+    assert _counts(url) == before and _run_fields(url, source["runs"][0]) == fields
+    assert fields["rollout_dtype"] == "fp32" and fields["status"] == "max_steps"
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda o: o["steps"][0].update(reward=1.0), "step 1 reward (column)"),
+    (lambda o: o["steps"][1]["metrics"].update(kl_k3=0.0), "step 2 kl_k3"),
+    (lambda o: o["steps"].__delitem__(0), "it lacks stored step 1"),
+    (lambda o: o["evals"][0].update(score=0.999), "evaluation"),
+    (lambda o: o["provenance"].update(cpu_16bit="all"), "its provenance differs"),
+    (lambda o: o["calibration"].update(k3=0.0), "calibration differs"),
+])
+def test_a_further_along_copy_must_keep_every_stored_step(source, tmp_path, edit, needle):
+    """A copy one step further along that rewrites what the store already holds is refused."""
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    assert _cli("runs", "import", str(source["bundle"]), "--db", url).exit_code == 0
+    name = f"runs/{source['runs'][0]}.json"
+
+    def further(o):
+        edit(o)
+        extra = json.loads(json.dumps(o["steps"][-1]))
+        extra["step"] = o["step"] + 1
+        o["steps"].append(extra)
+        o["step"] += 1
+
+    _write(tmp_path / "edited.tar.gz", _reseal(_edit_json(_members(source["bundle"]), name, further)))
+    before, fields = _counts(url), _run_fields(url, source["runs"][0])
+    r = _cli("runs", "import", str(tmp_path / "edited.tar.gz"), "--db", url)
+    err = " ".join(r.stderr.split())
+    assert r.exit_code == 2 and "not a continuation" in err and needle in err, err
+    assert _counts(url) == before and _run_fields(url, source["runs"][0]) == fields
+
+
+def test_a_continuation_imports_though_a_resume_retimed_its_steps(source, tmp_path):
+    """A run exported while running, resumed past a kill (its last step re-run: new timings,
+    the same numbers), exported again: the second bundle updates the run."""
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    members = _members(source["bundle"])
+    name = _run_member(members)
+    rid = name[len("runs/"):-len(".json")]
+
+    def early(o):
+        o.update(status="running", step=1)
+        del o["steps"][1:]
+        o["evals"] = [e for e in o["evals"] if e["step"] <= 1]
+        o["steps"][0]["metrics"].update(time_rollout=123.0, tokens_per_s=1.0, wall_s=124.0)
+        o["steps"][0]["created_at"] = "2020-01-01T00:00:00"
+
+    _write(tmp_path / "early.tar.gz", _reseal(_edit_json(dict(members), name, early)))
+    assert _cli("runs", "import", str(tmp_path / "early.tar.gz"), "--db", url).exit_code == 0
+    r = _cli("runs", "import", str(source["bundle"]), "--db", url, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["runs_updated"] == [rid]
+    assert _views(url, source["runs"]) == _views(source["url"], source["runs"])

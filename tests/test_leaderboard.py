@@ -226,3 +226,26 @@ def test_mismatch_reports_side_by_side(store, tmp_path):
 def test_mismatch_refuses_reshaped_sampling():
     r = CliRunner().invoke(app, ["mismatch", "--temperature", "0.6"])
     assert r.exit_code == 2 and "temperature 1 and top-p 1 only" in " ".join(r.output.split())
+
+
+def test_mismatch_page_pairs_reports_of_the_same_conditions_only(tmp_path):
+    """bf16 at limit 100 with fp16 at limit 100 (30×), never with the newer fp16 at limit 8."""
+    from datetime import datetime, timedelta
+
+    from bench.store import MismatchReport
+    from conftest import add_model_and_build
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    cond = {"engine": "torch", "limit": 100, "max_tokens": 64, "device": "cpu", "cpu_16bit": "none"}
+    with session(open_store(url)) as s:
+        model_id = add_model_and_build(s)
+        s.add(Run(id="r", model_id=model_id, build_id="b0", algo="grpo", rollout_dtype="fp32", train_dtype="fp32",
+                  trainer="native", engine="torch", config={}, status="max_steps"))
+        for i, (dt, k3, changed) in enumerate([("bf16", 6e-3, {}), ("fp16", 2e-4, {}), ("fp16", 1e-6, {"limit": 8})]):
+            s.add(MismatchReport(model_id=model_id, rollout_dtype=dt, train_dtype=dt, source="synthetic-hard", n=64,
+                                 metrics={"kl_k3": k3}, plots={}, created_at=datetime(2026, 1, 1) + timedelta(minutes=i),
+                                 **{**cond, **changed}))
+    at = page(url, "pages/mismatch.py")
+    reports, ratios = at.dataframe[0].value, at.dataframe[1].value
+    assert sorted(reports.limit) == [8, 100, 100] and {"engine", "max_tokens", "cpu_16bit"} <= set(reports.columns)
+    assert list(ratios.ratio) == ["30×"] and "100 problems" in ratios.conditions[0]

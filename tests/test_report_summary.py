@@ -5,6 +5,7 @@ paper_reference.json, matched to our cells, never ranked with them), on a hand-m
 import json
 from datetime import datetime, timedelta
 
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -60,6 +61,10 @@ def test_paper_offline_mismatch():
     assert m["ratio_bf16_over_fp16"] == pytest.approx(23.875) and m["ratio_as_published"] == "approx 24x"
 
 
+# the conditions of the fixture's offline reports (all alike)
+CONDITIONS = {"engine": "torch", "limit": 100, "max_tokens": 64, "device": "cpu", "cpu_16bit": "none"}
+
+
 def _store(url):
     """pg-seq-is fp16 (seed 0 converged at 37, seed 1 converged at 45), pg-seq-is bf16 (max_steps,
     KL warning at step 12), grpo bf16 (collapsed), grpo fp32 (running); KL k3 by run; offline
@@ -89,7 +94,7 @@ def _store(url):
                                           ("fp32", 1e-9, 1e-9)]):
             s.add(MismatchReport(model_id=model_id, rollout_dtype=dt, train_dtype=dt, source="synthetic-hard", n=64,
                                  metrics={"kl_k3": k3, "kl_k1": k1}, plots={},
-                                 created_at=t0 + timedelta(hours=1, minutes=i)))
+                                 created_at=t0 + timedelta(hours=1, minutes=i), **CONDITIONS))
     return engine
 
 
@@ -121,6 +126,7 @@ def test_report_summary_and_reference_in_json(tmp_path):
     assert ratio["ratio"] == pytest.approx(20.0)
     (off,) = s["offline_mismatch_ratios"]                # the newest bf16 report (6e-3), not the old 1.0
     assert (off["model"], off["source"]) == ("tiny-math", "synthetic-hard")
+    assert {k: off[k] for k in (*CONDITIONS, "n")} == {**CONDITIONS, "n": 64}
     assert off["ratio"] == pytest.approx(30.0) and off["ratio_k1"] == pytest.approx(50.0)
     ref = doc["reference"]
     got = {(x["algo"], x["precision"], x["source"]) for x in ref["rows"]}
@@ -153,6 +159,7 @@ def test_report_prints_the_summary_then_the_reference_after_the_table(tmp_path):
     assert "RUNNING grpo fp32 (0/1): seed 0: running, at step 20" in summary
     assert "pg-seq-is: 4.00e-03 ÷ 2.00e-04 = 20×" in summary
     assert "KL k3 6.00e-03 ÷ 2.00e-04 = 30×, KL k1 50×" in summary
+    assert "synthetic-hard; torch, 100 problems × n 64, ≤64 tokens, cpu (16-bit path none)" in summary
     assert "paper (verl)" in reference and "paper (oat)" in reference and "(precision ablation)" in reference
     assert "7.64 ÷ 0.32 bits = 23.9×" in reference and "more published row(s)" in reference
     # the CSV keeps the table only
@@ -170,3 +177,57 @@ def test_report_of_an_empty_store(tmp_path):
     assert doc["reference"]["others"] == len(reference_rows())
     r = CliRunner().invoke(app, ["report", "--db", url])
     assert "no runs yet" in r.stdout
+
+
+def _reports(*rows):
+    """A mismatch frame as `mismatch_frame` reads it: (pair, k3, minutes, conditions changed)."""
+    base = {"model": "tiny-math", "source": "synthetic-hard", "n": 64, **CONDITIONS}
+    return pd.DataFrame([{**base, **changed, "rollout_dtype": dt, "train_dtype": dt, "kl_k3": k3,
+                          "created_at": datetime(2026, 1, 1, 0, minute)} for dt, k3, minute, changed in rows])
+
+
+@pytest.mark.parametrize("condition, other", [("engine", "vllm"), ("limit", 8), ("limit", None), ("n", 4),
+                                              ("max_tokens", 128), ("device", "cuda:0"), ("cpu_16bit", "all"),
+                                              ("source", "synthetic"), ("model", "other")])
+def test_offline_ratios_pair_only_reports_of_the_same_conditions(condition, other):
+    from leaderboard.summary import offline_ratios
+
+    same = offline_ratios(_reports(("bf16", 6e-3, 0, {}), ("fp16", 2e-4, 1, {})))
+    assert [r["ratio"] for r in same] == [pytest.approx(30.0)]
+    # the newest fp16 report was measured otherwise: bf16 pairs with the older fp16 of its own conditions
+    rows = _reports(("bf16", 6e-3, 0, {}), ("fp16", 3e-4, 1, {}), ("fp16", 2e-4, 2, {condition: other}))
+    (r,) = offline_ratios(rows)
+    assert r["ratio"] == pytest.approx(20.0)
+    assert r[condition] == {"model": "tiny-math", "source": "synthetic-hard", "n": 64, **CONDITIONS}[condition]
+    assert offline_ratios(_reports(("bf16", 6e-3, 0, {}), ("fp16", 2e-4, 1, {condition: other}))) == []
+
+
+def test_reports_without_conditions_are_not_paired():
+    from leaderboard.summary import offline_ratios
+
+    legacy = {"engine": None, "limit": None, "max_tokens": None, "device": None, "cpu_16bit": None}
+    assert offline_ratios(_reports(("bf16", 6e-3, 0, legacy), ("fp16", 2e-4, 1, legacy))) == []
+    assert offline_ratios(_reports(("bf16", 6e-3, 0, legacy), ("fp16", 2e-4, 1, {}))) == []
+
+
+@pytest.mark.integration
+def test_bench_mismatch_stores_its_conditions_and_the_report_pairs_by_them(tmp_path):
+    """Two real `bench mismatch` runs on different problem counts: the fp16 report of the second
+    (the newest) is not divided into the first's bf16 one."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    first = CliRunner().invoke(app, ["mismatch", "--dtype", "bf16,fp16", "--limit", "4", "--n", "2", "--device", "cpu",
+                                     "--db", url, "--json", "--out", str(tmp_path / "a")])
+    assert first.exit_code == 0, first.output
+    k3 = {x["rollout"]: x["kl_k3"] for x in json.loads(first.stdout)}
+    second = CliRunner().invoke(app, ["mismatch", "--dtype", "fp16", "--limit", "2", "--n", "2", "--device", "cpu",
+                                      "--db", url, "--json", "--out", str(tmp_path / "b")])
+    assert second.exit_code == 0, second.output
+    from bench.precision import cpu_kernel_path
+    from leaderboard.queries import mismatch_frame
+
+    frame = mismatch_frame(open_store(url))
+    assert sorted(frame.limit) == [2, 4, 4] and set(frame.engine) == {"torch"} and set(frame.n) == {2}
+    assert set(frame.max_tokens) == {64} and set(frame.device) == {"cpu"} and set(frame.cpu_16bit) == {cpu_kernel_path()}
+    r = CliRunner().invoke(app, ["report", "--db", url, "--json"])
+    (ratio,) = json.loads(r.stdout)["summary"]["offline_mismatch_ratios"]
+    assert ratio["limit"] == 4 and ratio["ratio"] == pytest.approx(k3["bf16"] / k3["fp16"])

@@ -65,3 +65,44 @@ def test_unreachable_url_is_one_readable_error():
     assert "secret" not in str(e.value)
     with pytest.raises(StoreError, match="cannot open store"):
         open_store("notadb://x")
+
+
+def test_migrations_0006_and_0007_keep_old_reports_without_conditions(db_url):
+    """A store at 0005 with an offline report: at head the report has no conditions (NULL, so no
+    ratio pairs it), run_verifications exists, a verification goes with its run; down to 0005
+    and up again works."""
+    from alembic import command
+    from sqlalchemy import text
+
+    from bench.store import RunVerification, _alembic_config
+    from conftest import store_at_revision
+    from leaderboard.queries import mismatch_frame
+    from leaderboard.summary import offline_ratios
+
+    engine = store_at_revision(db_url, "0005")
+    with engine.begin() as c:
+        for i, dt in enumerate(("bf16", "fp16")):
+            c.execute(text("INSERT INTO mismatch_reports (id, model_id, rollout_dtype, train_dtype, source, n, "
+                           "metrics, created_at) VALUES (:id, 1, :dt, :dt, 's', 8, :m, '2026-01-01')"),
+                      {"id": i + 1, "dt": dt, "m": '{"kl_k3": 0.001}'})
+    engine = open_store(db_url)
+    frame = mismatch_frame(engine)
+    assert len(frame) == 2 and frame[["engine", "limit", "max_tokens", "device", "cpu_16bit"]].isna().all().all()
+    assert offline_ratios(frame) == []
+    assert "run_verifications" in inspect(engine).get_table_names()
+    with session(engine) as s:
+        s.add(Run(id="r1", model_id=1, build_id="b1", algo="grpo", rollout_dtype="fp32", train_dtype="fp32",
+                  trainer="native", engine="torch", config={}))
+        s.flush()
+        s.add(RunVerification(run_id="r1", device="cpu", cpu_16bit="none", steps=3, compared=10, differences=0,
+                              verdict="bit-identical", first_difference={"step": 2, "metric": "reward"}))
+    with session(engine) as s:
+        assert s.scalars(select(RunVerification.first_difference)).one() == {"step": 2, "metric": "reward"}
+        s.delete(s.get(Run, "r1"))
+    with session(engine) as s:
+        assert s.scalars(select(RunVerification)).all() == []          # gone with its run
+    cfg = _alembic_config(engine.execution_options(bench_migration=True))
+    command.downgrade(cfg, "0005")
+    assert "run_verifications" not in inspect(engine).get_table_names()
+    command.upgrade(cfg, "head")
+    assert {"engine", "limit", "cpu_16bit"} <= {c["name"] for c in inspect(engine).get_columns("mismatch_reports")}

@@ -11,7 +11,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from bench.cli import DB_OPT, _store, _user_errors, app, console, fail, out, runs_app
+from bench.cli import DB_OPT, _progress, _store, _user_errors, app, console, fail, out, runs_app
 
 
 @runs_app.callback()
@@ -56,8 +56,12 @@ def runs_export(ctx: typer.Context, run_ids: List[str] = typer.Argument(..., hel
 def runs_import(ctx: typer.Context, bundle: Path = typer.Argument(..., help="A bundle from `bench runs export`."),
                 as_json: bool = typer.Option(False, "--json"), db: Optional[str] = DB_OPT):
     """Load a bundle into this store (SQLite or PostgreSQL) in one transaction. Importing twice changes
-    nothing; a build of the same id with another split hash, or a malformed or altered bundle, is
-    refused and the store left unchanged."""
+    nothing; a build of the same id with another split hash, a malformed or altered bundle, a copy of a
+    stored run that changes its identity (algorithm, formats, trainer, engine, seed, staleness, config,
+    model, build, created_at), or a further-along copy that does not keep every stored step, evaluation
+    and calibration bit for bit, is refused and the store left unchanged. The bundle's sha256 sums
+    detect corruption, not tampering (they sit unsigned beside what they cover): `bench runs verify
+    RUN` re-runs a run's first steps and compares every stored number."""
     from bench.bundle import BundleError, import_bundle
 
     store = _store(db or (ctx.obj or {}).get("db"))
@@ -73,6 +77,71 @@ def runs_import(ctx: typer.Context, bundle: Path = typer.Argument(..., help="A b
               f"{len(summary['builds_present'])} already present", highlight=False)
 
 
+@runs_app.command("verify")
+def runs_verify(ctx: typer.Context, run_id: str = typer.Argument(..., help="A native run (`bench runs` lists them)."),
+                steps: int = typer.Option(3, "--steps", help="Re-run and compare the first N steps (the step-0 "
+                                          "calibration and evaluations too)."),
+                device: Optional[str] = typer.Option(None, help="Where to re-run: default the device the run "
+                                                     "recorded; elsewhere the comparison is within a tolerance."),
+                as_json: bool = typer.Option(False, "--json"), db: Optional[str] = DB_OPT):
+    """Is this result real? Re-run the first N steps of a stored or imported native run from its build,
+    config and seed (the trainer's own code path, into a scratch store) and compare every stored per-step
+    metric, evaluation and the calibration: bit-identical on the device and CPU kind the run recorded
+    (CPU: its 16-bit kernel path), within a stated tolerance elsewhere. Exit 1 and the first differing
+    step and metric when anything differs; every verification is stored and shown by the leaderboard.
+    This, not the bundle's checksums, is the answer to an edited bundle. Timing metrics are not
+    compared; a later window from a checkpoint is not re-run."""
+    from runners.verify import VerifyError, plan_verification, run_verification
+
+    store = _store(db or (ctx.obj or {}).get("db"))
+    try:
+        plan = plan_verification(store, run_id, steps, device)
+        with _progress("re-running") as prog:
+            task = prog.add_task("steps", total=plan.last_step, rate="")
+            result = run_verification(store, plan, progress=lambda step, total, m: prog.update(task, completed=step))
+    except (VerifyError, *_user_errors()) as e:
+        fail(str(e))
+    if as_json:
+        out.print_json(json.dumps(result, default=str))
+    else:
+        out.print(_verify_text(result), highlight=False, markup=False, soft_wrap=True)
+    if result["verdict"] == "differs":
+        raise typer.Exit(1)
+
+
+def _verify_text(r: dict) -> str:
+    """One verification in words: what was re-run where, the criterion, the verdict or the first
+    difference."""
+    from runners.verify import kind_text
+
+    window = f"steps 0–{r['steps']}" + ("" if r["steps"] == r["requested_steps"] else
+                                        f" (the run has {r['steps']} steps)")
+    where = f"on {kind_text(r['here'])}"
+    if r["same_kind"]:
+        criterion = "bit-identical required (the device and CPU kind the run recorded)"
+    else:
+        criterion = (f"the run recorded {kind_text(r['recorded'])}, so each number must agree within "
+                     f"{r['tolerance']}")
+    head = f"run {r['run']}: re-ran {window} {where}; {r['compared']} values compared; {criterion}: "
+    if r["verdict"] == "differs":
+        d = r["first_difference"]
+        text = (head + f"DIFFERS at step {d['step']}, {d['metric']}: stored {d['stored']!r}, re-run "
+                f"{d['replayed']!r} ({r['differences']} of {r['compared']} values differ)")
+        if not r["same_kind"]:
+            text += ("; on another device or CPU kind the 16-bit kernels round otherwise and sampled tokens can "
+                     "change, so this alone does not show tampering: verify where the run ran for the "
+                     "bit-identical check")
+        mine, theirs = r.get("bench_here"), r.get("bench_recorded")
+        if mine and theirs and mine != theirs:
+            text += (f"; the run was made by bench {theirs[:12]}, this is {mine[:12]}: a change to the trainer "
+                     "in between can also explain it")
+        return text
+    if r["verdict"] == "within-tolerance":
+        return head + (f"verified {r['steps']} steps within tolerance ({r['exact_differences']} values differ in "
+                       "their last digits)")
+    return head + f"verified {r['steps']} steps, bit-identical"
+
+
 def _f(x) -> str:
     return "-" if x is None or x != x else f"{x:.3f}"
 
@@ -81,7 +150,7 @@ def _run_info(store, run_id: str) -> dict:
     from sqlalchemy import select
 
     from bench.fingerprint import fingerprint
-    from bench.store import Eval, Run, RunStep, session
+    from bench.store import Eval, Run, RunStep, RunVerification, session
 
     with session(store) as s:
         r = s.get(Run, run_id)
@@ -90,6 +159,8 @@ def _run_info(store, run_id: str) -> dict:
         last = s.scalars(select(RunStep).where(RunStep.run_id == run_id).order_by(RunStep.step.desc())).first()
         evals = s.execute(select(Eval.step, Eval.benchmark, Eval.n, Eval.score).where(Eval.run_id == run_id)
                           .order_by(Eval.step)).all()
+        checks = s.scalars(select(RunVerification).where(RunVerification.run_id == run_id)
+                           .order_by(RunVerification.created_at.desc(), RunVerification.id.desc())).all()
         return {"id": r.id, "build": r.build_id, "algo": r.algo, "rollout_dtype": r.rollout_dtype,
                 "train_dtype": r.train_dtype, "staleness": r.staleness, "trainer": r.trainer, "engine": r.engine,
                 "status": r.status,
@@ -99,7 +170,11 @@ def _run_info(store, run_id: str) -> dict:
                 "config_fp": fingerprint(r.config), "config": r.config,
                 "calibration": r.calibration, "provenance": r.provenance,
                 "last_step": last.metrics if last else None,
-                "evals": [{"step": e.step, "benchmark": e.benchmark, "n": e.n, "score": e.score} for e in evals]}
+                "evals": [{"step": e.step, "benchmark": e.benchmark, "n": e.n, "score": e.score} for e in evals],
+                "verifications": [{"created_at": v.created_at, "device": v.device, "cpu_16bit": v.cpu_16bit,
+                                   "steps": v.steps, "compared": v.compared, "differences": v.differences,
+                                   "verdict": v.verdict, "tolerance": v.tolerance,
+                                   "first_difference": v.first_difference} for v in checks]}
 
 
 @runs_app.command("show")
@@ -116,7 +191,7 @@ def runs_show(ctx: typer.Context, run_id: str, as_json: bool = typer.Option(Fals
         out.print_json(json.dumps(info, default=str))
         return
     for k, v in info.items():
-        if k not in ("config", "last_step", "evals", "calibration", "provenance"):
+        if k not in ("config", "last_step", "evals", "calibration", "provenance", "verifications"):
             out.print(f"[bold]{k}[/]: {v}", highlight=False)
     cal = info["calibration"]
     if cal:
@@ -133,6 +208,12 @@ def runs_show(ctx: typer.Context, run_id: str, as_json: bool = typer.Option(Fals
             out.print(f"[bold]split accuracy[/]: {prov['split_accuracy_estimator']}", highlight=False)
     for e in info["evals"]:
         out.print(f"  eval step {e['step']}: {e['benchmark']} avg@{e['n']} = {e['score']:.3f}", highlight=False)
+    from leaderboard.verified import run_text
+
+    v = (info["verifications"] or [None])[0]
+    where = "" if v is None else f" ({v['device']}" + (f", 16-bit path {v['cpu_16bit']}" if v["cpu_16bit"] else "") \
+        + f", {v['created_at']:%Y-%m-%d %H:%M})"
+    out.print(f"[bold]verified[/]: {run_text(v)}{where}", highlight=False, markup=True)
     _print_config_diff(preset, diff)
 
 
@@ -301,7 +382,7 @@ def _which(per_cell: list[dict]):
 def _print_summary(summary: dict) -> None:
     from rich.markup import escape
 
-    from leaderboard.summary import ratio_text
+    from leaderboard.summary import conditions_text, ratio_text
 
     out.print(f"\n[bold]Summary[/]: {summary['pass']} of {summary['cells']} cells pass on every seed "
               f"({summary['fail']} fail, {summary['running']} running)", highlight=False)
@@ -325,7 +406,8 @@ def _print_summary(summary: dict) -> None:
         out.print("Mismatch, bf16 ÷ fp16: no algorithm has both a bf16 and an fp16 cell here", highlight=False)
     for r in summary["offline_mismatch_ratios"]:
         k1 = f", KL k1 {ratio_text(r.get('ratio_k1'))}" if "ratio_k1" in r else ""
-        out.print(f"Offline mismatch (bench mismatch, {escape(str(r['model']))} on {escape(str(r['source']))}), "
+        out.print(f"Offline mismatch (bench mismatch, {escape(str(r['model']))} on {escape(str(r['source']))}; "
+                  f"{escape(conditions_text(r))}), "
                   f"bf16 ÷ fp16: KL k3 {_e(r['kl_k3_bf16'])} ÷ {_e(r['kl_k3_fp16'])} = {ratio_text(r['ratio'])}{k1}",
                   highlight=False)
 

@@ -18,10 +18,11 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from .schema import Base, Build, BuildProblem, BuildRollout, Eval, MismatchReport, Model, Run, RunStep
+from .schema import (Base, Build, BuildProblem, BuildRollout, Eval, MismatchReport, Model, Run, RunStep,
+                     RunVerification)
 
 __all__ = ["Base", "Build", "BuildProblem", "BuildRollout", "Eval", "MismatchReport", "Model", "Run",
-           "RunStep", "StoreError", "bench_home", "default_url", "open_store", "session", "get_or_create_model"]
+           "RunStep", "RunVerification", "StoreError", "bench_home", "default_url", "open_store", "session", "get_or_create_model"]
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 BUSY_TIMEOUT_S = 60       # how long a SQLite writer waits for another process's write to end

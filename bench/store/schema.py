@@ -170,8 +170,33 @@ class Eval(Base):
     score: Mapped[float] = mapped_column(Float)
 
 
+class RunVerification(Base):
+    """One `bench runs verify` (runners/verify.py): the run's first `steps` steps re-run from its
+    build, config and seed and every stored per-step metric, evaluation and the calibration
+    compared. `verdict`: bit-identical (required on the device and CPU kind the run recorded),
+    within-tolerance (elsewhere; `tolerance` says which) or differs (`first_difference`: step,
+    metric, stored and re-run values)."""
+
+    __tablename__ = "run_verifications"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    device: Mapped[str] = mapped_column(String(20))
+    device_name: Mapped[str | None] = mapped_column(Text)
+    cpu_16bit: Mapped[str | None] = mapped_column(String(10))   # cpu_kernel_path() on a CPU; None on a GPU
+    steps: Mapped[int] = mapped_column(Integer)
+    compared: Mapped[int] = mapped_column(Integer)             # values compared
+    differences: Mapped[int] = mapped_column(Integer)
+    verdict: Mapped[str] = mapped_column(String(20))
+    tolerance: Mapped[str | None] = mapped_column(Text)        # None: bit-identical was required
+    first_difference: Mapped[dict | None] = mapped_column(JSON)
+    bench_commit: Mapped[str | None] = mapped_column(String(40))   # the bench that re-ran (the run's: provenance)
+
+
 class MismatchReport(Base):
-    """Offline mismatch analysis of one model at one precision pair."""
+    """Offline mismatch analysis of one model at one precision pair, with the conditions it was
+    measured under (None on reports from before they were recorded): only reports of the same
+    conditions are compared with one another."""
 
     __tablename__ = "mismatch_reports"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -183,3 +208,8 @@ class MismatchReport(Base):
     metrics: Mapped[dict] = mapped_column(JSON)
     plots: Mapped[dict | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    engine: Mapped[str | None] = mapped_column(String(20))       # rollout engine: torch | vllm
+    limit: Mapped[int | None] = mapped_column(Integer)           # first N problems; None: all (or not recorded)
+    max_tokens: Mapped[int | None] = mapped_column(Integer)      # the response budget the samples had
+    device: Mapped[str | None] = mapped_column(String(20))
+    cpu_16bit: Mapped[str | None] = mapped_column(String(10))    # cpu_kernel_path() on a CPU; None on a GPU

@@ -1,14 +1,15 @@
 """One row per cell (algorithm × precision on a build, with one trainer, rollout engine, staleness
 K and settings fingerprint: leaderboard/cells.py) over its seeds: does it pass the sanity
 test on every seed (k/N), how high and how surely (mean peak with a 95% t-interval), how fast
-(median steps to pass, min–max), how large the mismatch (median KL k3). Single runs one click down.
-Below, apart and never ranked: the paper's published results (Reference)."""
+(median steps to pass, min–max), how large the mismatch (median KL k3), and whether its runs
+were re-run and matched (`bench runs verify`). Single runs one click down. Below, apart and
+never ranked: the paper's published results (Reference)."""
 
 import pandas as pd
 import streamlit as st
 
 from bench.fingerprint import short
-from leaderboard import data, display
+from leaderboard import data, display, verified
 from leaderboard.cells import INTERVAL, cell_columns, cells_frame, ranked_cells
 from leaderboard.reference import matching_rows, paper_offline_mismatch, reference_rows
 
@@ -30,6 +31,9 @@ for col, chosen in (("model", models), ("build", builds), ("algo", algos), ("pre
 cells = ranked_cells(cells_frame(view))
 if verdicts:
     cells = cells[cells.sanity.isin(verdicts)]
+checked = verified.latest(data.verifications(url))
+cells = cells.assign(verified=[verified.cell_text(rs, checked) for rs in cells.runs]) if not cells.empty else \
+    cells.assign(verified=pd.Series(dtype=str))
 if search and not cells.empty:
     hay = cells.apply(lambda c: " ".join([c.algo, c.precision, c.status, str(c.model), str(c.engine),
                                           str(c.config_fp), *c.runs]), axis=1)
@@ -38,8 +42,8 @@ if search and not cells.empty:
 default = ["algo", "precision", *(["staleness"] if (cells.staleness > 0).any() else []), "engine", "config_fp",
            "sanity", "passes",
            "status", "peak_mean", "peak_ci_lo", "peak_ci_hi", "steps_to_pass_median", "steps_to_pass_min",
-           "steps_to_pass_max", "kl_k3_median", "seeds", "build"]
-cols = st.multiselect("Columns", cell_columns(), default=default)
+           "steps_to_pass_max", "kl_k3_median", "verified", "seeds", "build"]
+cols = st.multiselect("Columns", [*cell_columns(), "verified"], default=default)
 passed = int((cells.sanity == "PASS").sum()) if not cells.empty else 0
 st.caption(f"{len(cells)} cells · {passed} pass the sanity test on every seed (a seed passes when its run converged: "
            f"the 90% lower bound of split accuracy, pooled over the last evaluations, ≥ 95%) · peak: {INTERVAL}")
@@ -60,6 +64,8 @@ display.dataframe(
         "steps_to_pass_min": st.column_config.NumberColumn("min", format="%g"),
         "steps_to_pass_max": st.column_config.NumberColumn("max", format="%g"),
         "kl_k3_median": st.column_config.NumberColumn("KL k3 (median, last 10%)", format="%.2e"),
+        "verified": st.column_config.TextColumn("verified", help="`bench runs verify`: the latest re-run of each "
+                                                "run's first steps against its stored numbers"),
     })
 flat = cells[cols].copy()
 for c in ("seeds", "runs"):

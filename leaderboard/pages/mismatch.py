@@ -1,8 +1,12 @@
-"""Offline mismatch reports (`bench mismatch`), side by side per precision pair."""
+"""Offline mismatch reports (`bench mismatch`), side by side per precision pair, with the
+conditions each was measured under; the bf16 ÷ fp16 ratio pairs reports of the same conditions
+only (leaderboard/summary.py `offline_ratios`)."""
 
+import pandas as pd
 import streamlit as st
 
 from leaderboard import data, display
+from leaderboard.summary import conditions_text, offline_ratios, ratio_text
 
 st.title("Training–inference mismatch")
 url = data.store_url()
@@ -12,10 +16,23 @@ if reports.empty:
     st.stop()
 model = st.selectbox("Model", list(dict.fromkeys(reports.model)))
 view = reports[reports.model == model]
-cols = [c for c in ("rollout_dtype", "train_dtype", "source", "n", "kl_k1", "kl_k1_bits", "kl_k3", "prob_abs_diff_mean",
-                    "prob_diff_max", "prob_diff_min", "log_ratio_slope", "log_ratio_slope_se", "created_at")
+cols = [c for c in ("rollout_dtype", "train_dtype", "source", "engine", "limit", "n", "max_tokens", "device",
+                    "cpu_16bit", "kl_k1", "kl_k1_bits", "kl_k3", "prob_abs_diff_mean", "prob_diff_max",
+                    "prob_diff_min", "log_ratio_slope", "log_ratio_slope_se", "created_at")
         if c in view.columns]
 display.dataframe(view[cols], hide_index=True, width="stretch")
+ratios = offline_ratios(view)
+st.subheader("bf16 ÷ fp16")
+if ratios:
+    st.caption("KL k3 of the newest bf16/bf16 report over the newest fp16/fp16 report measured under the same "
+               "conditions (source, engine, problems, n, max tokens, device, CPU 16-bit kernel path).")
+    display.dataframe(pd.DataFrame([{"source": r["source"], "conditions": conditions_text(r),
+                                     "KL k3 bf16": r["kl_k3_bf16"], "KL k3 fp16": r["kl_k3_fp16"],
+                                     "ratio": ratio_text(r["ratio"])} for r in ratios]),
+                      hide_index=True, width="stretch")
+else:
+    st.caption("No bf16/bf16 and fp16/fp16 reports measured under the same conditions (reports from before "
+               "conditions were recorded are never paired): run `bench mismatch --dtype bf16,fp16`.")
 for r in view.itertuples():
     plots = r.plots or {}
     if plots:

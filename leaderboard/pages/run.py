@@ -8,7 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from bench.fingerprint import short
-from leaderboard import data, display
+from leaderboard import data, display, verified
 from leaderboard.cells import settings_spread, with_cell_key
 
 st.title("Run")
@@ -43,6 +43,15 @@ if isinstance(cal, dict):
             f"k3 {cal.get('k3', float('nan')):.3g}, IS ratio {cal.get('is_ratio_min', float('nan')):.3g}–"
             f"{cal.get('is_ratio_max', float('nan')):.3g}")
     (st.caption if cal.get("ok") else st.error)(text if cal.get("ok") else f"{text}. {cal.get('message', '')}")
+checks = data.verifications(url)
+checks = checks[checks.run == run_id]
+last_check = verified.latest(checks).get(run_id)
+if last_check is None:
+    st.caption(f"not verified: `bench runs verify {run_id}` re-runs its first steps and compares every stored number")
+else:
+    where = last_check["device"] + (f", 16-bit path {last_check['cpu_16bit']}" if last_check.get("cpu_16bit") else "")
+    text = f"{verified.run_text(last_check)} ({where}, {pd.Timestamp(last_check['created_at']):%Y-%m-%d %H:%M})"
+    (st.error if last_check["verdict"] == "differs" else st.success)(text)
 prov = info.get("provenance")
 if isinstance(prov, dict) and prov.get("split_accuracy_estimator"):
     st.caption(f"split accuracy: {prov['split_accuracy_estimator']}")
@@ -101,6 +110,12 @@ with st.expander("Config"):
 if isinstance(prov, dict):
     with st.expander("Provenance (versions, device, 16-bit matmuls, bench commit)"):
         st.json(prov)
+if not checks.empty:
+    with st.expander(f"Verifications ({len(checks)})"):
+        shown = checks.drop(columns=["run"]).assign(first_difference=checks.first_difference.map(
+            lambda d: "" if not isinstance(d, dict) else f"step {d.get('step')} {d.get('metric')}: stored "
+            f"{d.get('stored')!r}, re-run {d.get('replayed')!r}"))
+        display.dataframe(shown, hide_index=True, width="stretch")
 
 
 def _config_diff():

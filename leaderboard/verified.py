@@ -1,0 +1,64 @@
+"""What the pages say about `bench runs verify` (runners/verify.py): a run's latest verification
+in words ("verified 3 steps, bit-identical") and a cell's over its runs. Pure functions of
+`queries.verifications_frame`."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+NOT_VERIFIED = "not verified"
+
+
+def latest(verifications: pd.DataFrame) -> dict[str, dict]:
+    """The newest verification of each run, by run id."""
+    if verifications.empty:
+        return {}
+    v = verifications.sort_values("created_at", ascending=False, kind="stable").drop_duplicates("run")
+    return {r["run"]: r for r in v.to_dict("records")}
+
+
+def _first(v: dict) -> dict:
+    d = v.get("first_difference")
+    if isinstance(d, str):
+        try:
+            d = json.loads(d)
+        except ValueError:
+            d = None
+    return d if isinstance(d, dict) else {}
+
+
+def run_text(v: dict | None) -> str:
+    """"verified 3 steps, bit-identical", "verified 3 steps within rel 1e-3 / abs 1e-6 (…)",
+    "verify FAILED at step 2 (reward)" (", re-run on another device or CPU kind" where the run
+    recorded another: a looser check, whose failure alone does not show tampering), or "not
+    verified"."""
+    if not v:
+        return NOT_VERIFIED
+    steps = int(v["steps"])
+    if v["verdict"] == "differs":
+        d = _first(v)
+        elsewhere = "" if v.get("tolerance") is None else ", re-run on another device or CPU kind"
+        return f"verify FAILED at step {d.get('step', '?')} ({d.get('metric', '?')}{elsewhere})"
+    if v["verdict"] == "within-tolerance":
+        return f"verified {steps} steps within {v.get('tolerance')}"
+    return f"verified {steps} steps, bit-identical"
+
+
+def cell_text(run_ids, by_run: dict[str, dict]) -> str:
+    """A cell over its runs: one run's text; else "2/3 runs verified, bit-identical", or the
+    first failure first."""
+    run_ids = list(run_ids)
+    if len(run_ids) == 1:
+        return run_text(by_run.get(run_ids[0]))
+    seen = [by_run[r] for r in run_ids if r in by_run]
+    failed = [v for v in seen if v["verdict"] == "differs"]
+    if failed:
+        d = _first(failed[0])
+        return (f"{len(failed)}/{len(run_ids)} runs FAILED verify (run {failed[0]['run']} at step "
+                f"{d.get('step', '?')}, {d.get('metric', '?')})")
+    if not seen:
+        return NOT_VERIFIED
+    exact = all(v["verdict"] == "bit-identical" for v in seen)
+    return f"{len(seen)}/{len(run_ids)} runs verified" + (", bit-identical" if exact else " (within tolerance)")

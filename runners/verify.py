@@ -1,0 +1,266 @@
+"""`bench runs verify RUN [--steps N]`: re-run the first N steps of a stored (or imported) native
+run from its build, config and seed, and compare every stored per-step metric, evaluation and
+the step-0 calibration with the re-run (runners/verify_compare.py).
+
+The re-run is the trainer's own path, `runners.runs._train` → `NativeTrainer` (calibration,
+step-0 evaluation, the steps with their evaluations and checkpoints, exactly as `bench run`
+starts a run), writing into a scratch SQLite store that holds a copy of the run's row: the run's
+own rows are never touched, and a change to how the trainer seeds or evaluates is re-run as it
+is. It stops once step N is recorded. The split is the build's kept problems as the store holds
+them (`load_split`, so an imported build works; its split hash is checked), and the model must
+be the one the run recorded (its weights hash).
+
+Bit-identical is required on the device and CPU kind the run's provenance recorded (the device;
+on a CPU the 16-bit kernel path `cpu_kernel_path()`, on a GPU its name; and BENCH_LOWP_MATMUL);
+elsewhere, or when the provenance does not say, every number must lie within
+verify_compare.TOLERANCE and the result says so. Every verification is stored
+(run_verifications). Only the first N steps: a window later in the run from a checkpoint is not
+re-run (a run keeps one checkpoint, its latest, which has no stored steps after it to compare).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import func, select
+
+from bench import provenance
+from bench.device import resolve_device
+from bench.engines import resolve_engine
+from bench.models import ModelRef, resolve_model, weights_hash
+from bench.precision import Precision, cpu_kernel_path
+from bench.problems import split_hash
+from bench.store import Build, Eval, Model, Run, RunStep, RunVerification, open_store, session
+
+from . import verify_compare as vc
+from .runs import RunError, _train, config_from_dict, load_split, resolve_inputs
+
+DEFAULT_STEPS = 3
+
+
+class VerifyError(ValueError):
+    """A run that cannot be verified; the message says why."""
+
+
+class _WindowDone(Exception):
+    """Raised from the progress callback once the last step of the window is recorded."""
+
+
+# ------------------------------------------------------------------ device and CPU kind
+
+def machine_kind(device: str) -> dict:
+    """The device and CPU kind a computation runs on here: device, device name on a GPU, the
+    16-bit kernel path on a CPU, and BENCH_LOWP_MATMUL (it picks the 16-bit matmul kernels)."""
+    on_gpu = str(device).startswith("cuda")
+    name = None
+    if on_gpu:
+        import torch
+
+        name = torch.cuda.get_device_name(torch.device(device))
+    return {"device": device, "device_name": name, "cpu_16bit": None if on_gpu else cpu_kernel_path(),
+            "lowp_matmul_mode": os.environ.get("BENCH_LOWP_MATMUL", "auto")}
+
+
+def recorded_kind(provenance: dict | None) -> dict:
+    """The same facts as the run's provenance recorded them (None where it did not)."""
+    p = provenance or {}
+    on_gpu = str(p.get("device", "")).startswith("cuda")
+    return {"device": p.get("device"), "device_name": p.get("device_name") if on_gpu else None,
+            "cpu_16bit": None if on_gpu else p.get("cpu_16bit"), "lowp_matmul_mode": p.get("lowp_matmul_mode")}
+
+
+def same_kind(here: dict, recorded: dict) -> bool:
+    """Whether bit-identical results are to be expected: every fact recorded and equal."""
+    on_gpu = str(here["device"]).startswith("cuda")
+    needed = ("device", "lowp_matmul_mode", "device_name" if on_gpu else "cpu_16bit")
+    return all(recorded.get(k) is not None and recorded[k] == here[k] for k in needed)
+
+
+def kind_text(kind: dict) -> str:
+    """"cpu (16-bit path none)", "cuda:0 (NVIDIA H200)"; BENCH_LOWP_MATMUL when not auto."""
+    extra = kind.get("device_name") if str(kind.get("device")).startswith("cuda") else (
+        f"16-bit path {kind.get('cpu_16bit') or 'not recorded'}")
+    lowp = kind.get("lowp_matmul_mode")
+    return f"{kind.get('device') or 'an unrecorded device'} ({extra}" + (
+        f", BENCH_LOWP_MATMUL={lowp})" if lowp not in ("auto", None) else ")")
+
+
+# ------------------------------------------------------------------ the stored side
+
+def _window(s, run_id: str, last_step: int, calibration: dict | None) -> vc.Window:
+    steps = s.scalars(select(RunStep).where(RunStep.run_id == run_id, RunStep.step <= last_step)).all()
+    evals = s.scalars(select(Eval).where(Eval.run_id == run_id, Eval.step <= last_step)).all()
+    return vc.Window(calibration=calibration,
+                     steps={x.step: vc.step_values({c: getattr(x, c) for c in RunStep.COLUMNS}, x.metrics)
+                            for x in steps},
+                     evals={(e.step, e.benchmark): (e.n, e.score) for e in evals})
+
+
+def _inputs(s, run_id: str, steps: int):
+    """Everything the re-run needs from the store, each refusal one VerifyError."""
+    if steps < 1:
+        raise VerifyError(f"--steps {steps}: give at least 1")
+    run = s.get(Run, run_id)
+    if run is None:
+        raise VerifyError(f"no run {run_id!r}; `bench runs` lists them")
+    if run.trainer != "native":
+        raise VerifyError(f"run {run_id} was trained by {run.trainer}: its steps came from {run.trainer}'s own "
+                          "trainer, rollout engine and seeding, which bench cannot re-run natively, so it cannot "
+                          "be verified here (verify re-runs native runs only)")
+    try:
+        build, _, ref = resolve_inputs(s, run.build_id, None)
+        resolve_engine(run.engine)
+    except (RunError, ValueError) as e:
+        raise VerifyError(f"run {run_id}: {e}") from None
+    try:
+        config_from_dict(run.config)
+    except (TypeError, KeyError) as e:
+        raise VerifyError(f"run {run_id}'s config cannot be read by this bench ({e}): re-run it with the bench "
+                          "that made it (its provenance names the commit)") from None
+    model = s.get(Model, run.model_id)
+    if model.weights_hash is None:
+        raise VerifyError(f"run {run_id}'s model {model.name!r} recorded no weights hash (a hub id): the model "
+                          "cannot be confirmed to be the one it trained, so the run cannot be verified")
+    if model.name != ref.name:            # the run's model, where it is not its build's
+        try:
+            ref = resolve_model(model.name)
+        except ValueError:
+            ref = ModelRef(model.name, model.path, False)
+    here = weights_hash(ref)
+    if here != model.weights_hash:
+        raise VerifyError(f"run {run_id} trained model {model.name!r} with weights hash {model.weights_hash}; "
+                          f"the model here ({ref.path}) has " + (f"weights hash {here}" if here else "no weights")
+                          + ": not the same weights, so its steps cannot be re-run")
+    split = load_split(s, build.id)
+    if not split:
+        raise VerifyError(f"run {run_id}: build {build.id} holds no kept problems in this store")
+    if build.split_hash and split_hash((p.id, p.answer) for p in split) != build.split_hash:
+        raise VerifyError(f"run {run_id}: build {build.id}'s kept problems do not hash to its split hash "
+                          f"{build.split_hash[:12]}…")
+    highest = s.scalar(select(func.max(RunStep.step)).where(RunStep.run_id == run_id)) or 0
+    last = min(steps, max(run.step, highest))        # a row claiming fewer steps than it stores hides none
+    stored = _window(s, run_id, last, run.calibration)
+    return run, build, model, ref, split, last, stored
+
+
+# ------------------------------------------------------------------ the re-run
+
+def _copy_rows(scratch, run: Run, build: Build, model: Model, ckpt_dir: Path) -> None:
+    """The run's row (reset to its start), its build and model in the scratch store."""
+    with session(scratch) as s:
+        s.add(Model(id=model.id, name=model.name, path=model.path, weights_hash=model.weights_hash))
+        s.flush()
+        s.add(Build(id=build.id, model_id=model.id, source=build.source, engine=build.engine, dtype=build.dtype,
+                    k=build.k, lo=build.lo, hi=build.hi, seed=build.seed, shard=None,
+                    settings_hash=build.settings_hash, status="complete", split_hash=build.split_hash))
+        s.flush()
+        s.add(Run(id=run.id, model_id=model.id, build_id=build.id, algo=run.algo, rollout_dtype=run.rollout_dtype,
+                  train_dtype=run.train_dtype, trainer="native", engine=run.engine, config=run.config, seed=run.seed,
+                  staleness=run.staleness, status="running", checkpoint_dir=str(ckpt_dir),
+                  provenance=run.provenance))
+
+
+def replay(run: Run, build: Build, model: Model, ref, split, last_step: int, device: str,
+           progress=None) -> vc.Window:
+    """Re-run the run's steps 1..last_step (with its calibration and step-0 evaluation) through
+    the trainer's own path into a scratch store; the re-run window."""
+    cfg = config_from_dict(run.config)
+    stop_at = max(last_step, 1)
+
+    def until_window(step, total, metrics):
+        if progress:
+            progress(step, stop_at, metrics)
+        if step >= stop_at:
+            raise _WindowDone
+
+    with tempfile.TemporaryDirectory(prefix="bench-verify-") as tmp:
+        scratch = open_store(f"sqlite:///{Path(tmp) / 'verify.db'}")
+        ckpt_dir = Path(tmp) / "checkpoints"
+        ckpt_dir.mkdir()
+        _copy_rows(scratch, run, build, model, ckpt_dir)
+        try:
+            _train(scratch, run.id, cfg, run.algo, Precision(run.rollout_dtype, run.train_dtype), run.engine, ref,
+                   split, ckpt_dir, until_window, device=device)
+        except _WindowDone:
+            pass
+        with session(scratch) as s:
+            window = _window(s, run.id, last_step, s.get(Run, run.id).calibration)
+        scratch.dispose()
+    return window
+
+
+# ------------------------------------------------------------------ entry points
+
+@dataclass
+class Plan:
+    """A verification ready to run: the run's rows, its model and split, the window, the stored
+    side, where it re-runs and whether bit-identical is required there."""
+
+    run: Run
+    build: Build
+    model: Model
+    ref: ModelRef
+    split: list
+    last_step: int
+    requested: int
+    stored: vc.Window
+    here: dict
+    recorded: dict
+    exact: bool
+    bench_recorded: str | None      # the commit of bench that made the run, and the one re-running it
+    bench_here: str | None
+
+
+def plan_verification(store, run_id: str, steps: int = DEFAULT_STEPS, device: str | None = None) -> Plan:
+    """Every check before the re-run (VerifyError, nothing stored): a native run, its build and
+    split, the model by its weights hash, the device (default: the one the run recorded)."""
+    with session(store) as s:
+        run, build, model, ref, split, last, stored = _inputs(s, run_id, steps)
+    recorded = recorded_kind(run.provenance)
+    want = device or recorded["device"] or "cpu"
+    try:
+        device = resolve_device(want)
+    except ValueError as e:
+        raise VerifyError(f"run {run_id} ran on {want}: {e}") from None
+    here = machine_kind(device)
+    return Plan(run, build, model, ref, split, last, steps, stored, here, recorded, same_kind(here, recorded),
+                ((run.provenance or {}).get("bench") or {}).get("commit"), provenance.git_commit()["commit"])
+
+
+def run_verification(store, plan: Plan, progress=None) -> dict:
+    """Re-run the plan's window, compare, store the verification; returns it (see the module
+    docstring): the verdict, values compared and differing, the first difference, where it ran,
+    what the run recorded and the tolerance applied (None: bit-identical was required)."""
+    tolerance = None if plan.exact else vc.TOLERANCE
+    replayed = replay(plan.run, plan.build, plan.model, plan.ref, plan.split, plan.last_step, plan.here["device"],
+                      progress)
+    result = vc.compare(plan.stored, replayed, plan.last_step, tolerance)
+    first = _jsonable(result["first_difference"])
+    text = None if plan.exact else vc.TOLERANCE_TEXT
+    with session(store) as s:
+        v = RunVerification(run_id=plan.run.id, device=plan.here["device"], device_name=plan.here["device_name"],
+                            cpu_16bit=plan.here["cpu_16bit"], steps=plan.last_step, compared=result["compared"],
+                            differences=result["differences"], verdict=result["verdict"], tolerance=text,
+                            first_difference=first, bench_commit=plan.bench_here)
+        s.add(v)
+        s.flush()
+        vid, when = v.id, v.created_at
+    return {"run": plan.run.id, "verification": vid, "created_at": when.isoformat(), "steps": plan.last_step,
+            "requested_steps": plan.requested, "here": plan.here, "recorded": plan.recorded,
+            "same_kind": plan.exact, "tolerance": text, "bench_recorded": plan.bench_recorded,
+            "bench_here": plan.bench_here, **result, "first_difference": first}
+
+
+def verify_run(store, run_id: str, steps: int = DEFAULT_STEPS, device: str | None = None, progress=None) -> dict:
+    """`plan_verification` then `run_verification`."""
+    return run_verification(store, plan_verification(store, run_id, steps, device), progress)
+
+
+def _jsonable(d: dict | None) -> dict | None:
+    """A difference whose values are JSON (floats, ints, strings, None) as stored."""
+    if d is None:
+        return None
+    return {k: (v if v is None or isinstance(v, (int, float, str, bool)) else repr(v)) for k, v in d.items()}

@@ -1,0 +1,109 @@
+"""What `bench runs verify` compares, as pure functions: a run's stored window (the step-0
+calibration, the per-step metrics and leaderboard columns of steps 1..N, the evaluations of
+steps 0..N) against the same window re-run, value by value in step order.
+
+On the device and CPU kind the run recorded, every value must be bit-identical; elsewhere each
+number must lie within TOLERANCE (math.isclose: |a − b| ≤ max(rel·max(|a|, |b|), abs)), because
+another GEMM kernel or reduction order moves the last bits. The metrics that time the machine
+(bench/machine_metrics.py) are left out: a re-run gives them new values whatever else holds.
+Metrics or calibration fields only the re-run has (a newer bench logs more) are not compared;
+a stored value the re-run lacks, or an evaluation only one side has, is a difference."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from bench.machine_metrics import is_machine_metric
+from bench.store.schema import RunStep
+
+TOLERANCE = {"rel": 1e-3, "abs": 1e-6}
+TOLERANCE_TEXT = "rel 1e-3 / abs 1e-6 (math.isclose)"
+COLUMNS = RunStep.COLUMNS          # the leaderboard columns, stored beside the metrics dict
+MISSING = "(none)"
+
+# verdicts
+BIT_IDENTICAL, WITHIN_TOLERANCE, DIFFERS = "bit-identical", "within-tolerance", "differs"
+
+
+@dataclass
+class Window:
+    """One side of the comparison: calibration (or None), steps {step: {name: value}} (the
+    metrics dict plus `<name> (column)` for the leaderboard columns), evals {(step, benchmark):
+    (n, score)}."""
+
+    calibration: dict | None = None
+    steps: dict[int, dict] = field(default_factory=dict)
+    evals: dict[tuple[int, str], tuple[int, float]] = field(default_factory=dict)
+
+
+def step_values(columns: dict, metrics: dict | None) -> dict:
+    """A stored step as compared: its leaderboard columns (named `<name> (column)`) and every
+    metric that does not time the machine."""
+    values = {f"{c} (column)": columns.get(c) for c in COLUMNS}
+    values.update({k: v for k, v in (metrics or {}).items() if not is_machine_metric(k)})
+    return values
+
+
+def flatten(w: Window, last_step: int) -> dict[tuple, object]:
+    """The window 0..last_step as {(step, part, name): value}, keys sorting in comparison order:
+    each step's calibration (step 0), then whether the step is there and its metrics (reward
+    first), then its evaluations (n and score)."""
+    out: dict[tuple, object] = {}
+    for k, v in (w.calibration or {}).items():
+        out[(0, 0, f"calibration {k}")] = v
+    for step, values in w.steps.items():
+        if 1 <= step <= last_step:
+            out[(step, 1, "")] = "present"
+            for k, v in values.items():
+                out[(step, 2 if k in ("reward", "reward (column)") else 3, k)] = v
+    for (step, bench), (n, score) in w.evals.items():
+        if 0 <= step <= last_step:
+            out[(step, 4, f"eval {bench} n")] = n
+            out[(step, 5, f"eval {bench}")] = score
+    return out
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def same(a, b, tolerance: dict | None) -> bool:
+    """Whether stored `a` and re-run `b` agree: equal (bit for bit for floats), or, with a
+    `tolerance`, both numbers within it."""
+    if a == b:
+        return True
+    if tolerance is None or not (_number(a) and _number(b)):
+        return False
+    if math.isnan(a) and math.isnan(b):
+        return True
+    return math.isclose(a, b, rel_tol=tolerance["rel"], abs_tol=tolerance["abs"])
+
+
+def _name(key: tuple) -> str:
+    return "step" if key[1] == 1 else key[2]
+
+
+def compare(stored: Window, replayed: Window, last_step: int, tolerance: dict | None) -> dict:
+    """{"compared", "differences", "exact_differences", "first_difference", "verdict"} over the
+    window 0..last_step. `tolerance` None: bit-identical required (the recorded device and CPU
+    kind); else numbers within it pass (`exact_differences` counts those that differ at all).
+    Compared: every stored value, and every step and evaluation either side has; metrics and
+    calibration fields only the re-run logs are not."""
+    a_all, b_all = flatten(stored, last_step), flatten(replayed, last_step)
+    keys = set(a_all) | {k for k in b_all if k[1] in (1, 4, 5)}
+    compared = differences = exact = 0
+    first = None
+    for key in sorted(keys):
+        a, b = a_all.get(key, MISSING), b_all.get(key, MISSING)
+        compared += 1
+        if a == b:
+            continue
+        exact += 1
+        if not same(a, b, tolerance):
+            differences += 1
+            if first is None:
+                first = {"step": key[0], "metric": _name(key), "stored": a, "replayed": b}
+    verdict = DIFFERS if differences else (WITHIN_TOLERANCE if exact else BIT_IDENTICAL)
+    return {"compared": compared, "differences": differences, "exact_differences": exact,
+            "first_difference": first, "verdict": verdict}
