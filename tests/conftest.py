@@ -10,6 +10,14 @@ from pathlib import Path
 import pytest
 
 PG_BASE = os.environ.get("BENCH_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+# `./bench.sh test` sets up every service and sets BENCH_TEST_SERVICES=require: a missing service
+# then fails its tests. Elsewhere (pytest by hand, `./bench.sh test --quick`) they skip, saying why.
+REQUIRE_SERVICES = os.environ.get("BENCH_TEST_SERVICES") == "require"
+
+
+def missing_service(reason: str):
+    """Fail (services required) or skip (otherwise) a test whose service is absent."""
+    (pytest.fail if REQUIRE_SERVICES else pytest.skip)(reason)
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -36,7 +44,7 @@ def _pg_schema_url():
                              connect_timeout=5) as c:
             c.execute(f"CREATE SCHEMA {schema}")
     except psycopg.OperationalError as e:
-        pytest.fail(f"PostgreSQL at {u.host}:{u.port} is not reachable: {e}")
+        missing_service(f"PostgreSQL at {u.host}:{u.port} is not reachable: {e}")
     return f"{PG_BASE}?options=-csearch_path%3D{schema}", schema, u
 
 
@@ -87,7 +95,7 @@ def verl_python():
 
     py = os.environ.get("BENCH_VERL_PYTHON") or str(Path(__file__).parent.parent / ".venv-verl" / "bin" / "python")
     if not Path(py).exists():
-        pytest.fail(f"no verl environment at {py}: ./bench.sh test creates it (or set BENCH_VERL_PYTHON)")
+        missing_service(f"no verl environment at {py}: ./bench.sh test creates it (or set BENCH_VERL_PYTHON)")
     check_verl_version(installed_verl_version(py))
     return py
 

@@ -1,0 +1,1 @@
+"""The embedded tiny-math model (weights, tokenizer, config) that ships with bench."""
