@@ -21,6 +21,7 @@ from typing import Callable
 from sqlalchemy import delete, func, select
 
 from bench.engines import Sampling, make_engine, resolve_engine
+from bench.errors import BenchError
 from bench.grading import CORRECT, Grader
 from bench.models import load_tokenizer, render_prompt, resolve_model, template_description, weights_hash
 from bench.precision import canon
@@ -31,7 +32,7 @@ from .adaptive import decided
 from .split import BAD_GOLD, KEPT, ProblemResult, bucket, bucket_counts, write_split
 
 
-class BuildError(ValueError):
+class BuildError(BenchError, ValueError):
     """Bad build input or state; the message says what and how to fix it."""
 
 

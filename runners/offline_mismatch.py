@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from bench.engines import Sampling, make_engine
+from bench.errors import ConfigError
 from bench.mismatch import mismatch_metrics
 from bench.models import load_model, load_tokenizer, render_prompt, resolve_model, weights_hash
 from bench.precision import Precision, prepare_compute_model
@@ -98,7 +99,7 @@ def analyse(store, cfg: MismatchConfig, pairs: list[Precision], progress=None) -
     """Run the analysis for every pair; one rollout pass per rollout dtype, shared by the
     training dtypes. Each report is stored (mismatch_reports) and returned."""
     if cfg.n < 1:
-        raise ValueError("n must be >= 1")
+        raise ConfigError("n must be >= 1")
     ref = resolve_model(cfg.model)
     tok = load_tokenizer(ref)
     problems = load_problems(SourceSpec(cfg.source, limit=cfg.limit, seed=cfg.seed))
