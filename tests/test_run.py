@@ -22,7 +22,7 @@ from runners.trainer import start_run
 pytestmark = pytest.mark.integration
 
 BUILD = ["build", "--model", "tiny-math", "--limit", "64", "--k", "8", "--engine", "torch", "--dtype", "fp32",
-         "--band", "0.1", "--band", "0.9", "--json"]
+         "--band", "0.1", "0.9", "--json"]
 
 
 def make_build(url: str) -> str:

@@ -77,7 +77,8 @@ def knob_help(f, defaults: dict[str, dict] | None = None) -> str:
         shown = {name: ("unset" if v is None else f"{v:g}" if isinstance(v, float) else str(v).lower()
                         if isinstance(v, bool) else str(v)) for name, v in values.items()}
         if len(set(shown.values())) == 1:
-            text += f" Default: {next(iter(shown.values()))}."
+            if not (set(values.values()) == {None} and "default" in m["help"].lower()):   # the help says it
+                text += f" Default: {next(iter(shown.values()))}."
         else:
             text += " Default: " + ", ".join(f"{v} ({name})" for name, v in shown.items()) + "."
     return text
