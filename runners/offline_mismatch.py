@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from bench.engines import Sampling, make_engine
-from bench.errors import ConfigError
+from bench.knobs import check, knob
 from bench.mismatch import mismatch_metrics
 from bench.models import load_model, load_tokenizer, render_prompt, resolve_model, weights_hash
 from bench.precision import Precision, prepare_compute_model
@@ -24,20 +24,21 @@ from .logprobs import pack, response_logprobs
 
 @dataclass
 class MismatchConfig:
-    """One offline analysis. Sampling is fixed at T=1, top-p=1: anything else makes μ the
+    """One offline analysis, each setting a knob (bench/knobs.py). Sampling is fixed at T=1, top-p=1: anything else makes μ the
     log-probability of a reshaped distribution and the comparison meaningless."""
 
-    model: str = "tiny-math"
-    source: str = "synthetic-hard"
-    limit: int | None = 100
-    n: int = 32
-    max_tokens: int | None = None     # default 64 for tiny-math, 8192 otherwise
-    engine: str = "torch"
-    seed: int = 0
-    batch: int = 256                  # sequences per training-engine forward
-    out: Path | None = None           # plots; default $BENCH_HOME/mismatch/<model>
-    threads: int | None = None
-    device: str = "cpu"               # both engines (bench/device.py; the vllm engine picks its own)
+    model: str = knob("tiny-math", help="'tiny-math', a model directory, or a hub id.", cli=False)
+    source: str = knob("synthetic-hard", help="Problems (any `bench build --source`).", cli=False)
+    limit: int | None = knob(100, help="The first N problems.", unit="problems", ge=1)
+    n: int = knob(32, help="Responses per problem.", unit="responses", ge=1)
+    max_tokens: int | None = knob(None, help="Max response length (default 64 for tiny-math, 8192 otherwise).",
+                                  unit="tokens", ge=1)
+    engine: str = knob("torch", help="Rollout engine: torch or vllm.", cli=False)
+    seed: int = knob(0, help="Seed of the sampled responses.", ge=0)
+    batch: int = knob(256, help="Sequences per training-engine forward.", unit="sequences", ge=1)
+    out: Path | None = knob(None, help="Plots; default $BENCH_HOME/mismatch/<model>.", cli=False)
+    threads: int | None = knob(None, help="Torch threads.", unit="threads", ge=1)
+    device: str = knob("cpu", help="Both engines (bench/device.py; the vllm engine picks its own).", cli=False)
 
 
 def _score(model, tok, prompts: list[str], samples, batch: int, device="cpu"):
@@ -98,8 +99,7 @@ def _plots(mu, pi, mask, out: Path, title: str) -> dict[str, str]:
 def analyse(store, cfg: MismatchConfig, pairs: list[Precision], progress=None) -> list[dict]:
     """Run the analysis for every pair; one rollout pass per rollout dtype, shared by the
     training dtypes. Each report is stored (mismatch_reports) and returned."""
-    if cfg.n < 1:
-        raise ConfigError("n must be >= 1")
+    check(cfg)                          # every knob within its bounds: one ConfigError naming it
     ref = resolve_model(cfg.model)
     tok = load_tokenizer(ref)
     problems = load_problems(SourceSpec(cfg.source, limit=cfg.limit, seed=cfg.seed))

@@ -398,6 +398,7 @@ def mismatch(model: str = typer.Option("tiny-math"), dtype: str = typer.Option("
     π from the training engine, on the same sampled tokens."""
     from bench.device import resolve_device
     from bench.precision import Precision, parse_list
+    from bench.knobs import check
     from runners.offline_mismatch import MismatchConfig, analyse
 
     if temperature != 1.0 or top_p != 1.0:
@@ -406,11 +407,11 @@ def mismatch(model: str = typer.Option("tiny-math"), dtype: str = typer.Option("
     try:
         pairs = [Precision.parse(dtype)] if "=" in dtype and ";" not in dtype else parse_list(dtype)
         device = resolve_device(device)
+        cfg = check(MismatchConfig(model=model, source=source, limit=limit, n=n, max_tokens=max_tokens,
+                                   engine=engine, out=out_dir, threads=threads, device=device))
     except _user_errors() as e:
         fail(str(e))
     store = _store(db)
-    cfg = MismatchConfig(model=model, source=source, limit=limit, n=n, max_tokens=max_tokens, engine=engine,
-                         out=out_dir, threads=threads, device=device)
     try:
         reports = analyse(store, cfg, pairs, progress=lambda p, m: console.print(
             f"{p.name}: mean |π−μ| {m['prob_abs_diff_mean']:.2e}, KL {m['kl_k1']:.2e} nats", highlight=False))
