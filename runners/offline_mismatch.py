@@ -6,13 +6,12 @@ metric plus two plots: the token scatter μ vs π and the sequence log-ratio aga
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from bench.engines import Sampling, make_engine
-from bench.knobs import check, knob
+from bench.knobs import check
 from bench.mismatch import mismatch_metrics
 from bench.models import load_model, load_tokenizer, render_prompt, resolve_model, weights_hash
 from bench.precision import Precision, prepare_compute_model
@@ -20,25 +19,7 @@ from bench.problems import SourceSpec, load_problems
 from bench.store import MismatchReport, bench_home, get_or_create_model, session
 
 from .logprobs import pack, response_logprobs
-
-
-@dataclass
-class MismatchConfig:
-    """One offline analysis, each setting a knob (bench/knobs.py). Sampling is fixed at T=1, top-p=1: anything else makes μ the
-    log-probability of a reshaped distribution and the comparison meaningless."""
-
-    model: str = knob("tiny-math", help="'tiny-math', a model directory, or a hub id.", cli=False)
-    source: str = knob("synthetic-hard", help="Problems (any `bench build --source`).", cli=False)
-    limit: int | None = knob(100, help="The first N problems.", unit="problems", ge=1)
-    n: int = knob(32, help="Responses per problem.", unit="responses", ge=1)
-    max_tokens: int | None = knob(None, help="Max response length (default 64 for tiny-math, 8192 otherwise).",
-                                  unit="tokens", ge=1)
-    engine: str = knob("torch", help="Rollout engine: torch or vllm.", cli=False)
-    seed: int = knob(0, help="Seed of the sampled responses.", ge=0)
-    batch: int = knob(256, help="Sequences per training-engine forward.", unit="sequences", ge=1)
-    out: Path | None = knob(None, help="Plots; default $BENCH_HOME/mismatch/<model>.", cli=False)
-    threads: int | None = knob(None, help="Torch threads.", unit="threads", ge=1)
-    device: str = knob("cpu", help="Both engines (bench/device.py; the vllm engine picks its own).", cli=False)
+from .mismatch_config import MismatchConfig  # noqa: F401  (re-exported: the old home)
 
 
 def _score(model, tok, prompts: list[str], samples, batch: int, device="cpu"):
