@@ -96,10 +96,11 @@ def check_value(cls, name: str, value, where: str = ""):
         if optional:
             return value
         raise ConfigError(f"{label} needs a value")
+    bound = f" {bound_text(f)}" if bound_text(f) else ""
     if typ is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ConfigError(f"{label} must be an integer{unit}, got {value!r}")
+        raise ConfigError(f"{label} must be an integer{bound}{unit}, got {value!r}")
     if typ is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        raise ConfigError(f"{label} must be a number{unit}, got {value!r}")
+        raise ConfigError(f"{label} must be a number{bound}{unit}, got {value!r}")
     if typ is bool and not isinstance(value, bool):
         raise ConfigError(f"{label} must be true or false, got {value!r}")
     m = f.metadata
