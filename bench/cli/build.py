@@ -72,8 +72,13 @@ def build(ctx: typer.Context,
     cfg = BuildConfig(model=model, source=source, columns=ColumnMap(id_col, problem_col, answer_col, solution_col),
                       engine=engine.value, dtype=dtype, lo=lo, hi=hi, shard=shard, out=out_dir,
                       **{k: v for k, v in knobs.items() if v is not None})
-    cfg.validate()                      # every setting checked before the store is opened
+    cfg.validate()                      # every setting checked before the store is opened or a bar drawn
     cfg.device = resolve_device(device)
+    from bench.engines import resolve_engine
+    from bench.models import resolve_model
+
+    resolve_model(cfg.model)
+    resolve_engine(cfg.engine)
     store = _store(db)
     try:
         if ray:
