@@ -83,7 +83,8 @@ def base_type(annotation) -> tuple[object, bool]:
 
 def knob_fields(cls, cli_only: bool = True) -> list[Field]:
     """The declared knobs of `cls` (fields made with `knob`), in declaration order."""
-    return [f for f in dataclasses.fields(cls) if "help" in f.metadata and (f.metadata.get("cli", True) or not cli_only)]
+    return [f for f in dataclasses.fields(cls)
+            if "help" in f.metadata and (f.metadata.get("cli", True) or not cli_only)]
 
 
 def check_value(cls, name: str, value, where: str = ""):

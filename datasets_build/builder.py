@@ -14,7 +14,7 @@ import json
 import os
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -23,8 +23,7 @@ from sqlalchemy import delete, func, select
 from bench.engines import Sampling, make_engine, resolve_engine
 from bench.grading import CORRECT, Grader
 from bench.models import load_tokenizer, render_prompt, resolve_model, template_description, weights_hash
-from bench.precision import canon
-from bench.problems import ColumnMap, Problem, SourceSpec, load_source, split_hash
+from bench.problems import Problem, SourceSpec, load_source, split_hash
 from bench.store import Build, BuildProblem, BuildRollout, bench_home, get_or_create_model, session
 
 from .adaptive import decided

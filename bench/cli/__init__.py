@@ -55,7 +55,8 @@ DB_OPT = typer.Option(None, "--db", help="SQLAlchemy URL of the store (default: 
 def fail(msg: str, code: int = 2) -> None:
     from rich.markup import escape
 
-    console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)   # one line; "pip install 'x[extra]'" stays
+    # one line, never wrapped; escaped so that "pip install 'x[extra]'" stays
+    console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
