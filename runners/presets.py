@@ -52,7 +52,8 @@ class RunConfig:
                               "check_run_config refuses anything else.", cli=False)
     top_p: float = knob(1.0, help="Rollout nucleus sampling: must stay 1, as temperature.", cli=False)
     max_tokens: int = knob(64, help="Max response length; also Dr.GRPO's normaliser L.", unit="tokens", ge=1)
-    max_steps: int = knob(300, help="Stop after this many training steps (rollout batches).", unit="steps", ge=1)
+    max_steps: int = knob(300, help="Stop after this many training steps (rollout batches; 0: only the step-0 "
+                          "evaluation).", unit="steps", ge=0)
     eval_every: int = knob(10, help="Steps between evaluations (split avg@m and the benchmarks).", unit="steps",
                            ge=1)
     eval_split_m: int = knob(4, help="Split accuracy is avg@m over every split problem.", unit="samples", ge=1)

@@ -271,6 +271,6 @@ def test_no_progress_bar_before_the_inputs_are_checked(monkeypatch, store_with_b
 
     monkeypatch.setattr(bench.cli.run, "_progress", no_bar)
     for args, needle in ((["--build", "nope"], "no build 'nope'"), (["--model", "other"], "no build yet"),
-                         (["--max-steps", "0"], "--max-steps must be >= 1"), (["--dtype", "fp6"], "unknown dtype")):
+                         (["--max-steps", "-1"], "--max-steps must be >= 0"), (["--dtype", "fp6"], "unknown dtype")):
         r = CliRunner().invoke(app, ["run", "--algo", "grpo", "--device", "cpu", *args, "--db", store_with_build])
         assert r.exit_code == 2 and needle in r.output, (args, r.output, r.exception)

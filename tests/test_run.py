@@ -93,7 +93,7 @@ def test_pg_seq_is_learns_in_fp32(sqlite_build, tmp_path):
     (["--algo", "grpo", "--model", "other/model"], "no build yet for model 'other/model'"),
     (["--algo", "grpo", "--checkpoint-dir", "/proc/ckpt"], "not writable"),
     (["--algo", "grpo", "--samples-per-prompt", "1"], "--samples-per-prompt must be >= 2"),
-    (["--algo", "grpo", "--max-steps", "-3"], "--max-steps must be >= 1"),
+    (["--algo", "grpo", "--max-steps", "-3"], "--max-steps must be >= 0"),
     (["--algo", "grpo", "--lr", "-1"], "--lr must be > 0"),
 ])
 def test_bad_run_input(sqlite_build, args, needle):
