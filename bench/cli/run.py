@@ -263,6 +263,11 @@ def _resume_verl(run_id, db, as_json, progress_lines: bool = False) -> bool:
     return True
 
 
+# the run settings the verl launcher passes on (runners/verl_runner.py); staleness is refused there unless 0
+_VERL_KNOBS = {"benchmark", "prompts_per_step", "samples_per_prompt", "updates_per_batch", "lr", "max_tokens",
+               "max_steps", "eval_every", "checkpoint_every", "staleness"}
+
+
 def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, dry_run, gpus, nodes, as_json,
               progress_lines: bool = False) -> None:
     import shutil
@@ -278,6 +283,10 @@ def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, 
 
     if not algo:
         fail("give --algo (see `bench run --algo list`)")
+    unused = [k for k, v in overrides.items() if v is not None and k not in _VERL_KNOBS]
+    if unused:
+        console.print("[yellow]warning:[/] verl does not take " + ", ".join(f"--{k.replace('_', '-')}" for k in unused)
+                      + " (native trainer settings); the run ignores them", highlight=False, soft_wrap=True)
     try:
         check_staleness(get_preset(preset, **overrides).staleness)
     except _user_errors() as e:
