@@ -41,6 +41,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
+from bench.errors import BenchError
 from bench.machine_metrics import deterministic
 from bench.problems import split_hash
 from bench.store import Build, BuildProblem, Eval, Model, Run, RunStep, get_or_create_model, session
@@ -52,7 +53,7 @@ _MEMBER = re.compile(r"(builds|runs)/([A-Za-z0-9][A-Za-z0-9._-]{0,39})\.json")
 _ENDED_ORDER = {"running": 0, "failed": 1}       # a finished status is further along than these
 
 
-class BundleError(ValueError):
+class BundleError(BenchError, ValueError):
     """A bundle that cannot be written or must not be imported; the message says why."""
 
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 import re
 import sys
 
+from bench.errors import BenchError
 
-class DeviceError(ValueError):
+
+class DeviceError(BenchError, ValueError):
     """A device that cannot be used here; the message says what to write instead."""
 
 

@@ -39,8 +39,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from bench.errors import BenchError
 
-class PrecisionError(ValueError):
+
+class PrecisionError(BenchError, ValueError):
     """A dtype or precision pair that cannot be parsed or run; the message says what to write."""
 
 

@@ -11,13 +11,15 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.errors import BenchError
+
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 TINY_MATH = "tiny-math"
 TINY_MATH_DIR = Path(__file__).parent / "assets" / TINY_MATH
 PLAIN_TEMPLATE = "Q: {problem}\nA: "
 
 
-class ModelError(ValueError):
+class ModelError(BenchError, ValueError):
     """A model that cannot be found or loaded."""
 
 

@@ -8,6 +8,8 @@ both sides; `rollout=int8,train=fp32` is a mixed pair; int8 and nvfp4 are rollou
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from itertools import product
 
@@ -67,15 +69,29 @@ CLASSIC_PAIRS = tuple(Precision(r, t) for r, t in product(CLASSIC, CLASSIC))
 
 
 def parse_list(text: str) -> list[Precision]:
-    """`bf16,fp16` → both same-format pairs; `all` → every pair (35: 7 rollout × 5 train
-    formats); `all16` → the paper's nine pairs of fp32, fp16, bf16; `;` separates mixed pairs."""
+    """`bf16,fp16` (or `bf16;fp16`) → both same-format pairs; a mixed pair is its two halves
+    `rollout=X,train=Y` side by side, in a list separated by `,` or `;` alike
+    (`fp16;rollout=fp8,train=fp16`, `fp16,rollout=fp8,train=fp16`); `all` → every pair (35: 7
+    rollout × 5 train formats); `all16` → the paper's nine pairs of fp32, fp16, bf16."""
     if text.strip() == "all":
         return list(ALL_PAIRS)
     if text.strip() == "all16":
         return list(CLASSIC_PAIRS)
-    if "=" in text:
-        return [Precision.parse(t) for t in text.split(";") if t.strip()]
-    return [Precision.parse(t) for t in text.split(",") if t.strip()]
+    tokens = [t.strip() for t in re.split(r"[;,]", text) if t.strip()]
+    pairs, i = [], 0
+    while i < len(tokens):
+        if "=" not in tokens[i]:
+            pairs.append(Precision.parse(tokens[i]))
+            i += 1
+            continue
+        if i + 1 >= len(tokens) or "=" not in tokens[i + 1]:
+            raise PrecisionError(f"bad precision list {text!r}: {tokens[i]!r} needs its other half "
+                                 "(write a mixed pair as rollout=X,train=Y)")
+        pairs.append(Precision.parse(f"{tokens[i]},{tokens[i + 1]}"))
+        i += 2
+    if not pairs:
+        raise PrecisionError(f"bad precision list {text!r}; write e.g. bf16,fp16 or fp16;rollout=fp8,train=fp16")
+    return pairs
 
 
 @dataclass

@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from bench.errors import BenchError
 
-class SourceError(ValueError):
+
+class SourceError(BenchError, ValueError):
     """A problem source that cannot be read; the message names the problem."""
 
 

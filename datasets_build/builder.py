@@ -14,7 +14,7 @@ import json
 import os
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -23,75 +23,12 @@ from sqlalchemy import delete, func, select
 from bench.engines import Sampling, make_engine, resolve_engine
 from bench.grading import CORRECT, Grader
 from bench.models import load_tokenizer, render_prompt, resolve_model, template_description, weights_hash
-from bench.precision import canon
-from bench.problems import ColumnMap, Problem, SourceSpec, load_source, split_hash
+from bench.problems import Problem, SourceSpec, load_source, split_hash
 from bench.store import Build, BuildProblem, BuildRollout, bench_home, get_or_create_model, session
 
 from .adaptive import decided
+from .config import BuildConfig, BuildError, parse_shard  # noqa: F401  (re-exported: the old home)
 from .split import BAD_GOLD, KEPT, ProblemResult, bucket, bucket_counts, write_split
-
-
-class BuildError(ValueError):
-    """Bad build input or state; the message says what and how to fix it."""
-
-
-@dataclass
-class BuildConfig:
-    """Settings of one build. Everything here except `out`, `resume`, `threads`, `device` and
-    `keep_text` enters the settings hash that shards and resumes must share."""
-
-    model: str = "tiny-math"
-    source: str | None = None        # default: synthetic test split for tiny-math, MATH for others
-    limit: int | None = None         # first N problems of the source (synthetic: how many to draw)
-    columns: ColumnMap = field(default_factory=ColumnMap)
-    engine: str = "auto"             # auto | torch | vllm
-    dtype: str = "bf16"              # rollout dtype
-    k: int = 40                      # rollouts per problem
-    lo: float = 0.2                  # keep lo <= accuracy <= hi (inclusive)
-    hi: float = 0.8
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_tokens: int | None = None    # default: 64 for tiny-math, 8192 otherwise
-    seed: int = 0
-    shard: str | None = None         # "i/n", 0 <= i < n
-    chunk: int = 32                  # problems per persisted chunk
-    out: Path | None = None          # default: $BENCH_HOME/builds/<build id>
-    keep_text: bool = False          # store full response text with each rollout
-    resume: bool = False
-    force: bool = False              # build again even when a complete build has these settings
-    threads: int | None = None
-    device: str = "cpu"              # the torch engine's device (bench/device.py); vLLM picks its own
-    grade_timeout: float = 5.0
-    adaptive: bool = False           # sample in rounds; stop a problem once its Wilson interval decides it
-    round_size: int = 2              # adaptive: rollouts per round
-    confidence: float = 0.85         # adaptive: two-sided confidence of the Wilson interval
-    min_samples: int = 8             # adaptive: never decide on fewer rollouts
-
-    def validate(self) -> None:
-        if self.k < 1:
-            raise BuildError(f"k must be >= 1 (got {self.k})")
-        if not (0.0 <= self.lo <= 1.0 and 0.0 <= self.hi <= 1.0):
-            raise BuildError(f"band must lie in [0, 1] (got lo={self.lo}, hi={self.hi})")
-        if self.lo > self.hi:
-            raise BuildError(f"band lower bound {self.lo} is above the upper bound {self.hi}")
-        if self.chunk < 1:
-            raise BuildError("chunk must be >= 1")
-        if self.adaptive and not (self.round_size >= 1 and 0 < self.confidence < 1):
-            raise BuildError("adaptive builds need --round-size >= 1 and 0 < --confidence < 1")
-        self.dtype = canon(self.dtype)
-        parse_shard(self.shard)
-
-
-def parse_shard(shard: str | None) -> tuple[int, int] | None:
-    if shard is None:
-        return None
-    try:
-        i, n = (int(x) for x in shard.split("/"))
-    except ValueError:
-        raise BuildError(f"bad shard {shard!r}; write i/n with 0 <= i < n, e.g. 3/8") from None
-    if not (n >= 1 and 0 <= i < n):
-        raise BuildError(f"bad shard {shard!r}; need 0 <= i < n")
-    return i, n
 
 
 def shard_positions(n_problems: int, shard: tuple[int, int] | None) -> list[int]:

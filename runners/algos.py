@@ -24,6 +24,7 @@ from typing import Callable
 
 import torch
 
+from bench.errors import ConfigError
 from bench.mismatch import ratio_stats
 
 SAFETY_BOUND = 20.0
@@ -78,7 +79,7 @@ def sequences_in_mean(name: str, mask: torch.Tensor) -> int:
 
 def get_loss(name: str) -> LossFn:
     if name not in REGISTRY:
-        raise ValueError(f"unknown algorithm {name!r}; choose one of {', '.join(REGISTRY)}")
+        raise ConfigError(f"unknown algorithm {name!r}; choose one of {', '.join(REGISTRY)}")
     return REGISTRY[name]
 
 

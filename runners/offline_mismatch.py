@@ -8,12 +8,12 @@ the same conditions (leaderboard/summary.py pairs bf16 with fp16 on them)."""
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from bench.engines import Sampling, make_engine
+from bench.knobs import check
 from bench.mismatch import mismatch_metrics
 from bench.models import load_model, load_tokenizer, render_prompt, resolve_model, weights_hash
 from bench.precision import Precision, cpu_kernel_path, prepare_compute_model
@@ -21,24 +21,7 @@ from bench.problems import SourceSpec, load_problems
 from bench.store import MismatchReport, bench_home, get_or_create_model, session
 
 from .logprobs import pack, response_logprobs
-
-
-@dataclass
-class MismatchConfig:
-    """One offline analysis. Sampling is fixed at T=1, top-p=1: anything else makes μ the
-    log-probability of a reshaped distribution and the comparison meaningless."""
-
-    model: str = "tiny-math"
-    source: str = "synthetic-hard"
-    limit: int | None = 100
-    n: int = 32
-    max_tokens: int | None = None     # default 64 for tiny-math, 8192 otherwise
-    engine: str = "torch"
-    seed: int = 0
-    batch: int = 256                  # sequences per training-engine forward
-    out: Path | None = None           # plots; default $BENCH_HOME/mismatch/<model>
-    threads: int | None = None
-    device: str = "cpu"               # both engines (bench/device.py; the vllm engine picks its own)
+from .mismatch_config import MismatchConfig  # noqa: F401  (re-exported: the old home)
 
 
 def conditions(cfg: MismatchConfig, max_tokens: int) -> dict:
@@ -109,8 +92,7 @@ def _plots(mu, pi, mask, out: Path, title: str) -> dict[str, str]:
 def analyse(store, cfg: MismatchConfig, pairs: list[Precision], progress=None) -> list[dict]:
     """Run the analysis for every pair; one rollout pass per rollout dtype, shared by the
     training dtypes. Each report is stored (mismatch_reports) and returned."""
-    if cfg.n < 1:
-        raise ValueError("n must be >= 1")
+    check(cfg)                          # every knob within its bounds: one ConfigError naming it
     ref = resolve_model(cfg.model)
     tok = load_tokenizer(ref)
     problems = load_problems(SourceSpec(cfg.source, limit=cfg.limit, seed=cfg.seed))

@@ -1,83 +1,115 @@
-"""Run presets in one place, usable by every trainer. Each knob is documented once, in
-`RunConfig`; a preset is only a set of values."""
+"""Run presets in one place, usable by every trainer. Each knob is declared once, in
+`RunConfig` (help, unit, bounds: bench/knobs.py); a preset is only a set of values."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from bench import configdiff
+from bench.errors import ConfigError
+from bench.knobs import check, knob
 
-from .algos import AlgoConfig
 from .stop import StopConfig
+
+if TYPE_CHECKING:
+    from .algos import AlgoConfig
+
+
+def _algo_config() -> AlgoConfig:
+    """AlgoConfig's defaults; imported here so that reading the knobs (the CLI's options) needs no torch."""
+    from .algos import AlgoConfig
+
+    return AlgoConfig()
 
 
 @dataclass
 class Benchmark:
     """An evaluation set scored avg@n with its own sampling."""
 
-    name: str                   # shown in the store, e.g. "synthetic-hard" or "aime24"
-    source: str                 # a problem source (path, packaged name, hub id, synthetic-hard)
-    n: int = 4                  # samples per problem (avg@n)
-    temperature: float = 0.6
-    top_p: float = 0.95
-    limit: int | None = None    # first N problems
+    name: str = knob(help="Shown in the store, e.g. synthetic-hard or aime24.", cli=False)
+    source: str = knob(help="A problem source (path, packaged name, hub id, synthetic-hard).", cli=False)
+    n: int = knob(4, help="Samples per problem (avg@n).", unit="samples", ge=1, cli=False)
+    temperature: float = knob(0.6, help="Benchmark sampling temperature.", gt=0, cli=False)
+    top_p: float = knob(0.95, help="Benchmark nucleus sampling.", gt=0, le=1, cli=False)
+    limit: int | None = knob(None, help="The first N problems (None: all).", unit="problems", ge=1, cli=False)
 
 
 @dataclass
 class RunConfig:
-    """Everything a run needs besides the build, the algorithm and the precision pair."""
+    """Everything a run needs besides the build, the algorithm and the precision pair. Each field
+    is a knob (bench/knobs.py): its help, unit and bounds are the `bench run` / `bench sweep`
+    option's, checked by `check_run_config` before anything is written."""
 
-    prompts_per_step: int = 16          # B: prompts per rollout batch
-    samples_per_prompt: int = 8         # G: responses per prompt (leave-one-out needs >= 2)
-    updates_per_batch: int = 1          # mini-batch optimizer steps per rollout batch
-    lr: float = 5e-4                    # AdamW, constant
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    temperature: float = 1.0            # rollout sampling: must stay 1.0 / 1.0 (μ the raw softmax, as π);
-    top_p: float = 1.0                  #   check_run_config refuses anything else
-    max_tokens: int = 64                # max response length; also Dr.GRPO's normaliser L
-    max_steps: int = 300
-    eval_every: int = 10                # steps between evaluations (split avg@m + benchmarks)
-    eval_split_m: int = 4               # split accuracy is avg@m over every split problem
-    benchmarks: list[Benchmark] = field(default_factory=list)
-    checkpoint_every: int = 10
-    seed: int = 0
-    threads: int | None = 1             # torch threads (one is often faster on a busy 2-core box)
-    max_tokens_per_microbatch: int | None = None
-                                        # run each mini-batch's forward/backward (and the π_old and
-                                        #   calibration forwards) in micro-batches of at most this many
-                                        #   padded prompt+response tokens (rows × longest row), summing
-                                        #   the gradients into the one optimizer step: the same step as
-                                        #   the whole mini-batch's, up to float rounding (each micro-batch's
-                                        #   loss weighted by its share of the sequences the loss averages
-                                        #   over). A longer sequence is a micro-batch of its own. None: the
-                                        #   whole mini-batch in one forward/backward (the same bits as before)
-    gradient_checkpointing: bool = False
-                                        # recompute each decoder layer's activations in backward
-                                        #   (transformers' gradient_checkpointing_enable on the training
-                                        #   compute model): activation memory of one layer instead of all,
-                                        #   about one more forward of compute
-    rollout_max_batch: int | None = None
-                                        # built-in engine: rows decoded together (None: 512); its KV
-                                        #   cache is rows × (prompt + max_tokens) × 2·layers·KV width,
-                                        #   e.g. 1.5B at 8,192 tokens: 512 rows 114 GiB, 64 rows 14 GiB
-    gpu_memory_utilization: float = 0.5 # --engine vllm: the fraction of the GPU vLLM may take for its
-                                        #   weights and KV cache; on one GPU shared with the native trainer
-                                        #   leave room for the fp32 master, AdamW state, gradients and the
-                                        #   compute copy (docs/gpu.md)
-    loss_scale_init: float = 2.0 ** 16  # fp16 dynamic loss scaling
-    loss_scale_growth_interval: int = 400
-    loss_scale_backoff: float = 0.5
-    max_nonfinite_in_a_row: int = 20    # diverged: this many optimizer steps in a row skipped for a
-                                        #   non-finite loss or gradient (any dtype; fp16's scale backs
-                                        #   off 2^16 -> 1 in 16 skips)
-    staleness: int = 0                  # K: the rollout engine samples with the weights of K training
-                                        #   steps ago (min(K, step) early on); π_old is the training
-                                        #   engine at those same weights, so the precision metrics stay
-                                        #   precision only and `staleness_*` measure π_θ vs π_old
-                                        #   (runners/staleness.py). 0: on-policy, the code path of before
-    algo: AlgoConfig = field(default_factory=AlgoConfig)
-    stop: StopConfig = field(default_factory=StopConfig)
+    prompts_per_step: int = knob(16, help="B: prompts per rollout batch.", unit="prompts", ge=1)
+    samples_per_prompt: int = knob(8, help="G: responses per prompt (leave-one-out advantages need two).",
+                                   unit="responses", ge=2)
+    updates_per_batch: int = knob(1, help="Mini-batch optimizer steps per rollout batch.", unit="updates", ge=1)
+    lr: float = knob(5e-4, help="AdamW learning rate, constant.", gt=0)
+    weight_decay: float = knob(0.0, help="AdamW weight decay.", ge=0)
+    grad_clip: float = knob(1.0, help="Clip the gradient's global norm to this.", gt=0)
+    temperature: float = knob(1.0, help="Rollout sampling temperature: must stay 1 (μ the raw softmax, as π); "
+                              "check_run_config refuses anything else.", cli=False)
+    top_p: float = knob(1.0, help="Rollout nucleus sampling: must stay 1, as temperature.", cli=False)
+    max_tokens: int = knob(64, help="Max response length; also Dr.GRPO's normaliser L.", unit="tokens", ge=1)
+    max_steps: int = knob(300, help="Stop after this many training steps (rollout batches; 0: only the step-0 "
+                          "evaluation).", unit="steps", ge=0)
+    eval_every: int = knob(10, help="Steps between evaluations (split avg@m and the benchmarks).", unit="steps",
+                           ge=1)
+    eval_split_m: int = knob(4, help="Split accuracy is avg@m over every split problem.", unit="samples", ge=1)
+    benchmarks: list[Benchmark] = knob(help="Evaluation sets (the preset's; --benchmark replaces the first's "
+                                       "source).", cli=False, default_factory=list)
+    checkpoint_every: int = knob(10, help="Steps between checkpoints (the unit of --resume).", unit="steps", ge=1)
+    seed: int = knob(0, help="Seed of the rollouts, the draws and the optimizer.", ge=0)
+    threads: int | None = knob(1, help="Torch threads (one is often faster on a busy 2-core box; paper: torch's "
+                               "default).", unit="threads", ge=1)
+    max_tokens_per_microbatch: int | None = knob(
+        None, help="Run each mini-batch's forward/backward (and the π_old and calibration forwards) in micro-batches "
+        "of at most this many padded prompt+response tokens (rows × longest row), gradients summed into the one "
+        "optimizer step: the same step up to float rounding; a longer sequence is a micro-batch of its own. "
+        "Unset: the whole mini-batch at once.", unit="tokens", ge=1)
+    gradient_checkpointing: bool = knob(
+        False, help="Recompute each decoder layer's activations in backward: activation memory of one layer "
+        "instead of all, about one more forward of compute.")
+    rollout_max_batch: int | None = knob(
+        None, help="Built-in engine: rows decoded together (unset: 512); its KV cache is rows × (prompt + "
+        "max_tokens) × 2·layers·KV width, e.g. 1.5B at 8,192 tokens: 512 rows 114 GiB, 64 rows 14 GiB.",
+        unit="rows", ge=1)
+    gpu_memory_utilization: float = knob(
+        0.5, help="--engine vllm: the fraction of the GPU vLLM may take for its weights and KV cache; on a GPU "
+        "shared with the native trainer leave room for the fp32 master, AdamW state, gradients and the compute "
+        "copy (docs/gpu.md).", gt=0, le=1)
+    loss_scale_init: float = knob(2.0 ** 16, help="fp16 dynamic loss scaling: the initial scale.", gt=0)
+    loss_scale_growth_interval: int = knob(400, help="fp16 dynamic loss scaling: double the scale after this many "
+                                           "finite steps.", unit="steps", ge=1)
+    loss_scale_backoff: float = knob(0.5, help="fp16 dynamic loss scaling: multiply the scale by this on a "
+                                     "non-finite step.", gt=0, lt=1)
+    max_nonfinite_in_a_row: int = knob(20, help="Diverged: this many optimizer steps in a row skipped for a "
+                                       "non-finite loss or gradient (fp16's scale backs off 2^16 → 1 in 16 skips).",
+                                       unit="steps", ge=1)
+    staleness: int = knob(0, help="K: the rollout engine samples with the weights of K training steps ago "
+                          "(min(K, step) early on); π_old is the training engine at those weights, so the "
+                          "precision metrics stay precision only and staleness_* measure π_θ vs π_old. 0: "
+                          "on-policy. Native trainer only.", unit="steps", ge=0)
+    algo: AlgoConfig = knob(help="The losses' hyper-parameters.", cli=False, default_factory=_algo_config)
+    stop: StopConfig = knob(help="When a run ends.", cli=False, default_factory=StopConfig)
+
+
+# what each preset sets of the CLI knobs (the rest keep RunConfig's defaults); their benchmarks
+# and loss hyper-parameters are in the functions below
+PRESET_KNOBS = {
+    "tiny": dict(prompts_per_step=64, lr=1e-3, eval_every=5, max_steps=150),
+    "paper": dict(prompts_per_step=64, samples_per_prompt=8, updates_per_batch=4, lr=1e-6, max_tokens=8192,
+                  max_steps=1000, eval_every=32, eval_split_m=1, checkpoint_every=32, threads=None),
+}
+
+
+def preset_knobs(name: str) -> dict:
+    """{field: value} of every CLI knob of RunConfig in preset `name`, read without building the
+    config (no torch import: the CLI's help shows these as each option's default)."""
+    from bench.knobs import knob_fields
+
+    return {f.name: PRESET_KNOBS[name].get(f.name, f.default) for f in knob_fields(RunConfig)}
 
 
 def tiny() -> RunConfig:
@@ -88,7 +120,7 @@ def tiny() -> RunConfig:
     B 16 lr 5e-4 needs ~250 steps; B 32 lr 1e-3 0.82; B 32 × G 16 0.75 at step 20 (B 64 × 8:
     0.84); lr 1.5e-3 and 2e-3 fall first (0.48 / 0.39 at step 5) and trail lr 1e-3 after; two
     updates per batch no faster (0.93 at step 35)."""
-    return RunConfig(prompts_per_step=64, lr=1e-3, eval_every=5, max_steps=150,
+    return RunConfig(**PRESET_KNOBS["tiny"],
                      benchmarks=[Benchmark("synthetic-hard", "synthetic-hard", n=4, limit=64)])
 
 
@@ -98,35 +130,23 @@ def paper() -> RunConfig:
     clip-higher 0.28, C=3. AIME24 is the packaged copy (`aime24`: bench/data, works offline);
     `--benchmark` reads it from another source instead (a file, or the hub's
     `HuggingFaceH4/aime_2024:train`)."""
-    return RunConfig(prompts_per_step=64, samples_per_prompt=8, updates_per_batch=4, lr=1e-6,
-                     max_tokens=8192, max_steps=1000, eval_every=32, eval_split_m=1, checkpoint_every=32,
-                     threads=None, benchmarks=[Benchmark("aime24", "aime24", n=32)],
-                     algo=AlgoConfig(max_len=8192, C=3.0, eps_lo=0.2, eps_hi=0.28))
+    return RunConfig(**PRESET_KNOBS["paper"], benchmarks=[Benchmark("aime24", "aime24", n=32)],
+                     algo=replace(_algo_config(), max_len=8192, C=3.0, eps_lo=0.2, eps_hi=0.28))
 
 
 PRESETS = {"tiny": tiny, "paper": paper}
 
 
 def check_run_config(cfg: RunConfig) -> RunConfig:
-    """Refuse settings that make the run measure something other than what it reports."""
+    """Refuse a knob out of its bounds (ConfigError naming the flag and the bound), and settings
+    that make the run measure something other than what it reports."""
     if cfg.temperature != 1.0 or cfg.top_p != 1.0:
-        raise ValueError(
+        raise ConfigError(
             f"training rollouts sample at temperature 1 and top-p 1 only (got temperature={cfg.temperature:g}, "
             f"top_p={cfg.top_p:g}): otherwise μ is the log-probability of the processed distribution while π is "
             "the raw softmax, and every mismatch metric and importance weight measures that difference instead "
             "of precision (benchmarks keep their own sampling)")
-    if cfg.max_nonfinite_in_a_row < 1:
-        raise ValueError("max_nonfinite_in_a_row must be >= 1")
-    if cfg.max_tokens_per_microbatch is not None and cfg.max_tokens_per_microbatch < 1:
-        raise ValueError("max_tokens_per_microbatch must be >= 1 (or unset: the whole mini-batch at once)")
-    if cfg.rollout_max_batch is not None and cfg.rollout_max_batch < 1:
-        raise ValueError("rollout_max_batch must be >= 1 (or unset: 512)")
-    if not 0 < cfg.gpu_memory_utilization <= 1:
-        raise ValueError("gpu_memory_utilization must lie in (0, 1]")
-    if isinstance(cfg.staleness, bool) or not isinstance(cfg.staleness, int) or cfg.staleness < 0:
-        raise ValueError(f"staleness must be an integer >= 0 (training steps, i.e. rollout batches, the rollout weights lag behind; "
-                         f"0: on-policy), got {cfg.staleness!r}")
-    return cfg
+    return check(cfg)
 
 
 def get_preset(name: str, benchmark: str | None = None, **overrides) -> RunConfig:
@@ -134,11 +154,11 @@ def get_preset(name: str, benchmark: str | None = None, **overrides) -> RunConfi
     first benchmark read from `benchmark` (a problem source) when given; the Dr.GRPO
     normaliser follows max_tokens."""
     if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     cfg = PRESETS[name]()
     if benchmark is not None:
         if not cfg.benchmarks:
-            raise ValueError(f"preset {name!r} has no benchmark to replace")
+            raise ConfigError(f"preset {name!r} has no benchmark to replace")
         cfg.benchmarks[0] = replace(cfg.benchmarks[0], source=benchmark)
     for key, value in overrides.items():
         if value is not None:

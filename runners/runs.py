@@ -13,6 +13,7 @@ from sqlalchemy import select
 from bench import provenance
 from bench.device import resolve_device
 from bench.engines import resolve_engine
+from bench.errors import BenchError
 from bench.models import ModelRef, resolve_model
 from bench.precision import Precision, device_supports
 from bench.problems import Problem
@@ -24,7 +25,7 @@ from .algos import AlgoConfig, get_loss
 from .presets import PRESETS, Benchmark, RunConfig, check_run_config, preset_defaults
 
 
-class RunError(ValueError):
+class RunError(BenchError, ValueError):
     """Bad run input; the message says what is wrong and what to run instead."""
 
 

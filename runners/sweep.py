@@ -24,6 +24,7 @@ from dataclasses import asdict
 from sqlalchemy import select
 
 from bench.engines import resolve_engine
+from bench.errors import ConfigError
 from bench.fingerprint import fingerprint
 from bench.precision import Precision
 from bench.store import Run, session
@@ -122,13 +123,13 @@ def parse_seeds(text: str) -> list[int]:
         else:
             n = int(text)
             if n < 1:
-                raise ValueError
+                raise ConfigError
             seeds = list(range(n))
     except ValueError:
-        raise ValueError(f"bad --seeds {text!r}: give a count N (seeds 0..N-1) or a comma list such as 0,3,5") \
+        raise ConfigError(f"bad --seeds {text!r}: give a count N (seeds 0..N-1) or a comma list such as 0,3,5") \
             from None
     if not seeds or any(x < 0 for x in seeds):
-        raise ValueError(f"bad --seeds {text!r}: seeds are integers >= 0")
+        raise ConfigError(f"bad --seeds {text!r}: seeds are integers >= 0")
     return list(dict.fromkeys(seeds))
 
 
@@ -139,7 +140,7 @@ def parse_staleness(text: str) -> list[int]:
     except ValueError:
         ks = []
     if not ks or any(k < 0 for k in ks):
-        raise ValueError(f"bad --staleness {text!r}: give integers >= 0 (optimizer steps the rollout weights lag "
+        raise ConfigError(f"bad --staleness {text!r}: give integers >= 0 (optimizer steps the rollout weights lag "
                          "behind), one or a comma list such as 0,1,2,4,8,16")
     return list(dict.fromkeys(ks))
 
@@ -174,12 +175,12 @@ def run_grid(store, db_url: str | None, algos: list[str], pairs: list[Precision]
     with session(store) as s:
         build, _, _ = resolve_inputs(s, build_id, None) if build_id else (latest_build(s), None, None)
         if build is None:
-            raise ValueError("no build yet: make one with `bench build --model tiny-math`")
+            raise ConfigError("no build yet: make one with `bench build --model tiny-math`")
         build_id = build.id
     if seeds is not None and "seed" in overrides:
-        raise ValueError("give either a seed or seeds, not both")
+        raise ConfigError("give either a seed or seeds, not both")
     if staleness is not None and "staleness" in overrides:
-        raise ValueError("give either a staleness or a staleness axis, not both")
+        raise ConfigError("give either a staleness or a staleness axis, not both")
     default_k = overrides["staleness"] if "staleness" in overrides else get_preset(preset).staleness
     for k in staleness or [default_k]:
         if verl_args is not None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from sqlalchemy import func, select
 
 from bench import provenance
+from bench.errors import BenchError
 from bench.device import resolve_device
 from bench.engines import resolve_engine
 from bench.models import ModelRef, resolve_model, weights_hash
@@ -41,7 +42,7 @@ from .runs import RunError, _train, config_from_dict, load_split, resolve_inputs
 DEFAULT_STEPS = 3
 
 
-class VerifyError(ValueError):
+class VerifyError(BenchError, ValueError):
     """A run that cannot be verified; the message says why."""
 
 

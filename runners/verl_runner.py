@@ -42,6 +42,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.errors import BenchError
 from bench.models import INSTRUCTION
 from bench.precision import Precision
 from bench.problems import Problem
@@ -108,7 +109,7 @@ METRIC_MAP = {
 }
 
 
-class VerlError(ValueError):
+class VerlError(BenchError, ValueError):
     pass
 
 

@@ -36,7 +36,7 @@ NONDETERMINISTIC = ("time_", "tokens_per_s", "train_tokens_per_s", "peak_memory_
 STALENESS_KEYS = "staleness_"      # logged since staleness exists (0 at K=0): not part of "the runs of before"
 
 BUILD = ["build", "--model", "tiny-math", "--limit", "12", "--k", "2", "--engine", "torch", "--dtype", "fp32",
-         "--band", "0", "--band", "1", "--json"]
+         "--band", "0", "1", "--json"]
 
 # (name, algo, precision, RunConfig overrides)
 CASES = [

@@ -26,7 +26,7 @@ def source(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("BENCH_HOME", str(tmp / "home"))
         r = CliRunner().invoke(app, ["build", "--limit", "12", "--k", "4", "--engine", "torch", "--dtype", "fp32",
-                                     "--band", "0", "--band", "1", "--db", url, "--json"])
+                                     "--band", "0", "1", "--db", url, "--json"])
         assert r.exit_code == 0, r.output
         r = CliRunner().invoke(app, ["run", "--algo", "grpo", "--dtype", "fp32", "--seeds", "2", "--max-steps", "2",
                                      "--eval-every", "2", "--prompts-per-step", "2", "--samples-per-prompt", "2",

@@ -70,7 +70,7 @@ def test_start_run_refuses_a_config_edited_after_the_preset(tmp_path):
 # ------------------------------------------------------------------ the gate in the trainer
 
 BUILD = ["build", "--model", "tiny-math", "--limit", "48", "--k", "8", "--engine", "torch", "--dtype", "fp32",
-         "--band", "0.1", "--band", "0.9", "--json"]
+         "--band", "0.1", "0.9", "--json"]
 
 
 @pytest.fixture(scope="module")

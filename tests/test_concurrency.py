@@ -160,7 +160,7 @@ def test_sweep_with_two_jobs_on_sqlite(tmp_path):
 
     url = f"sqlite:///{tmp_path / 'store.db'}"
     r = CliRunner().invoke(app, ["build", "--model", "tiny-math", "--limit", "64", "--k", "8", "--engine", "torch",
-                                 "--dtype", "fp32", "--band", "0.1", "--band", "0.9", "--json", "--db", url])
+                                 "--dtype", "fp32", "--band", "0.1", "0.9", "--json", "--db", url])
     assert r.exit_code == 0, r.output
     build = json.loads(r.stdout)["build_id"]
     p = subprocess.run([sys.executable, "-m", "bench.cli", "sweep", "--algo", "grpo,pg-seq-is", "--dtype", "fp32",

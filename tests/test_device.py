@@ -65,7 +65,7 @@ def test_device_cpu_gives_the_steps_of_a_run_without_the_flag(tmp_path):
     url = f"sqlite:///{tmp_path}/s.db"
     cli = CliRunner()
     r = cli.invoke(app, ["build", "--model", "tiny-math", "--limit", "48", "--k", "8", "--engine", "torch", "--dtype",
-                         "fp32", "--band", "0.1", "--band", "0.9", "--threads", "1", "--json", "--db", url])
+                         "fp32", "--band", "0.1", "0.9", "--threads", "1", "--json", "--db", url])
     assert r.exit_code == 0, r.output
     build = json.loads(r.stdout)["build_id"]
     base = ["run", "--algo", "grpo", "--dtype", "bf16", "--build", build, "--max-steps", "2", "--prompts-per-step",

@@ -29,7 +29,7 @@ CELLS = list(dict.fromkeys(CELLS))
 def build(tmp_path_factory):
     url = f"sqlite:///{tmp_path_factory.mktemp('formats') / 'store.db'}"
     r = CliRunner().invoke(app, ["build", "--model", "tiny-math", "--limit", "24", "--k", "4", "--engine", "torch",
-                                 "--dtype", "fp32", "--band", "0.1", "--band", "0.9", "--json", "--db", url])
+                                 "--dtype", "fp32", "--band", "0.1", "0.9", "--json", "--db", url])
     assert r.exit_code == 0, r.output
     return url, json.loads(r.stdout)["build_id"]
 

@@ -26,7 +26,7 @@ PAGES = ["pages/leaderboard.py", "pages/grid.py", "pages/run.py", "pages/compare
 def fill(url: str, tmp: Path) -> dict:
     """A real build and three real short runs (two algorithms, fp32 and bf16)."""
     r = CliRunner().invoke(app, ["build", "--limit", "48", "--k", "8", "--engine", "torch", "--dtype", "fp32",
-                                 "--band", "0.1", "--band", "0.9", "--db", url, "--json"])
+                                 "--band", "0.1", "0.9", "--db", url, "--json"])
     assert r.exit_code == 0, r.output
     build = json.loads(r.stdout)["build_id"]
     r = CliRunner().invoke(app, ["sweep", "--algo", "pg-seq-is,grpo", "--dtype", "fp32,bf16", "--max-steps", "3",

@@ -22,7 +22,7 @@ from runners.trainer import start_run
 pytestmark = pytest.mark.integration
 
 BUILD = ["build", "--model", "tiny-math", "--limit", "64", "--k", "8", "--engine", "torch", "--dtype", "fp32",
-         "--band", "0.1", "--band", "0.9", "--json"]
+         "--band", "0.1", "0.9", "--json"]
 
 
 def make_build(url: str) -> str:
@@ -92,14 +92,16 @@ def test_pg_seq_is_learns_in_fp32(sqlite_build, tmp_path):
     (["--algo", "grpo", "--build", "nope"], "no build 'nope'"),
     (["--algo", "grpo", "--model", "other/model"], "no build yet for model 'other/model'"),
     (["--algo", "grpo", "--checkpoint-dir", "/proc/ckpt"], "not writable"),
-    (["--algo", "grpo", "--samples-per-prompt", "1"], "samples per prompt must be >= 2"),
+    (["--algo", "grpo", "--samples-per-prompt", "1"], "--samples-per-prompt must be >= 2"),
+    (["--algo", "grpo", "--max-steps", "-3"], "--max-steps must be >= 0"),
+    (["--algo", "grpo", "--lr", "-1"], "--lr must be > 0"),
 ])
 def test_bad_run_input(sqlite_build, args, needle):
     url, _ = sqlite_build
     r = CliRunner().invoke(app, ["run", *args, "--db", url])
     assert r.exit_code == 2 and needle in " ".join(r.output.split()), r.output
     with session(open_store(url)) as s:
-        assert s.scalars(select(Run).where(Run.status == "running")).all() == []
+        assert s.scalars(select(Run).where(Run.status.in_(("running", "failed")))).all() == []
 
 
 def test_run_without_any_build_says_which_command_makes_one():

@@ -128,7 +128,7 @@ def test_a_partly_finished_seeded_sweep_resumes_the_missing_pairs(tmp_path):
     runs seed 1 again and seed 2; `bench run --seeds 0,2` afterwards has nothing to do."""
     url = f"sqlite:///{tmp_path / 's.db'}"
     r = CliRunner().invoke(app, ["build", "--limit", "12", "--k", "4", "--engine", "torch", "--dtype", "fp32",
-                                 "--band", "0", "--band", "1", "--db", url, "--json"])
+                                 "--band", "0", "1", "--db", url, "--json"])
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(app, ["sweep", "--algo", "pg-seq-is", "--dtype", "fp32", "--seeds", "2", *FAST, "--db", url])
     assert r.exit_code == 0, r.output

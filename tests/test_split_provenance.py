@@ -60,7 +60,7 @@ def test_build_says_so_and_records_the_hash(tmp_path):
     path, rows = _repeated_source(tmp_path)
     url = f"sqlite:///{tmp_path / 's.db'}"
     r = CliRunner().invoke(app, ["build", "--source", str(path), "--k", "4", "--engine", "torch", "--dtype", "fp32",
-                                 "--band", "0", "--band", "1", "--db", url, "--json"])
+                                 "--band", "0", "1", "--db", url, "--json"])
     assert r.exit_code == 0, r.output
     err = " ".join(r.stderr.split())
     assert "warning:" in err and "10 problem(s) appear more than once (20 extra rows of 30)" in err

@@ -49,7 +49,7 @@ def built(tmp_path_factory):
     old = os.environ.get("BENCH_HOME")
     os.environ["BENCH_HOME"] = str(tmp / "home")
     r = CliRunner().invoke(app, ["build", "--model", "tiny-math", "--limit", "48", "--k", "8", "--engine", "torch",
-                                 "--dtype", "fp32", "--band", "0.1", "--band", "0.9", "--json", "--db", url])
+                                 "--dtype", "fp32", "--band", "0.1", "0.9", "--json", "--db", url])
     assert r.exit_code == 0, r.output
     yield url, json.loads(r.stdout)["build_id"], tmp
     if old is None:

@@ -25,7 +25,7 @@ def store(tmp_path):
     from bench.cli import app
 
     url = f"sqlite:///{tmp_path / 's.db'}"
-    r = CliRunner().invoke(app, ["build", "--limit", "16", "--k", "4", "--engine", "torch", "--band", "0", "--band", "1",
+    r = CliRunner().invoke(app, ["build", "--limit", "16", "--k", "4", "--engine", "torch", "--band", "0", "1",
                                  "--db", url])
     assert r.exit_code == 0, r.output
     return open_store(url)

@@ -138,7 +138,7 @@ def test_dry_run_cli(tmp_path):
     from bench.cli import app
 
     url = f"sqlite:///{tmp_path / 's.db'}"
-    r = CliRunner().invoke(app, ["build", "--limit", "16", "--k", "4", "--engine", "torch", "--band", "0", "--band", "1",
+    r = CliRunner().invoke(app, ["build", "--limit", "16", "--k", "4", "--engine", "torch", "--band", "0", "1",
                                  "--db", url])
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(app, ["run", "--trainer", "verl", "--algo", "grpo", "--dtype", "bf16", "--dry-run", "--db", url])
@@ -157,7 +157,7 @@ def test_dry_run_is_validated_by_verl(tmp_path, verl_python):
     from bench.cli import app
 
     url = f"sqlite:///{tmp_path / 's.db'}"
-    r = CliRunner().invoke(app, ["build", "--limit", "16", "--k", "4", "--engine", "torch", "--band", "0", "--band", "1",
+    r = CliRunner().invoke(app, ["build", "--limit", "16", "--k", "4", "--engine", "torch", "--band", "0", "1",
                                  "--db", url])
     assert r.exit_code == 0, r.output
     args = ["run", "--trainer", "verl", "--algo", "gspo", "--dtype", "fp16", "--dry-run", "--verl-python", verl_python,
@@ -183,8 +183,7 @@ def dry_run_cells(tmp_path_factory, shared_data):
     mp = pytest.MonkeyPatch()
     mp.setenv("BENCH_HOME", str(home))
     try:
-        r = CliRunner().invoke(app, ["build", "--limit", "16", "--k", "4", "--engine", "torch", "--band", "0",
-                                     "--band", "1", "--db", url])
+        r = CliRunner().invoke(app, ["build", "--limit", "16", "--k", "4", "--engine", "torch", "--band", "0", "1", "--db", url])
         assert r.exit_code == 0, r.output
         cells = {}
         for a in REGISTRY:
@@ -248,7 +247,7 @@ def test_launch_refuses_a_verl_without_its_trainer_dependencies(tmp_path, verl_p
     from bench.cli import app
 
     url = f"sqlite:///{tmp_path / 's.db'}"
-    r = CliRunner().invoke(app, ["build", "--limit", "8", "--k", "2", "--engine", "torch", "--band", "0", "--band", "1",
+    r = CliRunner().invoke(app, ["build", "--limit", "8", "--k", "2", "--engine", "torch", "--band", "0", "1",
                                  "--db", url])
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(app, ["run", "--trainer", "verl", "--algo", "grpo", "--verl-python", verl_python, "--db", url])
@@ -276,7 +275,7 @@ def test_sweep_with_verl_runs_each_cell_through_bench_run(tmp_path, verl_python)
     from runners.sweep import _finished_run
 
     url = f"sqlite:///{tmp_path / 's.db'}"
-    r = CliRunner().invoke(app, ["build", "--limit", "8", "--k", "2", "--engine", "torch", "--band", "0", "--band", "1",
+    r = CliRunner().invoke(app, ["build", "--limit", "8", "--k", "2", "--engine", "torch", "--band", "0", "1",
                                  "--db", url])
     assert r.exit_code == 0, r.output
     store = open_store(url)

