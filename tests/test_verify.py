@@ -33,8 +33,8 @@ def source(tmp_path_factory):
     url = f"sqlite:///{tmp / 'src.db'}"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("BENCH_HOME", str(tmp / "home"))
-        r = _cli("build", "--limit", "12", "--k", "2", "--engine", "torch", "--dtype", "fp32", "--band", "0",
-                 "--band", "1", "--db", url, "--json")
+        r = _cli("build", "--limit", "12", "--k", "2", "--engine", "torch", "--dtype", "fp32", "--band", "0", "1",
+                 "--db", url, "--json")
         assert r.exit_code == 0, r.output
         r = _cli("run", "--algo", "grpo", "--dtype", "fp32", "--max-steps", "3", "--eval-every", "2",
                  "--prompts-per-step", "2", "--samples-per-prompt", "2", "--threads", "1", "--db", url, "--json")
