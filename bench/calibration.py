@@ -2,15 +2,66 @@
 engines, the rollout engine's μ and the training engine's π of the same sampled tokens must
 agree as closely as their number formats allow.
 
-A pair far outside its band is not a precision effect but a plumbing fault, and every later
+A pair outside its limits is not a precision effect but a plumbing fault, and every later
 number of the run would measure that fault: processed log-probs (temperature or top-p on the
 rollout side only), a buffer such as RoPE's inv_freq cast to 16 bits in one engine, a stale
 tied lm_head after a weight reload, or a different tokenizer or chat template between the
-engines. The gate turns them into a failed run before any compute is spent.
+engines. The gate turns them into a failed run before any compute is spent. Four checks, each
+named in the stored `failed` list and in the failure message with its own numbers and the
+causes it points to; per sampled token t of the step-0 batch (B × G responses), k3(x→y) =
+mean_t (e^{d_t} − 1 − d_t) with d_t = log y_t − log x_t (KL[x‖y] when the tokens come from x):
+
+band        the pair itself, against absolute per-format bands (`BANDS`, loose at 16 bits so
+            that a correct real-model pair passes):  mean_t |log π_t − log μ_t| ≤ band.mean_abs,
+            k3(μ→π) ≤ band.k3, and at fp32 max_t |log π_t − log μ_t| ≤ band.max_abs.
+            At 16 bits this alone catches nothing on a small model: the bf16 band is ~140× the
+            correct pair's mean |Δ| on tiny-math.
+
+reference   where the rollout engine sits, measured against the format's own noise on this
+            model and these tokens. Two scorers of the training engine: the fp32 master ρ (the
+            reference; one extra forward, none when training is fp32) and the twin τ, the
+            training engine's arithmetic in the rollout's format (π itself when both formats
+            agree, ρ for an fp32 rollout, else one more forward of a temporary copy,
+            `twin_model`). A correct rollout engine differs from its twin only by kernels
+            (fused activation, split-K order, decode with a KV cache), i.e. by about the
+            format's own rounding, which the twin's distance to ρ measures:
+                k3(μ→τ) ≤ c_r · k3(τ→ρ) + K3_FLOOR,           c_r = TWIN_RATIO[rollout]
+            A fault on the rollout side (stale head, temperature, template) adds to the left
+            side only. For an fp32 rollout τ = ρ and the rule is k3(μ→ρ) ≤ K3_FLOOR (fp32 is
+            exact up to kernel order), whatever the training format.
+
+processing  the bias that processing leaves and rounding does not. With a_t = log μ_t − log τ_t
+            and the reference's centred surprisal g_t = log ρ_t + H_t (H_t the entropy of ρ at
+            position t, so E_ρ[g_t] = 0), a temperature T on the rollout side gives, to first
+            order, a_t = κ g_t with κ = 1/T − 1 (∂ log softmax(z/T)_y / ∂(1/T) at T = 1 is
+            z_y − E[z] = g_t); rounding noise has no such slope. Least squares through 0 and
+            its heteroscedasticity-robust (sandwich) standard error:
+                κ̂ = Σ a_t g_t / Σ g_t²,   se = √(Σ (a_t − κ̂ g_t)² g_t²) / Σ g_t²,   z = κ̂ / se
+            fails when |κ̂| > KAPPA_MAX and |z| > Z_MIN (both: a large κ̂ from a handful of
+            tokens is not evidence, and on millions of tokens a significant κ̂ of 1e-3 is not
+            a fault). T = 0.7 gives κ̂ ≈ 0.35 (the first-order 0.43 less the curvature).
+
+buffers     the floating-point buffers (RoPE's inv_freq, ...) of the rollout engine's model and
+            of the training compute copy equal the fp32 master's, name by name, in dtype and
+            value (every format casts parameters only). Needs the engine's module in this
+            process (the built-in engine); for vLLM it is recorded as not inspectable.
+
+Why the buffer check: a RoPE inv_freq rounded to bf16 moves tiny-math's log-probs by 6e-5 per
+token (positions < 64), 12× below bf16's rounding noise in mean |Δ| and ~100× in k3. No
+statistic of one 16 × 8 batch separates it from rounding: even a matched filter with the
+fault's exact fp32 template (an extra forward) reaches z ≈ 1 at bf16 and z ≈ 5 at fp16. On a
+real model at thousands of positions the same fault is large and the reference check sees it.
+
+Cost: the reference forward (fp32, no grad, the step-0 batch, with the entropy taken from its
+log-softmax) replaces the training forward when training is fp32, and adds one forward
+otherwise; a mixed pair whose rollout format is neither fp32 nor the training format adds a
+forward of a temporary twin copy of the model (built from the master, then freed).
 """
 
 from __future__ import annotations
 
+import copy
+import math
 from dataclasses import asdict, dataclass
 
 import torch
@@ -65,6 +116,18 @@ BANDS = {
 }
 
 
+# The reference and processing checks' limits (module docstring), measured by
+# benchmarks/calibration_catch.py: re-measure them there after any change to either engine's kernels.
+#   TWIN_RATIO[r]  c_r, the largest k3(μ→τ) / k3(τ→ρ) a correct rollout engine of format r may show
+#   K3_FLOOR       slack added to every reference limit: fp32's own band (kernel order)
+#   KAPPA_MAX, Z_MIN  the processing slope's limits
+TWIN_RATIO = {"fp32": 0.0, "fp16": 6.0, "bf16": 6.0, "bf16+head32": 6.0, "fp8": 1.0, "int8": 1.0, "nvfp4": 1.0}
+K3_FLOOR = BANDS["fp32"].k3
+KAPPA_MAX = 0.1
+Z_MIN = 5.0
+CHECKS = ("band", "reference", "processing", "buffers")
+
+
 def band_for(rollout: str, train: str) -> Band:
     """The pair's band: the looser of its two formats' (a pair is as noisy as its coarser side)."""
     a, b = BANDS[rollout], BANDS[train]
@@ -90,16 +153,124 @@ def calibration_metrics(logp_mu: torch.Tensor, logp_pi: torch.Tensor, mask: torc
             "is_ratio_min": seq.clamp(-50, 50).exp().min().item(), "is_ratio_max": seq.clamp(-50, 50).exp().max().item()}
 
 
-def judge(metrics: dict[str, float], rollout: str, train: str) -> dict:
-    """The stored `calibration` object: the metrics, the band, `ok`, and `message` when any
-    value lies outside the band (naming the usual causes)."""
+def reference_metrics(logp_mu: torch.Tensor, logp_twin: torch.Tensor, logp_ref: torch.Tensor,
+                      mask: torch.Tensor) -> dict[str, float]:
+    """The reference check's statistics (module docstring): k3_rollout = k3(μ→τ), the rollout
+    engine against its twin τ; k3_twin = k3(τ→ρ), the twin against the fp32 reference ρ (the
+    format's own noise on these tokens); k3_rollout_ref = k3(μ→ρ); ratio = k3_rollout / k3_twin
+    (None when the twin equals the reference: an fp32 rollout)."""
+    k_r, k_t = kl_k3(logp_mu, logp_twin, mask), kl_k3(logp_twin, logp_ref, mask)
+    ratio = k_r / k_t if k_t > 0 else None
+    return {"k3_rollout": k_r, "k3_twin": k_t, "k3_rollout_ref": kl_k3(logp_mu, logp_ref, mask), "ratio": ratio}
+
+
+def processing_metrics(logp_mu: torch.Tensor, logp_twin: torch.Tensor, logp_ref: torch.Tensor,
+                       entropy_ref: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """The processing check's slope (module docstring): a_t = log μ_t − log τ_t regressed
+    through 0 on g_t = log ρ_t + H_t: kappa = Σ a g / Σ g², its sandwich standard error
+    se = √(Σ (a − κ g)² g²) / Σ g², z = kappa / se (0 when kappa is 0; ±inf when se is 0 and
+    kappa is not), and `temperature` = 1 / (1 + kappa), the rollout temperature that the
+    first-order model a = (1/T − 1) g reads off."""
+    m = mask.bool()
+    a = (logp_mu.double() - logp_twin.double())[m]
+    g = (logp_ref.double() + entropy_ref.double())[m]
+    gg = (g * g).sum().item()
+    if gg == 0.0:
+        return {"kappa": 0.0, "kappa_se": 0.0, "z": 0.0, "temperature": 1.0}
+    kappa = (a * g).sum().item() / gg
+    se = ((a - kappa * g) ** 2 * g * g).sum().sqrt().item() / gg
+    z = kappa / se if se > 0 else (0.0 if kappa == 0 else math.copysign(math.inf, kappa))
+    return {"kappa": kappa, "kappa_se": se, "z": z, "temperature": 1.0 / (1.0 + kappa) if kappa > -1 else math.inf}
+
+
+def buffer_mismatches(master: torch.nn.Module, model) -> list[str] | None:
+    """The floating-point buffers of the fp32 `master` (RoPE's inv_freq, ...) that `model` holds
+    under the same name in another dtype, shape or value, one line each; None when `model` is
+    not a module of this process (vLLM's workers), i.e. not inspectable."""
+    if not isinstance(model, torch.nn.Module):
+        return None
+    theirs = dict(model.named_buffers())
+    out = []
+    for name, b in master.named_buffers():
+        o = theirs.get(name)
+        if o is None or not b.is_floating_point():
+            continue
+        if o.dtype != b.dtype:
+            out.append(f"{name} is {str(o.dtype).removeprefix('torch.')} (master {str(b.dtype).removeprefix('torch.')})")
+        elif o.shape != b.shape or not torch.equal(o.detach().cpu(), b.detach().cpu()):
+            diff = ((o.detach().cpu().double() - b.detach().cpu().double()).abs().max().item()
+                    if o.shape == b.shape else float("nan"))
+            out.append(f"{name} differs from the master's (max |Δ| {diff:.3g})")
+    return out
+
+
+def twin_model(master: torch.nn.Module, fmt_name: str, device="cpu") -> torch.nn.Module:
+    """The reference check's twin τ: a copy of the fp32 `master` computing in `fmt_name` with
+    the training engine's arithmetic (`prepare_compute_model`, upcast GEMMs where the CPU lacks
+    16-bit instructions); for a rollout-only format (int8, nvfp4), which the training engine
+    has no arithmetic for, the built-in engine's weights (bench/format_modules.RolloutWeights:
+    quantized linear layers) in one prefill without the rollout engine's kernels (fused
+    activation, split-K)."""
+    from . import formats
+    from .format_modules import RolloutWeights
+    from .precision import prepare_compute_model
+
+    if formats.get(fmt_name).train:
+        return prepare_compute_model(copy.deepcopy(master), fmt_name, str(device)).eval()
+    return RolloutWeights(copy.deepcopy(master), formats.get(fmt_name)).model.to(device).eval()
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def judge(metrics: dict[str, float], rollout: str, train: str, reference: dict | None = None,
+          processing: dict | None = None, buffers: dict | None = None) -> dict:
+    """The stored `calibration` object: the pair's metrics and band, each check's statistics
+    (`reference`, `processing`, `buffers` where given: the verl runner has only k3), `checks`
+    {name: passed}, `failed` (the names that tripped, in the docstring's order), `ok`, and
+    `message` when any tripped: each tripped check with its numbers and the causes it points to."""
     band = band_for(rollout, train)
-    checks = {"abs_logp_diff_mean": band.mean_abs, "k3": band.k3, "abs_logp_diff_max": band.max_abs}
-    over = [f"{k} {metrics[k]:.3g} > {v:.3g}" for k, v in checks.items()
+    limits = {"abs_logp_diff_mean": band.mean_abs, "k3": band.k3, "abs_logp_diff_max": band.max_abs}
+    over = [f"{k} {metrics[k]:.3g} > {v:.3g}" for k, v in limits.items()
             if v is not None and metrics.get(k) is not None and not metrics[k] <= v]     # NaN fails too
-    out = {**metrics, "band": asdict(band), "pair": f"{rollout}/{train}", "ok": not over}
+    out = {**metrics, "band": asdict(band), "pair": f"{rollout}/{train}"}
+    checks: dict[str, bool] = {"band": not over}
+    why: dict[str, str] = {}
     if over:
-        out["message"] = (f"step-0 calibration failed: with identical weights the rollout and training engines "
-                          f"disagree beyond the {rollout}/{train} band ({'; '.join(over)}). Usual causes: "
-                          + "; ".join(CAUSES) + ".")
+        why["band"] = (f"band: the engines disagree beyond the {rollout}/{train} band ({'; '.join(over)}); "
+                       "usual causes: " + "; ".join(CAUSES))
+    if reference is not None:
+        c = TWIN_RATIO[rollout]
+        limit = c * reference["k3_twin"] + K3_FLOOR
+        out["reference"] = {**reference, "twin_ratio": c, "k3_floor": K3_FLOOR, "limit": limit}
+        checks["reference"] = reference["k3_rollout"] <= limit                           # NaN fails too
+        if not checks["reference"]:
+            what = ("the fp32 rollout engine differs from the fp32 reference by k3 "
+                    f"{_fmt(reference['k3_rollout'])} (limit {_fmt(limit)}, fp32's kernel-order slack)"
+                    if rollout == "fp32" else
+                    f"the rollout engine sits {_fmt(reference['ratio'])}x the {rollout} twin's own distance from "
+                    f"the fp32 reference (k3 {_fmt(reference['k3_rollout'])} to the twin, twin to fp32 "
+                    f"{_fmt(reference['k3_twin'])}; limit {c:g}x + {K3_FLOOR:g})")
+            why["reference"] = (f"reference: {what}: a fault on the rollout side: " + "; ".join(
+                CAUSES[i] for i in (2, 0, 3)))
+    if processing is not None:
+        out["processing"] = {**processing, "kappa_max": KAPPA_MAX, "z_min": Z_MIN}
+        k, z = processing["kappa"], processing["z"]
+        checks["processing"] = not (abs(k) > KAPPA_MAX and abs(z) > Z_MIN)
+        if not checks["processing"]:
+            why["processing"] = (f"processing: log μ − log π follows the token's surprisal with slope κ = {k:+.3g} "
+                                 f"(z = {z:+.1f}; limit |κ| ≤ {KAPPA_MAX:g} unless |z| < {Z_MIN:g}), as a "
+                                 f"rollout temperature of about {processing['temperature']:.2f} gives: " + CAUSES[0])
+    if buffers is not None:
+        out["buffers"] = buffers
+        bad = [f"{side} engine: {line}" for side, lines in buffers.items() for line in (lines or [])]
+        checks["buffers"] = not bad
+        if bad:
+            why["buffers"] = f"buffers: {'; '.join(bad)}: " + CAUSES[1]
+    failed = [name for name in CHECKS if checks.get(name) is False]
+    out.update({"checks": checks, "failed": failed, "ok": not failed})
+    if failed:
+        out["message"] = (f"step-0 calibration failed ({', '.join(failed)}): with identical weights the rollout and "
+                          "training engines disagree. " + " | ".join(why[n] for n in failed) + ".")
     return out
