@@ -19,6 +19,7 @@ change to either engine's kernels), and the gate's extra time per pair.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -39,6 +40,9 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--seeds", type=int, default=1, help="prompt sets (synthetic train problems, seeds 0..k-1)")
+    ap.add_argument("--quiet", action="store_true", help="no per-row table: the margins and the verdict line only")
+    ap.add_argument("--faults", default="none,temperature,rope,lm_head", help="which of none and the test's faults")
+    ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -60,11 +64,11 @@ def main() -> None:
     cfg = get_preset("tiny")
     learners = {t: TrainingEngine(load_model(ref, torch.float32), t, cfg, get_loss("pg-seq-is"), "pg-seq-is")
                 for t in dict.fromkeys(p.train for p in pairs)}
-    faults = {"none": tc._engine, **tc.FAULTS}
+    faults = {k: v for k, v in {"none": tc._engine, **tc.FAULTS}.items() if k in args.faults.split(",")}
     print(f"# calibration catch table: CPU kernel path {cpu_kernel_path()} (BENCH_CPU_16BIT="
           f"{os.environ.get('BENCH_CPU_16BIT', '')!r}), {args.seeds} x ({args.prompts} prompts x {args.n}), "
           f"torch {torch.__version__}")
-    print("| pair | fault | k3(μ→π) | band | before | ratio | limit | κ | z | after | tripped |")
+    print("| pair | fault | k3(μ→π) | band | before | ratio | c, z | κ | sign z | after | tripped |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     worst: dict[tuple[str, str], dict[str, float]] = {}
     extra: dict[str, list[float]] = {}
@@ -77,7 +81,7 @@ def main() -> None:
             for fault, make in faults.items():
                 eng = make(r)
                 eng.update_weights(next(iter(learners.values())).master.named_parameters())   # as the trainer does
-                samples = eng.generate(prompts, args.n, Sampling(1.0, 1.0, 64, seed=30_000_001 + seed))
+                samples = eng.generate(prompts, args.n, Sampling(1.0, 1.0, args.max_tokens, seed=30_000_001 + seed))
                 flat = [s for row in samples for s in row]
                 batch = Batch.pack([ids for ids in prompt_ids for _ in range(args.n)], [s.token_ids for s in flat],
                                    tok.pad_token_id)
@@ -95,29 +99,34 @@ def main() -> None:
                     before = calibration.judge(calibration.calibration_metrics(mu, pi, batch.mask), r, pair.train)
                     ref_, proc = after["reference"], after["processing"]
                     ratio = "—" if ref_["ratio"] is None else f"{ref_['ratio']:.3g}"
-                    limit = (f"k3 ≤ {ref_['limit']:.0e}" if r == "fp32" else f"{ref_['twin_ratio']:g}")
-                    print(f"| {pair.name} | {fault} | {after['k3']:.2e} | {after['band']['k3']:.0e} | "
-                          f"{'pass' if before['ok'] else '**FAIL**'} | {ratio} | {limit} | {proc['kappa']:+.3f} | "
-                          f"{proc['z']:+.1f} | {'pass' if after['ok'] else '**FAIL**'} | "
-                          f"{', '.join(after['failed']) or '—'} |", flush=True)
+                    limit = ("fp32 band" if r == "fp32" else f"{ref_['ratio_limit']:g}x, z {ref_['z']:+.1f}")
+                    row = (f"| {pair.name} | {fault} | {after['k3']:.2e} | {after['band']['k3']:.0e} | "
+                           f"{'pass' if before['ok'] else '**FAIL**'} | {ratio} | {limit} | {proc['kappa']:+.3f} | "
+                           f"{proc['z']:+.1f} | {'pass' if after['ok'] else '**FAIL**'} | "
+                           f"{', '.join(after['failed']) or '—'} |")
+                    if not args.quiet or (fault == "none") != after["ok"]:
+                        print(row, flush=True)
                     if (fault == "none") != after["ok"]:
                         wrong.append(f"{pair.name}/{fault}")
                     w = worst.setdefault((pair.name, fault), {"ratio": [], "kappa": []})
-                    w["ratio"].append(ref_["ratio"] if ref_["ratio"] is not None else ref_["k3_rollout"])
+                    w["ratio"].append(ref_["ratio"] if ref_["ratio"] is not None else ref_["mean_rollout_ref"])
+                    w.setdefault("z", []).append(ref_["z"] if ref_["ratio"] is not None else math.nan)
+                    w.setdefault("zk", []).append(abs(proc["z"]))
                     w["kappa"].append(abs(proc["kappa"]))
                 eng.close()
     print()
     print("margins (correct pairs: largest over seeds; faults: smallest):")
     for pair in pairs:
-        ok = worst[(pair.name, "none")]
-        line = [f"  {pair.name:24s} correct ratio ≤ {max(ok['ratio']):.3g}  |κ| ≤ {max(ok['kappa']):.3g}"]
-        for fault in tc.FAULTS:
+        ok = worst.get((pair.name, "none"), {"ratio": [math.nan], "kappa": [math.nan]})
+        line = [f"  {pair.name:24s} correct ratio ≤ {max(ok['ratio']):.3g} (z ≤ {max(ok.get('z', [math.nan])):.1f})"
+                f"  |κ| ≤ {max(ok['kappa']):.3g} (|z| ≤ {max(ok.get('zk', [math.nan])):.1f})"]
+        for fault in (f for f in tc.FAULTS if f in faults):
             w = worst[(pair.name, fault)]
-            line.append(f"{fault} ratio ≥ {min(w['ratio']):.3g} |κ| ≥ {min(w['kappa']):.3g}")
+            line.append(f"{fault} ratio ≥ {min(w['ratio']):.3g} (z ≥ {min(w['z']):.1f}) |κ| ≥ {min(w['kappa']):.3g}")
         print(";  ".join(line))
-    print("  (fp32 rollouts: the 'ratio' column is k3(μ→ρ) itself, limited by K3_FLOOR = "
-          f"{calibration.K3_FLOOR:g}); TWIN_RATIO = {calibration.TWIN_RATIO}; KAPPA_MAX = {calibration.KAPPA_MAX}, "
-          f"Z_MIN = {calibration.Z_MIN}")
+    print("  (fp32 rollouts: 'ratio' is mean |log ρ − log μ| itself, within fp32's band "
+          f"{calibration.BANDS['fp32']}); TWIN_RATIO = {calibration.TWIN_RATIO}; KAPPA_MAX = {calibration.KAPPA_MAX}, "
+          f"Z_MIN = {calibration.Z_MIN}, Z_REF = {calibration.Z_REF}")
     print("gate's extra time per pair (s, median over runs): " + ", ".join(
         f"{k} {sorted(v)[len(v) // 2]:.2f}" for k, v in extra.items()))
     print("verdicts as intended (every correct pair passes, every fault fails):",

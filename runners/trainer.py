@@ -83,7 +83,8 @@ def step0_gate(learner: TrainingEngine, engine, precision: Precision, batch: Bat
     buffers = {"rollout": calibration.buffer_mismatches(learner.master, getattr(engine, "model", None)),
                "training": calibration.buffer_mismatches(learner.master, learner.compute)}
     return calibration.judge(calibration.calibration_metrics(logp_mu, logp_pi, mask), r, t,
-                             reference=calibration.reference_metrics(logp_mu, logp_twin, logp_ref, mask),
+                             reference=calibration.reference_metrics(logp_mu, logp_twin, logp_ref, mask,
+                                                                     calibration.TWIN_RATIO[r]),
                              processing=calibration.processing_metrics(logp_mu, logp_twin, logp_ref, entropy, mask),
                              buffers=buffers)
 
