@@ -30,8 +30,8 @@ reference   where the rollout engine sits, measured against the format's own noi
                 z = mean(w) / (sd(w) / √n)      fails when z > Z_REF
             (the reported ratio = mean u / mean v). A fault on the rollout side (stale head,
             temperature, template) adds to u only. Mean |Δ| and not k3: k3 is carried by a few
-            tokens, so its t-statistic stays near 5 even at a 100x ratio, and a 16 × 4-token
-            batch's k3 ratio reaches 5 for a correct pair. For an fp32 rollout τ = ρ and the rule
+            tokens, so its t-statistic stays near 5 even at a 100x ratio, and on 2 prompts × 4
+            responses a correct pair's k3 ratio reaches 5. For an fp32 rollout τ = ρ and the rule
             is fp32's band on μ against ρ (mean, k3 and max of |log ρ − log μ|), whatever the
             training format: fp32 is exact up to kernel order.
 
@@ -54,12 +54,12 @@ buffers     the floating-point buffers (RoPE's inv_freq, ...) of the rollout eng
             process (the built-in engine); for vLLM it is recorded as not inspectable.
 
 Why the buffer check: a RoPE inv_freq rounded to bf16 moves tiny-math's log-probs by 6e-5 per
-token (positions < 64), 12× below bf16's rounding noise in mean |Δ| and ~100× in k3 (the
-reference ratio stays at 0.7-1.0, a correct pair's). No statistic of one 16 × 8 batch separates
-it from rounding: even a matched filter with the fault's exact fp32 template (an extra forward)
-reaches z ≈ 1 at bf16 and z ≈ 5 at fp16. On a real model at thousands of positions the same
-fault grows with position and the reference check sees it; with vLLM rollouts (buffers not
-inspectable) a small-position RoPE fault at 16 bits is not caught.
+token (positions < 64), 12× below bf16's rounding noise in mean |Δ| and ~100× in k3 (its
+reference ratio stays at 0.73-0.93, within a correct pair's spread). No statistic of one
+16 × 8 batch separates it from rounding: even a matched filter with the fault's exact fp32 template (an extra forward)
+reaches z ≈ 1 at bf16 and z ≈ 5 at fp16. The fault's angle error grows with position, so on
+thousands of positions it should reach the reference check (not measured here); with vLLM
+rollouts (buffers not inspectable) a short-answer RoPE fault at 16 bits is not caught.
 
 Cost: the reference forward (fp32, no grad, the step-0 batch, with the entropy taken from its
 log-softmax) replaces the training forward when training is fp32, and adds one forward
