@@ -56,10 +56,11 @@ buffers     the floating-point buffers (RoPE's inv_freq, ...) of the rollout eng
 Why the buffer check: a RoPE inv_freq rounded to bf16 moves tiny-math's log-probs by 6e-5 per
 token (positions < 64), 12× below bf16's rounding noise in mean |Δ| and ~100× in k3 (its
 reference ratio stays at 0.73-0.93, within a correct pair's spread). No statistic of one
-16 × 8 batch separates it from rounding: even a matched filter with the fault's exact fp32 template (an extra forward)
-reaches z ≈ 1 at bf16 and z ≈ 5 at fp16. The fault's angle error grows with position, so on
-thousands of positions it should reach the reference check (not measured here); with vLLM
-rollouts (buffers not inspectable) a short-answer RoPE fault at 16 bits is not caught.
+16 × 8 batch separates it from rounding: even a matched filter with the fault's exact fp32
+template (an extra forward) reaches z ≈ 1 at bf16 and z ≈ 5 at fp16. The fault's angle error
+grows with position, so on thousands of positions it should reach the reference check (not
+measured here); with vLLM rollouts (buffers not inspectable) a short-answer RoPE fault at 16
+bits is not caught.
 
 Cost: the reference forward (fp32, no grad, the step-0 batch, with the entropy taken from its
 log-softmax) replaces the training forward when training is fp32, and adds one forward
