@@ -73,7 +73,7 @@ def main() -> None:
     worst: dict[tuple[str, str], dict[str, float]] = {}
     extra: dict[str, list[float]] = {}
     base: dict[str, list[float]] = {}
-    wrong = []
+    wrong, caught, missed, caught_before = [], [], [], 0
     for seed in range(args.seeds):
         problems = synthetic_examples("train", args.prompts, seed=seed)
         prompts = [render_prompt(ref, tok, p["problem"]) for p in problems]
@@ -108,8 +108,11 @@ def main() -> None:
                            f"{', '.join(after['failed']) or '—'} |")
                     if not args.quiet or (fault == "none") != after["ok"]:
                         print(row, flush=True)
-                    if (fault == "none") != after["ok"]:
-                        wrong.append(f"{pair.name}/{fault}")
+                    if fault == "none" and not after["ok"]:
+                        wrong.append(f"{pair.name}")
+                    if fault != "none":
+                        (caught if not after["ok"] else missed).append(f"{pair.name}/{fault}")
+                        caught_before += not before["ok"]
                     w = worst.setdefault((pair.name, fault), {"ratio": [], "kappa": []})
                     w["ratio"].append(ref_["ratio"] if ref_["ratio"] is not None else ref_["mean_rollout_ref"])
                     w.setdefault("z", []).append(ref_["z"] if ref_["ratio"] is not None else math.nan)
@@ -132,9 +135,9 @@ def main() -> None:
     med = lambda v: sorted(v)[len(v) // 2]                                            # noqa: E731
     print("gate's extra time per pair, s (median over runs; in brackets the old gate's one π forward): " + ", ".join(
         f"{k} {med(v):.2f} ({med(base[k]):.2f})" for k, v in extra.items()))
-    print("verdicts as intended (every correct pair passes, every fault fails):",
-          "yes" if not wrong else f"NO: {', '.join(wrong)}")
-
+    print("correct pairs failed:", ", ".join(wrong) or "none")
+    print(f"faults caught: {len(caught)} of {len(caught) + len(missed)} (before: {caught_before}); missed: "
+          + (", ".join(missed) or "none"))
 
 if __name__ == "__main__":
     main()
