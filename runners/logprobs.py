@@ -117,3 +117,32 @@ def response_logprobs(model, ids, attn, tok, pos, max_logit_elements: int | None
         out.append(checkpoint(_chunk_logprobs, head, hc, tc, use_reentrant=False) if recompute
                    else _chunk_logprobs(head, hc, tc))
     return torch.cat(out, dim=1)
+
+
+def _chunk_logprobs_entropy(head, h: torch.Tensor, tok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_chunk_logprobs` (the same bits) and the entropy −Σ_v p_v log p_v of each position."""
+    lp = torch.log_softmax(head(h).float(), dim=-1)
+    return lp.gather(-1, tok.unsqueeze(-1)).squeeze(-1), -(lp.exp() * lp).sum(-1)
+
+
+@torch.no_grad()
+def response_logprobs_entropy(model, ids, attn, tok, pos,
+                              max_logit_elements: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log π(y_t), H_t) of the response tokens [N, T], no grad: log π exactly as
+    `response_logprobs` computes it (same chunks, same bits) and the entropy H_t of the whole
+    distribution at each position, from the same fp32 log-softmax (the calibration gate's
+    reference forward, bench/calibration.py)."""
+    parts = split_head(model)
+    if parts is None:
+        logits = model(input_ids=ids, attention_mask=attn).logits
+        logits = logits.gather(1, pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+        return _chunk_logprobs_entropy(lambda x: x, logits, tok)
+    body, head = parts
+    h = body(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
+    h = h.gather(1, pos.unsqueeze(-1).expand(-1, -1, h.shape[-1]))
+    n, t = tok.shape
+    vocab = getattr(model.config, "vocab_size", None) or getattr(getattr(model.config, "text_config", None),
+                                                                 "vocab_size")
+    chunk = max(1, (max_logit_elements or LOGIT_CHUNK_ELEMENTS) // max(1, n * vocab))
+    out = [_chunk_logprobs_entropy(head, h[:, t0:t0 + chunk], tok[:, t0:t0 + chunk]) for t0 in range(0, t, chunk)]
+    return torch.cat([a for a, _ in out], dim=1), torch.cat([b for _, b in out], dim=1)

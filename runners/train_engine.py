@@ -24,7 +24,7 @@ import torch
 from bench.precision import LossScaler, prepare_compute_model
 
 from .algos import LossInputs, sequences_in_mean
-from .logprobs import pack, response_logprobs
+from .logprobs import pack, response_logprobs, response_logprobs_entropy
 from .presets import RunConfig
 
 
@@ -129,6 +129,27 @@ class TrainingEngine:
             out[torch.tensor(part, device=out.device), :m.shape[1]] = response_logprobs(model, ids, attn, tok,
                                                                                         pos) * m
         return out
+
+    @torch.no_grad()
+    def reference_logprobs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fp32 reference of the calibration gate (bench/calibration.py): log π and the
+        entropy H of every response position of `batch` [N, T] (0 off the mask) from the fp32
+        master, in the micro-batches of `logprobs`. For an fp32 training format the compute
+        copy is the master, and log π is the same bits as `logprobs(batch)`."""
+        rows = list(range(len(batch.lengths)))
+        parts = self.parts(rows, batch)
+        if len(parts) == 1:
+            self.passes += 1
+            lp, ent = response_logprobs_entropy(self.master, *batch.tensors)
+            return lp * batch.mask, ent * batch.mask
+        lp, ent = torch.zeros_like(batch.mask), torch.zeros_like(batch.mask)
+        for part in parts:
+            ids, attn, tok, pos, m = batch.rows(part)
+            self.passes += 1
+            a, h = response_logprobs_entropy(self.master, ids, attn, tok, pos)
+            idx = torch.tensor(part, device=lp.device)
+            lp[idx, :m.shape[1]], ent[idx, :m.shape[1]] = a * m, h * m
+        return lp, ent
 
     # ---------------------------------------------------------- one optimizer step
     def accumulate(self, x: LossInputs, idx: torch.Tensor, batch: Batch, logp: torch.Tensor | None = None,

@@ -64,6 +64,32 @@ def _norm_order(x: float) -> float:
     return math.inf if not math.isfinite(x) else x
 
 
+def step0_gate(learner: TrainingEngine, engine, precision: Precision, batch: Batch, logp_mu: torch.Tensor) -> dict:
+    """The calibration gate's verdict (bench/calibration.judge) on the step-0 `batch` sampled by
+    `engine` with log-probs `logp_mu` [N, T] (CPU), the compute copy synced to the master: π from
+    the training engine, the fp32 reference ρ with its entropy, the twin τ in the rollout's
+    format (π, ρ, or a temporary copy: bench/calibration.twin_model), and both engines' buffers
+    against the master's."""
+    r, t = precision.rollout, precision.train
+    # the fp32 reference ρ with its entropy; for fp32 training it is π itself (the same bits)
+    logp_ref, entropy = (x.cpu() for x in learner.reference_logprobs(batch))
+    logp_pi = logp_ref if t == "fp32" else learner.logprobs(batch).cpu()
+    if r == t or r == "fp32":
+        logp_twin = logp_pi if r == t else logp_ref
+    else:
+        twin = calibration.twin_model(learner.master, r, learner.device)
+        logp_twin = learner.logprobs(batch, model=twin).cpu()
+        del twin
+    mask = batch.mask.cpu()
+    buffers = {"rollout": calibration.buffer_mismatches(learner.master, getattr(engine, "model", None)),
+               "training": calibration.buffer_mismatches(learner.master, learner.compute)}
+    return calibration.judge(calibration.calibration_metrics(logp_mu, logp_pi, mask), r, t,
+                             reference=calibration.reference_metrics(logp_mu, logp_twin, logp_ref, mask,
+                                                                     calibration.TWIN_RATIO[r]),
+                             processing=calibration.processing_metrics(logp_mu, logp_twin, logp_ref, entropy, mask),
+                             buffers=buffers)
+
+
 # ------------------------------------------------------------------ the trainer
 
 class NativeTrainer:
@@ -347,15 +373,14 @@ class NativeTrainer:
 
     def calibrate(self) -> dict:
         """The step-0 gate (bench/calibration.py): one batch of B × G rollouts scored by both
-        engines at the identical starting weights, stored as the run's `calibration`."""
+        engines at the identical starting weights, stored as the run's `calibration`; scored
+        also by the fp32 master (the reference, with its entropy) and, for a rollout format
+        that is neither fp32 nor the training format, by a temporary twin copy in that format."""
         cfg = self.cfg
         sp = Sampling(cfg.temperature, cfg.top_p, cfg.max_tokens, seed=30_000_001 + cfg.seed)
         _, batch, logp_mu = self._rollouts(self._step_prompts(0), sp)
         self._sync_compute()
-        logp_pi = self.learner.logprobs(batch).cpu()
-        mask = batch.mask.cpu()
-        result = calibration.judge(calibration.calibration_metrics(logp_mu, logp_pi, mask),
-                                   self.precision.rollout, self.precision.train)
+        result = step0_gate(self.learner, self.engine, self.precision, batch, logp_mu)
         with session(self.store) as s:
             s.get(Run, self.run_id).calibration = result
         return result

@@ -12,7 +12,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from bench.calibration import BANDS, band_for, calibration_metrics, judge
+from bench.calibration import (BANDS, CHECKS, TWIN_RATIO, Z_REF, band_for, buffer_mismatches, calibration_metrics, judge,
+                               processing_metrics, reference_metrics)
 from bench.cli import app
 from bench.engines.torch_engine import TorchEngine
 from bench.models import load_model, load_tokenizer, resolve_model
@@ -51,6 +52,157 @@ def test_bands_and_verdict():
     assert not nan["ok"]
     # at 16 bits the max is a tail statistic and is not checked
     assert judge({"abs_logp_diff_mean": 1e-3, "abs_logp_diff_max": 3.0, "k3": 1e-5}, "bf16", "bf16")["ok"]
+
+
+def test_reference_metrics_by_hand():
+    # one row, two response tokens: μ, the twin τ and the fp32 reference ρ
+    mu = torch.tensor([[-1.0, -2.0, 0.0]])
+    twin = torch.tensor([[-1.1, -2.0, 9.0]])
+    ref = torch.tensor([[-1.0, -1.8, 3.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    r = reference_metrics(mu, twin, ref, mask, ratio_limit=2.0)
+    # u = |τ − μ| = [0.1, 0], v = |ρ − τ| = [0.1, 0.2]; w = u − 2v = [-0.1, -0.4]
+    assert r["mean_rollout"] == pytest.approx(0.05) and r["mean_twin"] == pytest.approx(0.15)
+    assert r["ratio"] == pytest.approx(1 / 3) and r["ratio_limit"] == 2.0
+    assert r["excess"] == pytest.approx(-0.25)
+    assert r["excess_se"] == pytest.approx(0.3 / math.sqrt(2) / math.sqrt(2))      # sd([-0.1, -0.4]) = 0.3/√2
+    assert r["z"] == pytest.approx(-0.25 / 0.15)
+    k3 = lambda ds: sum(math.expm1(d) - d for d in ds) / len(ds)          # noqa: E731
+    assert r["k3_rollout"] == pytest.approx(k3([-0.1, 0.0]))                # τ − μ
+    assert r["k3_twin"] == pytest.approx(k3([0.1, 0.2]))                    # ρ − τ
+    assert r["k3_rollout_ref"] == pytest.approx(k3([0.0, 0.2]))             # ρ − μ
+    assert r["mean_rollout_ref"] == pytest.approx(0.1) and r["max_rollout_ref"] == pytest.approx(0.2)
+    far = reference_metrics(mu + torch.tensor([[0.5, 0.7, 0.0]]), twin, ref, mask, ratio_limit=2.0)
+    # u = [0.6, 0.7]: w = [0.4, 0.3], excess 0.35, sd 0.1/√2, se 0.05, z = 7
+    assert far["excess"] == pytest.approx(0.35) and far["z"] == pytest.approx(7.0)
+    assert reference_metrics(mu, ref, ref, mask, 2.0)["ratio"] is None       # an fp32 rollout: τ = ρ
+
+
+def test_processing_slope_by_hand():
+    # g = log ρ + H = [0.5, -0.5, -1.0] (Σg² = 1.5); a = log μ − log τ = [0.2, -0.1, -0.4] (Σag = 0.55)
+    ref = torch.tensor([[-0.5, -1.0, -2.0]])
+    ent = torch.tensor([[1.0, 0.5, 1.0]])
+    mu = torch.tensor([[0.2, -0.1, -0.4]])
+    p = processing_metrics(mu, torch.zeros(1, 3), ref, ent, torch.ones(1, 3))
+    kappa = 0.55 / 1.5
+    # residuals a − κg = [1/60, 1/12, -1/30]; Σ r²g² = (1/3600 + 1/144)/4 + 1/900
+    se = math.sqrt((1 / 3600 + 1 / 144) / 4 + 1 / 900) / 1.5
+    assert p["kappa"] == pytest.approx(kappa) and p["kappa_se"] == pytest.approx(se)
+    # the sign test: a·g = [0.1, 0.05, 0.4], all three positive: z = (3 − 0)/√3
+    assert (p["n_pos"], p["n_neg"]) == (3, 0) and p["z"] == pytest.approx(math.sqrt(3))
+    assert p["temperature"] == pytest.approx(1 / (1 + kappa))
+    # a orthogonal to g (Σag = 0): no slope; no tokens with g ≠ 0: nothing to fit
+    flat = processing_metrics(torch.tensor([[0.2, 0.2, 0.0]]), torch.zeros(1, 3), ref, ent, torch.ones(1, 3))
+    assert flat["kappa"] == 0.0 and (flat["n_pos"], flat["n_neg"], flat["z"]) == (1, 1, 0.0)
+    assert processing_metrics(mu, torch.zeros(1, 3), -ent, ent, torch.ones(1, 3))["z"] == 0.0
+
+
+def test_processing_slope_reads_a_temperature_off_sampled_tokens():
+    """μ from softmax(z/T) at T = 0.95, ρ = softmax(z): κ̂ is 1/T − 1 = 0.0526 to first order."""
+    torch.manual_seed(0)
+    logits = 2.0 * torch.randn(400, 12)
+    ref_all = torch.log_softmax(logits, -1)
+    mu_all = torch.log_softmax(logits / 0.95, -1)
+    y = torch.multinomial(mu_all.exp(), 1)                                  # tokens sampled from μ
+    ent = -(ref_all.exp() * ref_all).sum(-1)
+    p = processing_metrics(mu_all.gather(1, y).T, ref_all.gather(1, y).T, ref_all.gather(1, y).T, ent[None],
+                           torch.ones(1, 400))
+    assert p["kappa"] == pytest.approx(1 / 0.95 - 1, rel=0.1) and p["z"] > 15          # a·g > 0 on ~99% of tokens
+    assert p["temperature"] == pytest.approx(0.95, abs=0.005)
+
+
+class _Rope(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("inv_freq", torch.tensor([1.0, 0.1, 0.01]))
+        self.register_buffer("step", torch.tensor([3]))                      # not floating: not compared
+
+
+def test_buffer_mismatches_by_hand():
+    master = _Rope()
+    assert buffer_mismatches(master, _Rope()) == []
+    cast = _Rope()
+    cast.inv_freq = cast.inv_freq.to(torch.bfloat16)
+    assert buffer_mismatches(master, cast) == ["inv_freq is bfloat16 (master float32)"]
+    moved = _Rope()
+    moved.inv_freq[1] = 0.2
+    assert buffer_mismatches(master, moved) == ["inv_freq differs from the master's (max |Δ| 0.1)"]
+    moved.step[0] = 4
+    assert len(buffer_mismatches(master, moved)) == 1
+    assert buffer_mismatches(master, None) is None and buffer_mismatches(master, object()) is None
+
+
+def test_each_check_trips_alone_and_is_named():
+    ok_m = {"abs_logp_diff_mean": 1e-3, "abs_logp_diff_max": 0.1, "k3": 1e-5}
+    ok_ref = {"mean_rollout": 1e-3, "mean_twin": 1e-3, "ratio": 1.0, "ratio_limit": 2.0, "excess": -1e-3,
+              "excess_se": 1e-4, "z": -10.0, "k3_rollout": 1e-6, "k3_twin": 1e-6, "k3_rollout_ref": 1e-6,
+              "mean_rollout_ref": 1e-3, "max_rollout_ref": 1e-2}
+    ok_proc = {"kappa": 0.001, "kappa_se": 0.001, "n_pos": 10, "n_neg": 10, "z": 1.0, "temperature": 0.999}
+    ok_buf = {"rollout": [], "training": None}
+    kw = {"reference": ok_ref, "processing": ok_proc, "buffers": ok_buf}
+    good = judge(ok_m, "bf16", "bf16", **kw)
+    assert good["ok"] and good["failed"] == [] and "message" not in good
+    assert good["checks"] == {"band": True, "reference": True, "processing": True, "buffers": True}
+    assert good["reference"]["z_min"] == Z_REF and good["processing"]["kappa_max"] == 0.1
+    cases = {
+        "band": ({**ok_m, "k3": 6e-3}, kw, "k3 0.006 > 0.005"),
+        "reference": (ok_m, {**kw, "reference": {**ok_ref, "mean_rollout": 2e-2, "ratio": 20.0, "z": 6.0}},
+                      "20x the bf16 twin"),
+        "processing": (ok_m, {**kw, "processing": {**ok_proc, "kappa": 0.35, "z": 25.0, "temperature": 0.74}},
+                       "temperature of about 0.74"),
+        "buffers": (ok_m, {**kw, "buffers": {"rollout": ["model.rotary_emb.inv_freq is bfloat16 (master float32)"],
+                                             "training": []}}, "rollout engine: model.rotary_emb.inv_freq"),
+    }
+    for name, (m, k, text) in cases.items():
+        bad = judge(m, "bf16", "bf16", **k)
+        assert not bad["ok"] and bad["failed"] == [name], name
+        assert bad["message"].startswith(f"step-0 calibration failed ({name}): ") and text in bad["message"], name
+        if name in ("reference", "processing"):                 # only the causes the tripped check points to
+            assert "inv_freq" not in bad["message"], name
+        if name == "buffers":
+            assert "inv_freq" in bad["message"] and "lm_head" not in bad["message"]
+    # the limits themselves: z at the limit passes, NaN fails; the slope needs both κ and its sign z
+    assert judge(ok_m, "bf16", "bf16", **{**kw, "reference": {**ok_ref, "z": Z_REF}})["ok"]
+    assert judge(ok_m, "bf16", "bf16", **{**kw, "reference": {**ok_ref, "z": float("nan")}})["failed"] == [
+        "reference"]
+    for kappa, z in ((0.35, 3.0), (0.05, 30.0), (0.35, -30.0)):
+        assert judge(ok_m, "bf16", "bf16", **{**kw, "processing": {**ok_proc, "kappa": kappa, "z": z}})["ok"]
+    assert not judge(ok_m, "bf16", "bf16", **{**kw, "processing": {**ok_proc, "kappa": -0.2, "z": -30.0}})["ok"]
+    # an fp32 rollout: τ = ρ, and μ must sit within fp32's band of ρ whatever the training format
+    fp32_ref = {**ok_ref, "mean_twin": 0.0, "ratio": None, "z": 99.0, "mean_rollout_ref": 1e-7,
+                "k3_rollout_ref": 1e-14, "max_rollout_ref": 1e-6}
+    assert judge(ok_m, "fp32", "bf16", reference=fp32_ref)["ok"]            # z plays no part there
+    fp32 = judge(ok_m, "fp32", "bf16", reference={**fp32_ref, "mean_rollout_ref": 2e-5})
+    assert fp32["failed"] == ["reference"] and "mean |Δ| 2e-05 > 1e-05" in fp32["message"]
+    # the verl runner passes k3 alone: only the band is judged
+    verl = judge({"k3": 1e-4}, "bf16", "bf16")
+    assert verl["ok"] and verl["checks"] == {"band": True} and "reference" not in verl
+
+
+def test_reference_forward_is_pi_for_fp32_training_and_its_entropy_is_the_softmax_one():
+    """For fp32 training the gate's reference replaces π: the same bits, in one part and in
+    micro-batches; its entropy is −Σ p log p of the full fp32 distribution at each position."""
+    from runners.algos import get_loss
+    from runners.train_engine import Batch, TrainingEngine
+
+    ref = resolve_model("tiny-math")
+    tok = load_tokenizer(ref)
+    prompts = [tok.encode(p, add_special_tokens=False) for p in ("Q: 2+3\nA: ", "Q: 12*4\nA: ")]
+    batch = Batch.pack([prompts[0], prompts[0], prompts[1]], [[5, 6, 7], [8], [9, 10]], tok.pad_token_id)
+    cfg = get_preset("tiny")
+    learner = TrainingEngine(load_model(ref, torch.float32), "fp32", cfg, get_loss("pg-seq-is"), "pg-seq-is")
+    lp, ent = learner.reference_logprobs(batch)
+    assert torch.equal(lp, learner.logprobs(batch))
+    learner.cfg.max_tokens_per_microbatch = 12                               # two or three parts
+    assert len(learner.parts([0, 1, 2], batch)) > 1
+    lp2, ent2 = learner.reference_logprobs(batch)
+    assert torch.equal(lp2, learner.logprobs(batch)) and torch.allclose(ent2, ent, atol=1e-5)
+    with torch.no_grad():
+        logits = learner.master(input_ids=batch.ids, attention_mask=batch.attn).logits.float()
+    full = torch.log_softmax(logits.gather(1, batch.pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1])), -1)
+    want = -(full.exp() * full).sum(-1) * batch.mask
+    assert torch.allclose(ent, want, atol=1e-5) and (ent[batch.mask.bool()] > 0).all()
+    assert (ent[~batch.mask.bool()] == 0).all()
 
 
 def test_training_rollouts_refuse_processed_sampling():
@@ -107,6 +259,7 @@ def test_gate_passes_every_correct_pair(built, tmp_path, rollout):
         status, reason, cal, prov, _ = run_cell(built, tmp_path, Precision(rollout, train))
         assert status == "max_steps", (rollout, train, reason)
         assert cal["ok"] and cal["pair"] == f"{rollout}/{train}" and cal["tokens"] > 100, cal
+        assert set(cal["checks"]) == set(CHECKS) and cal["buffers"] == {"rollout": [], "training": []}, cal
         assert prov["versions"]["torch"] and prov["split_accuracy_estimator"].startswith("avg@1")
         assert prov["preset_defaults"] == preset_defaults("tiny")          # what the Run page diffs against
 
@@ -135,30 +288,65 @@ def rope_in_bf16(dtype):
 
 def stale_lm_head(dtype):
     """vLLM's tied-embedding trap: the reload updates embed_tokens but lm_head keeps old packed
-    weights. Untie it, give it the weights of an older policy; the trainer's sync misses it."""
+    weights. The engine's head becomes an untied copy holding an older policy's weights (the
+    master's + 0.01 noise, in the format: cast, or quantized by the head's own loader); the
+    trainer's sync, which knows only the module it replaced, misses it. Any format."""
     eng = _engine(dtype)
-    old = eng.model.lm_head.weight.detach().clone()
     torch.manual_seed(0)
+    old = load_model(resolve_model("tiny-math"), torch.float32).lm_head.weight.detach().clone()
     old += 0.01 * torch.randn_like(old)
-    eng.model.lm_head.weight = torch.nn.Parameter(old)
+    head = copy.deepcopy(eng.model.lm_head)
+    if hasattr(head, "load_weight"):            # QuantLinear (fp8, int8, nvfp4), Head32Linear
+        head.load_weight(old)
+    else:
+        head.weight = torch.nn.Parameter(old.to(head.weight.dtype))
+    eng.model.lm_head = head
     return eng
 
 
+FAULTS = {"temperature": lambda d: _engine(d, HotterRollouts), "rope": rope_in_bf16, "lm_head": stale_lm_head}
+
+
+# the check each fault must trip at every precision (others may trip too: at fp32 the band does)
+EXPECTED = {"temperature": ("processing", "temperature of about 0.7"),
+            "rope": ("buffers", "rollout engine: model.rotary_emb.inv_freq is bfloat16 (master float32)"),
+            "lm_head": ("reference", "reference: the ")}
+
+
 @pytest.mark.integration
-@pytest.mark.parametrize("fault,pair", [
-    ("temperature", "fp32"), ("temperature", "fp16"), ("rope", "fp32"), ("lm_head", "fp32")])
+@pytest.mark.parametrize("pair", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("fault", list(FAULTS))
 def test_gate_fails_each_injected_fault(built, tmp_path, fault, pair):
-    engine = {"temperature": lambda d: _engine(d, HotterRollouts), "rope": rope_in_bf16,
-              "lm_head": stale_lm_head}[fault](pair)
-    status, reason, cal, _, run_id = run_cell(built, tmp_path, Precision(pair, pair), engine=engine)
-    assert status == "failed" and not cal["ok"], (fault, cal)
-    assert reason.startswith("step-0 calibration failed") and "inv_freq" in reason
+    status, reason, cal, _, run_id = run_cell(built, tmp_path, Precision(pair, pair), engine=FAULTS[fault](pair))
+    assert status == "failed" and not cal["ok"], (fault, pair, cal)
+    check, text = EXPECTED[fault]
+    assert check in cal["failed"] and not cal["checks"][check], (fault, pair, cal["failed"])
+    assert reason.startswith(f"step-0 calibration failed ({', '.join(cal['failed'])}): ") and text in reason, reason
+    if pair == "fp32":                                   # τ = ρ: the reference check is fp32's band
+        assert cal["reference"]["ratio"] is None and "fp32 rollout engine differs" in reason
+    elif check == "reference":
+        assert cal["reference"]["z"] > Z_REF and f"x the {pair} twin's own distance" in reason
     url, _ = built
     with session(open_store(url)) as s:                  # failed before any step or evaluation
         assert s.get(Run, run_id).step == 0 and s.get(Run, run_id).peak_accuracy is None
     shown = CliRunner().invoke(app, ["runs", "show", run_id, "--json", "--db", url])
     info = json.loads(shown.stdout)
     assert info["calibration"]["ok"] is False and info["provenance"]["bench"]["commit"]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("pair", ["fp8", "rollout=fp8,train=fp16", "rollout=int8,train=fp32",
+                                  "rollout=nvfp4,train=fp16", "rollout=nvfp4,train=fp32"])
+def test_gate_passes_sub_16_bit_rollouts(built, tmp_path, pair):
+    """A correct rollout below 16 bits passes every check; its twin (the same format on the
+    training side: fp8's training copy, int8's and nvfp4's quantized weights in one prefill)
+    measures the format's own noise against the fp32 reference."""
+    p = Precision.parse(pair)
+    status, reason, cal, _, _ = run_cell(built, tmp_path, p)
+    assert status == "max_steps", (pair, reason)
+    assert cal["ok"] and all(cal["checks"].values()) and set(cal["checks"]) == set(CHECKS), cal
+    assert cal["reference"]["mean_twin"] > 1e-4 and cal["reference"]["ratio"] < TWIN_RATIO[p.rollout], cal["reference"]
+    assert cal["buffers"] == {"rollout": [], "training": []}
 
 
 @pytest.mark.integration
