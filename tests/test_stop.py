@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from runners.presets import tiny
-from runners.stop import (COLLAPSED, CONVERGED, PLATEAUED, StopConfig, StopState, after_eval,
-                          wilson_lower)
+from runners.stop import (COLLAPSED, CONVERGED, PLATEAUED, StopConfig, StopState, after_eval, after_step,
+                          kl_rising, wilson_lower)
 
 N = 120 * 4            # problems × avg@4 samples: the graded samples behind one tiny-preset reading
 
@@ -141,3 +141,49 @@ def test_state_round_trips_through_json_and_old_checkpoints_load():
     # readings of unknown size cannot carry a convergence; three new ones can
     assert after_eval(s, cfg, 30, 1.0, N) is None and after_eval(s, cfg, 40, 1.0, N) is None
     assert after_eval(s, cfg, 50, 1.0, N)[0] == CONVERGED
+
+
+# ------------------------------------------------------------------ the KL early warning
+
+def test_kl_rising_needs_both_a_significant_slope_and_a_doubling():
+    # [1, 2, 3, 5]: x̄ = 1.5, ȳ = 2.75, Sxx = 5, Sxy = 6.5, slope 1.3; residuals 0.2, −0.1, −0.4, 0.3,
+    #   Σr² = 0.3, se = √(0.3 / 2 / 5) = 0.17321, t = 7.51; halves 1.5 → 4 (≥ 2×): fires
+    assert kl_rising([1, 2, 3, 5], 4)
+    # [1, 1, 1, 10]: halves 1 → 5.5, but slope 2.7 with residuals 1.8, −0.9, −3.6, 2.7:
+    #   Σr² = 24.3, se = √(24.3 / 2 / 5) = 1.5588, t = 1.73 < 3: a jump, not a steady rise
+    assert not kl_rising([1, 1, 1, 10], 4)
+    # a perfect line whose second half is not twice the first: 1.045 → 1.145 (se = 0)
+    assert not kl_rising([1 + 0.01 * i for i in range(20)], 20)
+    # falling, flat, a short series, a too-small window
+    assert not kl_rising([5, 3, 2, 1], 4) and not kl_rising([2.0] * 20, 20)
+    assert not kl_rising([1, 2, 3], 4) and not kl_rising([1, 2, 4], 3)
+    # only the last `window` values count: a rise long ago followed by a flat stretch
+    assert not kl_rising([1, 2, 3, 5, 5, 5, 5, 5], 4) and kl_rising([9, 9, 9, 1, 2, 3, 5], 4)
+
+
+def _warning_step(series, window):
+    cfg, state = StopConfig(kl_window=window), StopState()
+    fired = [step for step, kl in enumerate(series, 1) if after_step(state, cfg, step, kl)]
+    assert fired == ([] if state.kl_warning_step is None else [state.kl_warning_step])   # fires once
+    return state.kl_warning_step
+
+
+def test_kl_warning_stays_quiet_on_noise_and_on_a_slow_rise():
+    rng = np.random.default_rng(0)
+    noisy = list(1e-3 * (1 + 0.3 * rng.standard_normal(200)))     # flat KL with ±30 % noise
+    assert _warning_step(noisy, 20) is None
+    slow = [1e-3 * (1 + 0.02 * t) for t in range(200)]             # +2 % of the start per step
+    assert _warning_step(slow, 20) is None                          # window halves never double
+
+
+def test_kl_warning_fires_at_the_hand_checked_step_of_a_rise():
+    # KL flat at 1 up to step 10, then 1 + (t − 10): window 6, halves of 3 steps
+    series = [1.0] * 10 + [1.0 + k for k in range(1, 11)]
+    # step 11 [1 1 1 1 1 2]: halves 1 → 1.33, not doubled
+    # step 12 [1 1 1 1 2 3]: halves 1 → 2; ȳ = 1.5, Sxx = 17.5, Sxy = 6.5, slope 0.371429, residuals
+    #   0.428571, 0.057143, −0.314286, −0.685714, −0.057143, 0.571429, Σr² = 1.085714,
+    #   se = √(1.085714 / 4 / 17.5) = 0.124540, t = 2.982 < 3: not yet
+    # step 13 [1 1 1 2 3 4]: halves 1 → 3; Sxy = 11, slope 0.628571, the same Σr² (mirror image),
+    #   t = 5.047: fires
+    assert _warning_step(series, 6) == 13
+    assert not kl_rising(series[:12], 6) and kl_rising(series[:13], 6)
