@@ -186,11 +186,19 @@ def test_log_ratio_slope_and_its_standard_error_by_hand():
     pi[2] = 1.0
     slope, se = log_ratio_slope(mu, pi, mask)
     assert slope == pytest.approx(1500.0, rel=1e-6) and se == pytest.approx(1000 * math.sqrt(1 / 12), rel=1e-6)
+    # the same log-ratios from log μ = −1 everywhere: only π − μ counts
+    assert log_ratio_slope(mu - 1.0, pi - 1.0, mask) == pytest.approx((slope, se), rel=1e-6)
     # fewer than 3 sequences, or lengths that do not vary: no slope
     assert log_ratio_slope(mu[1:], pi[1:], mask[1:]) == (0.0, 0.0)
     assert log_ratio_slope(mu, pi, torch.ones(3, 3)) == (0.0, 0.0)
+    # 4 sequences, x = 1..4, y = 0, 1, 0, 1: x̄ 2.5, ȳ 0.5, Sxx 5, Sxy 1, slope 0.2; residuals
+    #   −0.2, 0.6, −0.6, 0.2, Σr² = 0.8, se = √(0.8 / (4 − 2) / 5) = 0.282843
+    mask4 = (torch.arange(4) < torch.arange(1, 5).unsqueeze(1)).float()
+    pi4 = torch.zeros(4, 4)
+    pi4[1, 0] = pi4[3, 0] = 1.0
+    assert log_ratio_slope(torch.zeros(4, 4), pi4, mask4) == pytest.approx((200.0, 1000 * math.sqrt(0.08)), rel=1e-6)
 
 
 def test_ratio_stats_clamp_the_log_ratio_at_20():
-    s = ratio_stats(torch.tensor([25.0, 0.0]), "w")
-    assert s["w_max"] == pytest.approx(math.exp(20), rel=1e-12) and s["w_min"] == 1.0
+    s = ratio_stats(torch.tensor([25.0, 0.0, -25.0]), "w")
+    assert s["w_max"] == pytest.approx(math.exp(20), rel=1e-12) and s["w_min"] == pytest.approx(math.exp(-20), rel=1e-12)
