@@ -9,7 +9,9 @@ no dual-clip (`clip_ratio_c=1e9`; verl's default 3.0 bounds −r·A for A < 0), 
 normaliser as an explicit `loss_scale_factor` (else verl divides by each micro-batch's padded
 length), GSPO's seq-mean-token-mean (verl 0.9.1 uses the actor's loss_agg_mode, default
 token-mean). Left as verl has them: IcePop's lower bound (`'1e-9_C'` also zeroes weights below
-1e-9) and sequences with no response token (verl drops them from the mean; bench counts them).
+1e-9) and GSPO's sequences with no response token (verl's trainer divides by every sequence of
+the mini-batch, global_batch_size = ppo_mini_batch_size · rollout.n; bench's GSPO by those with
+a token). For the other losses an empty sequence counts in both, so nothing is overridden for it.
 
 Metrics (METRIC_MAP): a verl value is stored under a bench name only where bench's native
 meaning is the same; everything else keeps verl's name under `verl/`. verl's off-policy

@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import tarfile
+import tempfile
 
 import pytest
 from sqlalchemy import func, select
@@ -153,7 +154,8 @@ CASES = {
     "not a bench bundle": (lambda m: _edit_json(m, "bundle.json", lambda o: o.update(format="x")), (),
                            "not a bench-run-bundle"),
     "path escaping with ..": (lambda m: m, ((tarfile.TarInfo("../escape.json"), b"{}"),), "outside the extraction"),
-    "absolute path": (lambda m: m, ((tarfile.TarInfo("/tmp/escape.json"), b"{}"),), "outside the extraction"),
+    "absolute path": (lambda m: m, lambda tmp: ((tarfile.TarInfo(f"{tmp}/escape.json"), b"{}"),),   # inside tmp_path
+                      "outside the extraction"),
     "nested ..": (lambda m: m, ((tarfile.TarInfo("runs/../../escape.json"), b"{}"),), "outside the extraction"),
     "symlink": (lambda m: m, ((_link("runs/link.json", "/etc/passwd"), None),), "not a regular file"),
     "unexpected member": (lambda m: {**m, "notes.txt": b"hi"}, (), "unexpected member 'notes.txt'"),
@@ -170,7 +172,12 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES) + ["not a tar.gz"])
-def test_malformed_bundles_are_refused_and_change_nothing(source, tmp_path, case):
+def test_malformed_bundles_are_refused_and_change_nothing(source, tmp_path, case, monkeypatch):
+    # extraction happens under $TMPDIR (tempfile.mkdtemp): point it into tmp_path to see what lands there
+    scratch = tmp_path / "tmpdir"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     url = f"sqlite:///{tmp_path / 't.db'}"
     with session(open_store(url)) as s:                       # a store with something in it already
         s.add(Model(name="resident", path="/r", weights_hash=None))
@@ -181,13 +188,14 @@ def test_malformed_bundles_are_refused_and_change_nothing(source, tmp_path, case
         needle = "not a readable .tar.gz bundle"
     else:
         mutate, extra, needle = CASES[case]
-        _write(bad, mutate(_members(source["bundle"])), extra)
+        _write(bad, mutate(_members(source["bundle"])), extra(tmp_path) if callable(extra) else extra)
     r = _cli("runs", "import", str(bad), "--db", url)
     err = " ".join(r.stderr.split())
     assert r.exit_code == 2, r.output
     assert err.count("error:") == 1 and "refused:" in err and needle in err, err
     assert _counts(url) == before
-    assert not (tmp_path / "escape.json").exists() and not (tmp_path.parent / "escape.json").exists()
+    assert [p for p in tmp_path.rglob("escape.json")] == []              # nothing escaped ...
+    assert list(scratch.iterdir()) == []           # ... and the extraction folder is gone with all it held
 
 
 def test_export_refuses_an_unknown_run(source, tmp_path):

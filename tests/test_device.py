@@ -1,6 +1,6 @@
 """`--device auto|cpu|cuda[:i]`: resolution, one clear refusal where CUDA is absent (build, run,
-sweep, mismatch), and on this CPU machine `bench run --device cpu` stores the very steps of a
-run without the flag (same seed), with the device in the run's provenance and the step's peak
+sweep, mismatch), and on a CPU-only machine `bench run --device cpu` stores the very steps of a
+run without the flag (same seed) even when told CUDA is there, with the device in the run's provenance and the step's peak
 memory and tokens/s; micro-batches, activation checkpointing and the built-in engine's batch
 from the command line."""
 
@@ -61,7 +61,11 @@ def _steps(url: str, run_id: str) -> list[dict]:
 
 
 @pytest.mark.integration
-def test_device_cpu_gives_the_steps_of_a_run_without_the_flag(tmp_path):
+@pytest.mark.skipif(not NO_CUDA, reason="a run without the flag is a CPU run only where CUDA is absent")
+def test_device_cpu_gives_the_steps_of_a_run_without_the_flag(tmp_path, monkeypatch):
+    """Without the flag (auto) this machine runs on its CPU; `--device cpu` must give those very
+    steps even where CUDA is present: its run sees a CUDA device (torch.cuda.is_available faked
+    True), so a flag lost on the way (auto again) would put the run on a GPU that is not there."""
     url = f"sqlite:///{tmp_path}/s.db"
     cli = CliRunner()
     r = cli.invoke(app, ["build", "--model", "tiny-math", "--limit", "48", "--k", "8", "--engine", "torch", "--dtype",
@@ -75,7 +79,11 @@ def test_device_cpu_gives_the_steps_of_a_run_without_the_flag(tmp_path):
     for name, extra in [("plain", []), ("cpu", ["--device", "cpu"]),
                         ("micro", ["--device", "cpu", "--max-tokens-per-microbatch", "120",
                                    "--gradient-checkpointing", "--rollout-max-batch", "5", "--max-steps", "1"])]:
-        r = cli.invoke(app, [*base, *extra])
+        with monkeypatch.context() as m:
+            if name != "plain":
+                m.setattr(torch.cuda, "is_available", lambda: True)
+                assert resolve_device("auto") == "cuda" and resolve_device("cpu") == "cpu"
+            r = cli.invoke(app, [*base, *extra])
         assert r.exit_code == 0, r.output
         runs[name] = json.loads(r.stdout)["id"]
     plain, cpu = _steps(url, runs["plain"]), _steps(url, runs["cpu"])

@@ -1,8 +1,6 @@
 """The built-in engine: sampling math by hand, seeds independent of batching, μ equal to the
 training engine's full-sequence log-probs in fp32."""
 
-import math
-
 import pytest
 import torch
 
@@ -64,22 +62,62 @@ def test_mu_matches_full_forward_in_fp32(engine):
             assert "<eos>" not in s.text and s.text == tok.decode(s.token_ids[:-1])
 
 
+def _full_forward_logits(engine, prompt, s):
+    """fp32 logits at each response position, from one forward over prompt + response."""
+    p = engine.tokenizer.encode(prompt)
+    with torch.no_grad():
+        logits = engine.model(torch.tensor([p + s.token_ids])).logits[0].float()
+    return logits[len(p) - 1:-1]
+
+
 def test_length_finish_and_top_p_logprobs(engine):
     (row,) = engine.generate(PROMPTS[:1], 2, Sampling(max_tokens=3, seed=0))
     assert all(s.finish_reason == "length" and len(s.token_ids) == 3 for s in row)
-    (row,) = engine.generate(PROMPTS[:1], 4, Sampling(max_tokens=20, top_p=0.5, seed=0))
-    assert all(all(lp <= 0 and math.isfinite(lp) for lp in s.logprobs) for s in row)
+    # top-p 0.5 at temperature 0.7: μ is the processed distribution's log-prob at the token,
+    # every token lies in its nucleus, and μ is above the raw log-prob wherever the nucleus
+    # leaves tokens out (μ − raw = −log(nucleus mass) > 0)
+    T, top_p = 0.7, 0.5
+    samples = engine.generate(PROMPTS, 4, Sampling(max_tokens=20, temperature=T, top_p=top_p, seed=0))
+    raised = 0
+    for prompt, row in zip(PROMPTS, samples):
+        for s in row:
+            logits = _full_forward_logits(engine, prompt, s)
+            tok = torch.tensor(s.token_ids).unsqueeze(-1)
+            processed = sampling_logprobs(logits, T, top_p).gather(-1, tok).squeeze(-1)
+            raw = torch.log_softmax(logits / T, -1).gather(-1, tok).squeeze(-1)
+            assert torch.isfinite(processed).all()                               # in the nucleus
+            assert torch.allclose(torch.tensor(s.logprobs), processed, atol=1e-4)
+            raised += int((processed - raw > 1e-3).sum())
+    assert raised >= 10          # the nucleus cut tokens at many positions (24 here): the check has teeth
+    # no nucleus: μ is log_softmax(logits / T), not the T = 1 log-prob
+    samples = engine.generate(PROMPTS, 2, Sampling(max_tokens=20, temperature=T, seed=1))
+    for prompt, row in zip(PROMPTS, samples):
+        for s in row:
+            logits = _full_forward_logits(engine, prompt, s)
+            tok = torch.tensor(s.token_ids).unsqueeze(-1)
+            assert torch.allclose(torch.tensor(s.logprobs), torch.log_softmax(logits / T, -1).gather(-1, tok).squeeze(-1),
+                                  atol=1e-4)
 
 
 def test_update_weights_changes_samples(engine):
+    """Zeroing the (tied) embedding through update_weights zeroes the logits too: every token
+    is then drawn uniformly, μ = −log V, and the samples differ from the model's own."""
     import copy
+    import math
 
     e2 = make_engine("torch", str(TINY_MATH_DIR), "bf16", model=copy.deepcopy(engine.model),
                      tokenizer=engine.tokenizer)
+    sp = Sampling(max_tokens=8, seed=3)
+    before = e2.generate(PROMPTS, 2, sp)
     named = [(n, torch.zeros_like(p)) for n, p in engine.model.named_parameters() if n.endswith("embed_tokens.weight")]
+    assert len(named) == 1
     e2.update_weights(named)
     assert e2.model.model.embed_tokens.weight.abs().sum() == 0
     assert e2.model.model.embed_tokens.weight.dtype == torch.bfloat16
+    after = e2.generate(PROMPTS, 2, sp)
+    vocab = e2.model.config.vocab_size
+    assert all(lp == pytest.approx(-math.log(vocab), abs=1e-5) for row in after for s in row for lp in s.logprobs)
+    assert [[s.token_ids for s in r] for r in after] != [[s.token_ids for s in r] for r in before]
 
 
 def test_start_continues_the_sample_sequence(engine):

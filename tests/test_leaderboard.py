@@ -9,13 +9,14 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from sqlalchemy import select
 from streamlit.testing.v1 import AppTest
 from typer.testing import CliRunner
 
 from bench.cli import app
-from bench.store import Run, open_store, session
+from bench.store import Run, RunStep, open_store, session
 
 pytestmark = pytest.mark.integration
 APP = str(Path(__file__).parent.parent / "leaderboard" / "app.py")
@@ -113,6 +114,16 @@ def test_run_page_by_query_param_shows_curves(store):
     at = page(url, "pages/run.py", run=run_id)
     assert at.selectbox[0].value == run_id
     assert [m.value for m in at.metric][0] == "max_steps"
+    # the curves: one chart per group of metrics, each named; the reward chart plots the stored rewards
+    charts = {json.loads(c.proto.spec)["title"]: c for c in at.get("vega_lite_chart")}
+    assert {"training reward (batch accuracy)", "evaluations (avg@n)", "KL[μ‖π] (nats)", "π − μ on sampled tokens",
+            "loss and loss metrics"} <= set(charts), list(charts)
+    (ds,) = charts["training reward (batch accuracy)"].proto.datasets
+    plotted = pa.ipc.open_stream(ds.data.data).read_all().to_pandas()
+    with session(open_store(url)) as s:
+        stored = {st.step: st.metrics["reward"] for st in s.scalars(select(RunStep).where(RunStep.run_id == run_id))}
+    assert len(stored) == 3 and set(plotted.metric) == {"reward"}
+    assert dict(zip(plotted.step, plotted.value)) == pytest.approx(stored)
 
 
 def test_grid_lists_commands_for_empty_cells(store):

@@ -132,3 +132,73 @@ def test_empty_batch():
     assert m["kl_k1_token"] == 0 and m["chi2_seq"] == 0 and m["ppl_ratio"] == 1 and m["prob_abs_diff_std"] == 0
     m = mismatch_metrics(torch.zeros(2, 4), torch.zeros(2, 4), torch.zeros(2, 4))   # no response token at all
     assert m["kl_k1_token"] == 0 and m["chi2_token"] == 0 and m["ppl_training"] == 1 and m["log_ppl_diff"] == 0
+
+
+def test_empty_batch_gives_the_documented_neutral_values():
+    """Nothing sampled: every divergence 0, every perplexity and ratio 1 (exactly, key by key)."""
+    m = mismatch_metrics(torch.zeros(0, 4), torch.zeros(0, 4), torch.zeros(0, 4))
+    ones = {"ppl_training", "ppl_rollout", "ppl_ratio"} | {f"is_ratio_{k}_{s}" for k in ("seq", "token")
+                                                           for s in ("min", "mean", "max", "ess")}
+    assert m == {k: (1.0 if k in ones else 0.0) for k in m}
+    assert len(m) == 32
+
+
+def test_kl_k1_bits_and_standard_error_by_hand():
+    # per-sequence Σ(log μ − log π): batch23 row 0: 0 − ln2 + ln2 = 0, row 1: −ln2 + 0 = −ln2
+    #   kl_k1 = −ln2/2 nats = −0.5 bits; unbiased std of (0, −ln2) = ln2/√2, / √2 sequences = ln2/2
+    mu, pi, mask = batch23()
+    m = mismatch_metrics(mu, pi, mask)
+    assert m["kl_k1_bits"] == pytest.approx(-0.5, rel=1e-6)
+    assert m["kl_k1_stderr"] == pytest.approx(LN(2) / 2, rel=1e-6)
+    assert mismatch_metrics(mu[:1], pi[:1], mask[:1])["kl_k1_stderr"] == 0.0        # one sequence: no spread
+    # the sequence IS ratios ρ_i = e^{Σ log π − log μ} = 1 and 2 (padding ignored, whatever it holds)
+    pi_pad = pi.clone()
+    pi_pad[1, 2] = 50.0
+    m = mismatch_metrics(mu, pi_pad, mask)
+    assert (m["is_ratio_seq_min"], m["is_ratio_seq_mean"], m["is_ratio_seq_max"]) == pytest.approx((1.0, 1.5, 2.0))
+    assert m["is_ratio_seq_ess"] == pytest.approx(9 / (2 * 5))                       # (Σw)² / (N Σw²)
+    assert m["is_ratio_token_max"] == pytest.approx(2.0) and m["is_ratio_token_min"] == pytest.approx(0.5)
+
+
+def test_single_token_rows_and_a_single_token():
+    # a row with one token: its perplexity is that token's, e.g. π = ¼ → ppl 4 (no clamp bites at 1 token)
+    mu, pi = torch.log(torch.tensor([[0.5, 0.5]])), torch.log(torch.tensor([[0.25, 0.9]]))
+    mask = torch.tensor([[1.0, 0.0]])
+    p = perplexity_stats(mu, pi, mask)
+    assert p["ppl_training"] == pytest.approx(4.0) and p["ppl_rollout"] == pytest.approx(2.0)
+    # |Δp| of one token has no spread: std 0 (not the NaN of an unbiased std of one value)
+    s = prob_diff_stats(mu, pi, mask)
+    assert s["prob_abs_diff_std"] == 0.0 and s["prob_abs_diff_mean"] == pytest.approx(0.25)
+    # two tokens: |Δp| = 0.25, 0.4 → unbiased std |0.25 − 0.4| / √2
+    s = prob_diff_stats(mu, pi, torch.ones(1, 2))
+    assert s["prob_abs_diff_std"] == pytest.approx(0.15 / math.sqrt(2), rel=1e-6)
+
+
+def test_log_ratio_slope_and_its_standard_error_by_hand():
+    # lengths x = 1, 2, 3, log-ratios y = 0, 1, 0 (nats, per sequence): slope 0 per token, residuals
+    #   −⅓, ⅔, −⅓, Σr² = ⅔, se = √(⅔ / (3 − 2) / 2) = 0.57735 per token → ×1000 per 1k tokens
+    mask = torch.tensor([[1.0, 0, 0], [1, 1, 0], [1, 1, 1]])
+    mu = torch.zeros(3, 3)
+    pi = torch.tensor([[0.0, 0, 0], [0.5, 0.5, 0], [0, 0, 0]])
+    slope, se = log_ratio_slope(mu, pi, mask)
+    assert slope == pytest.approx(0.0, abs=1e-9) and se == pytest.approx(1000 * math.sqrt(1 / 3), rel=1e-6)
+    # y = 0, 1, 3 for x = 1, 2, 3: slope 1.5 per token, residuals 1/6, −1/3, 1/6, se = √(1/6 / 2) = 0.288675
+    pi[2] = 1.0
+    slope, se = log_ratio_slope(mu, pi, mask)
+    assert slope == pytest.approx(1500.0, rel=1e-6) and se == pytest.approx(1000 * math.sqrt(1 / 12), rel=1e-6)
+    # the same log-ratios from log μ = −1 everywhere: only π − μ counts
+    assert log_ratio_slope(mu - 1.0, pi - 1.0, mask) == pytest.approx((slope, se), rel=1e-6)
+    # fewer than 3 sequences, or lengths that do not vary: no slope
+    assert log_ratio_slope(mu[1:], pi[1:], mask[1:]) == (0.0, 0.0)
+    assert log_ratio_slope(mu, pi, torch.ones(3, 3)) == (0.0, 0.0)
+    # 4 sequences, x = 1..4, y = 0, 1, 0, 1: x̄ 2.5, ȳ 0.5, Sxx 5, Sxy 1, slope 0.2; residuals
+    #   −0.2, 0.6, −0.6, 0.2, Σr² = 0.8, se = √(0.8 / (4 − 2) / 5) = 0.282843
+    mask4 = (torch.arange(4) < torch.arange(1, 5).unsqueeze(1)).float()
+    pi4 = torch.zeros(4, 4)
+    pi4[1, 0] = pi4[3, 0] = 1.0
+    assert log_ratio_slope(torch.zeros(4, 4), pi4, mask4) == pytest.approx((200.0, 1000 * math.sqrt(0.08)), rel=1e-6)
+
+
+def test_ratio_stats_clamp_the_log_ratio_at_20():
+    s = ratio_stats(torch.tensor([25.0, 0.0, -25.0]), "w")
+    assert s["w_max"] == pytest.approx(math.exp(20), rel=1e-12) and s["w_min"] == pytest.approx(math.exp(-20), rel=1e-12)

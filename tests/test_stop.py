@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from runners.presets import tiny
-from runners.stop import (COLLAPSED, CONVERGED, PLATEAUED, StopConfig, StopState, after_eval,
-                          wilson_lower)
+from runners.stop import (COLLAPSED, CONVERGED, PLATEAUED, StopConfig, StopState, after_eval, after_step,
+                          kl_rising, non_finite, wilson_lower)
 
 N = 120 * 4            # problems × avg@4 samples: the graded samples behind one tiny-preset reading
 
@@ -30,6 +30,11 @@ def test_wilson_lower_bound_by_hand():
     assert wilson_lower(50, 100, 0.95) == pytest.approx(0.418848, abs=2e-6)
     assert wilson_lower(0, 0, 0.9) == 0.0
     assert wilson_lower(0, 480, 0.9) == 0.0
+    # one sample, correct: n / (n + z²) = 1 / 2.6423744 = 0.378447
+    assert wilson_lower(1, 1, 0.9) == pytest.approx(0.378447, abs=2e-6)
+    # p̂ is clamped to [0, 1]
+    assert wilson_lower(500, 480, 0.9) == wilson_lower(480, 480, 0.9)
+    assert wilson_lower(-5, 480, 0.9) == 0.0
 
 
 def simulate(p: float, cfg: StopConfig, runs: int = 1000, seed: int = 0) -> tuple[float, list[int]]:
@@ -73,7 +78,7 @@ def test_noisy_readings_around_the_target_are_not_converged():
     state = StopState()
     verdicts = [after_eval(state, cfg, s, a, N) for s, a in ((10, 0.954), (20, 0.943), (30, 0.955))]
     assert verdicts == [None, None, None]               # pooled 0.950667 over 1,440: bound 0.942826
-    assert state.bound == pytest.approx(wilson_lower(0.950667 * 1440, 1440, 0.9), abs=1e-5)
+    assert state.bound == pytest.approx(0.942826, abs=2e-6)
     assert state.first_at_target == 10 and state.best == 0.955   # for display only
 
 
@@ -123,7 +128,7 @@ def test_collapse_is_measured_from_the_robust_peak():
     after_eval(state, cfg, 10, 0.609, N)                # noise: the peak stays 0.60
     assert after_eval(state, cfg, 20, 0.305, N) is None  # 0.304 below the best reading, 0.295 below the peak
     status, reason = after_eval(state, cfg, 30, 0.30, N)
-    assert status == COLLAPSED and "peak 0.600 (step 0)" in reason
+    assert status == COLLAPSED and "fell 0.300 below its peak 0.600 (step 0)" in reason
 
 
 def test_state_round_trips_through_json_and_old_checkpoints_load():
@@ -141,3 +146,103 @@ def test_state_round_trips_through_json_and_old_checkpoints_load():
     # readings of unknown size cannot carry a convergence; three new ones can
     assert after_eval(s, cfg, 30, 1.0, N) is None and after_eval(s, cfg, 40, 1.0, N) is None
     assert after_eval(s, cfg, 50, 1.0, N)[0] == CONVERGED
+
+
+# ------------------------------------------------------------------ the KL early warning
+
+def test_kl_rising_needs_both_a_significant_slope_and_a_doubling():
+    # [1, 2, 3, 5]: x̄ = 1.5, ȳ = 2.75, Sxx = 5, Sxy = 6.5, slope 1.3; residuals 0.2, −0.1, −0.4, 0.3,
+    #   Σr² = 0.3, se = √(0.3 / 2 / 5) = 0.17321, t = 7.51; halves 1.5 → 4 (≥ 2×): fires
+    assert kl_rising([1, 2, 3, 5], 4)
+    # [1, 1, 1, 10]: halves 1 → 5.5, but slope 2.7 with residuals 1.8, −0.9, −3.6, 2.7:
+    #   Σr² = 24.3, se = √(24.3 / 2 / 5) = 1.5588, t = 1.73 < 3: a jump, not a steady rise
+    assert not kl_rising([1, 1, 1, 10], 4)
+    # [1, 2, 2, 4]: ȳ = 2.25, Sxy = 4.5, slope 0.9; residuals 0.1, 0.2, −0.7, 0.4, Σr² = 0.7,
+    #   se = √(0.7 / 2 / 5) = 0.264575, t = 3.40 (just above 3; with n − 3 in se's denominator 2.41);
+    #   halves 1.5 → 3, exactly twice: fires
+    assert kl_rising([1, 2, 2, 4], 4)
+    # perfect lines (se = 0): [3, 5, 7, 9] doubles exactly (4 → 8), [1, 2, 3, 4] more (1.5 → 3.5)
+    assert kl_rising([3, 5, 7, 9], 4) and kl_rising([1, 2, 3, 4], 4)
+    # a line whose second half is not twice the first: 1.045 → 1.145, 14.5 → 24.5 (t huge)
+    assert not kl_rising([1 + 0.01 * i for i in range(20)], 20)
+    assert not kl_rising([10 + i for i in range(20)], 20)
+    # an odd window: the first half is the shorter one; [2, 3, 4, 5, 6]: 2.5 → 5, exactly twice;
+    #   0.1 higher everywhere: 2.6 → 5.1, not twice
+    assert kl_rising([2, 3, 4, 5, 6], 5) and not kl_rising([2.1, 3.1, 4.1, 5.1, 6.1], 5)
+    # KL is small: the doubling test is relative (10⁻³ scale, halves 1.5e-3 → 4e-3)
+    assert kl_rising([1e-3, 2e-3, 3e-3, 5e-3], 4)
+    # falling, flat, a short series, a too-small window
+    assert not kl_rising([5, 3, 2, 1], 4) and not kl_rising([2.0] * 20, 20)
+    assert not kl_rising([1, 2, 3], 4) and not kl_rising([1, 2, 4], 3)
+    # only the last `window` values count: a rise long ago followed by a flat stretch
+    assert not kl_rising([1, 2, 3, 5, 5, 5, 5, 5], 4) and kl_rising([9, 9, 9, 1, 2, 3, 5], 4)
+
+
+def _warning_step(series, window):
+    cfg, state = StopConfig(kl_window=window), StopState()
+    fired = [step for step, kl in enumerate(series, 1) if after_step(state, cfg, step, kl)]
+    assert fired == ([] if state.kl_warning_step is None else [state.kl_warning_step])   # fires once
+    return state.kl_warning_step
+
+
+def test_kl_warning_stays_quiet_on_noise_and_on_a_slow_rise():
+    rng = np.random.default_rng(0)
+    noisy = list(1e-3 * (1 + 0.3 * rng.standard_normal(200)))     # flat KL with ±30 % noise
+    assert _warning_step(noisy, 20) is None
+    slow = [1e-3 * (1 + 0.02 * t) for t in range(200)]             # +2 % of the start per step
+    assert _warning_step(slow, 20) is None                          # window halves never double
+
+
+def test_kl_warning_fires_at_the_hand_checked_step_of_a_rise():
+    # KL flat at 1 up to step 10, then 1 + (t − 10): window 6, halves of 3 steps
+    series = [1.0] * 10 + [1.0 + k for k in range(1, 11)]
+    # step 11 [1 1 1 1 1 2]: halves 1 → 1.33, not doubled
+    # step 12 [1 1 1 1 2 3]: halves 1 → 2; ȳ = 1.5, Sxx = 17.5, Sxy = 6.5, slope 0.371429, residuals
+    #   0.428571, 0.057143, −0.314286, −0.685714, −0.057143, 0.571429, Σr² = 1.085714,
+    #   se = √(1.085714 / 4 / 17.5) = 0.124540, t = 2.982 < 3: not yet
+    # step 13 [1 1 1 2 3 4]: halves 1 → 3; Sxy = 11, slope 0.628571, the same Σr² (mirror image),
+    #   t = 5.047: fires
+    assert _warning_step(series, 6) == 13
+    assert not kl_rising(series[:12], 6) and kl_rising(series[:13], 6)
+
+
+def test_defaults_are_the_documented_ones():
+    """StopConfig's defaults (the module docstring, DESIGN.md) and a fresh StopState: nothing read yet."""
+    assert StopConfig() == StopConfig(target=0.95, hold=3, confidence=0.9, patience=10, min_delta=0.01,
+                                      collapse_drop=0.3, kl_window=20)
+    assert StopState() == StopState(evals=[], peak=-1.0, peak_step=0, evals_since_peak=0, best=-1.0, best_step=0,
+                                    bound=None, first_at_target=None, kl=[], kl_warning_step=None)
+
+
+def test_edge_readings_zero_ties_the_target_and_single_samples():
+    cfg = StopConfig(patience=4, min_delta=0.01)
+    state = StopState()
+    after_eval(state, cfg, 10, 0.0, N)                 # a first reading of 0 is the peak
+    assert (state.peak, state.peak_step, state.evals_since_peak) == (0.0, 10, 0)
+    after_eval(state, cfg, 20, 0.005, N)               # below min_delta above a peak of 0: no move
+    assert (state.peak, state.peak_step, state.evals_since_peak) == (0.0, 10, 1)
+    after_eval(state, cfg, 30, 0.6, N)
+    after_eval(state, cfg, 40, 0.6, N)                 # a tie keeps the first best step
+    assert (state.best, state.best_step) == (0.6, 30)
+    assert state.first_at_target is None
+    after_eval(state, cfg, 50, 0.95, N)                # exactly the target counts as at target
+    assert state.first_at_target == 50
+    # readings of one graded sample each still pool: 3 correct of 3, bound 3 / (3 + z²) = 0.646
+    state = StopState()
+    for s in (10, 20, 30):
+        after_eval(state, cfg, s, 1.0, 1)
+    assert state.bound == pytest.approx(3 / (3 + 1.2815516 ** 2), abs=1e-6)
+
+
+def test_old_checkpoints_keep_their_best_and_find_it_by_accuracy():
+    evals = [[0, 0.5, 8], [10, 0.97, 8], [20, 0.96, 8]]
+    s = StopState.from_dict({"evals": evals})
+    assert (s.best, s.best_step) == (0.97, 10)                         # the best reading, not the last
+    s = StopState.from_dict({"evals": evals, "best": 0.5, "best_step": 0})
+    assert (s.best, s.best_step) == (0.5, 0)                           # a stored best is kept as it was
+    assert StopState.from_dict({}) == StopState()
+
+
+def test_non_finite():
+    assert non_finite(1.0, float("nan")) and non_finite(float("inf")) and non_finite(-float("inf"), 0.0)
+    assert not non_finite(0.0, -1e300, 5.0) and not non_finite()

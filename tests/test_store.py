@@ -1,7 +1,7 @@
 """The store on real SQLite and real PostgreSQL: migrations, constraints, bad URLs."""
 
 import pytest
-from sqlalchemy import inspect, select
+from sqlalchemy import inspect, select, text
 from sqlalchemy.exc import IntegrityError
 
 from bench.store import (Build, BuildRollout, Run, RunStep, StoreError, get_or_create_model, open_store,
@@ -22,7 +22,13 @@ def test_migrations_create_every_table(db_url):
     names = set(inspect(engine).get_table_names())
     assert {"models", "builds", "build_problems", "build_rollouts", "runs", "run_steps", "evals",
             "mismatch_reports", "alembic_version"} <= names
-    open_store(db_url)   # idempotent
+    with engine.connect() as c:
+        head = c.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+    assert len(head) == 1
+    again = open_store(db_url)                                          # idempotent: still one row, the same head
+    with again.connect() as c:
+        assert c.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == head
+    assert set(inspect(again).get_table_names()) == names
 
 
 def test_rows_roundtrip_and_duplicate_rollout_is_refused(db_url):

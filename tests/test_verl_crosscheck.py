@@ -3,9 +3,11 @@
 verl runs in its own environment (tests/verl_side/losses.py): for every algorithm it composes
 verl's config from exactly the overrides `bench run --trainer verl` emits and computes what
 verl's actor computes (advantage estimator, decoupled IS weights, registered policy loss,
-aggregation). Where the two definitions agree, loss values and gradients must match; each
-place they differ is pinned down by a test below (dual-clip, IcePop's lower bound, the
-aggregation, the advantage estimator).
+aggregation), both on the whole batch and on the path verl's trainer executes (`ppo_loss` per
+one-sequence micro-batch with the trainer's global batch info). Where the two definitions
+agree, loss values and gradients must match; each place they differ is pinned down by a test
+below (dual-clip, IcePop's lower bound, the aggregation, the advantage estimator, GSPO's empty
+sequences).
 """
 
 import subprocess
@@ -68,7 +70,7 @@ def verl_out(verl_python, tmp_path_factory):
              "tiny": (tiny, [(a, algo_overrides(a, L, C)) for a in ("grpo-seq-mis", "pg-seq-mis")]
                       + [(a + "-lo-1e-3", [o.replace("'1e-9_3'", "'1e-3_3'") for o in algo_overrides(a, L, C)])
                          for a in ("grpo-seq-mis", "pg-seq-mis")]),
-             "empty": (empty, [("grpo", algo_overrides("grpo", L, C))]),
+             "empty": (empty, [(a, algo_overrides(a, L, C)) for a in ("grpo", "gspo")]),
              "dual": (dual, [("grpo", algo_overrides("grpo", L, C)),
                              ("grpo-dual-clip", algo_overrides("grpo", L, C) + ["actor_rollout_ref.actor.clip_ratio_c=3.0"])]),
              "agg": (x, [("token-mean", [o for o in algo_overrides("grpo", L, C) if "loss_agg_mode" not in o]),
@@ -93,6 +95,9 @@ def test_each_loss_and_gradient_equals_verls(verl_out, algo):
     loss, grad = bench_loss(x, algo)
     assert close(loss, v[algo]["loss"]), (loss, v[algo]["loss"])
     assert close(grad, v[algo]["grad"])
+    # and on the path verl's trainer runs: ppo_loss per one-sequence micro-batch, global batch info
+    assert close(loss, v[algo]["trainer_loss"]), (loss, v[algo]["trainer_loss"])
+    assert close(grad, v[algo]["trainer_grad"])
 
 
 def test_the_inputs_exercise_clipping_truncation_and_masking(verl_out):
@@ -140,13 +145,37 @@ def test_difference_icepop_lower_bound(verl_out):
         assert (lo["grad"][0] == 0).all() and close(grad[1:], lo["grad"][1:])
 
 
-def test_difference_empty_sequences(verl_out):
-    """verl's seq-mean leaves sequences without response tokens out of the denominator; bench
-    divides by every sequence in the batch (B/(B−1) here)."""
+def test_empty_sequences_count_as_in_verls_trainer(verl_out):
+    """A sequence without response tokens: verl's trainer divides every micro-batch's seq-mean
+    by global_batch_size = ppo_mini_batch_size · rollout.n, every sequence, as bench does (Dr.GRPO
+    family). Only the bare `agg_loss`, without the trainer's global batch info, falls back to the
+    batch's non-empty sequences (B/(B−1) here): a harness artefact, not a difference.
+    GSPO is the exception: bench averages over non-empty sequences (runners/algos.py MEAN_OVER),
+    verl's trainer over all of them, (B−1)/B of bench's loss here."""
     x, v = verl_out["empty"]
-    loss, _ = bench_loss(x, "grpo")
     B = P * G
-    assert close(loss * B / (B - 1), v["grpo"]["loss"])
+    assert x["mask"].sum(-1).eq(0).sum() == 1
+    loss, grad = bench_loss(x, "grpo")
+    assert close(loss, v["grpo"]["trainer_loss"]) and close(grad, v["grpo"]["trainer_grad"])
+    assert close(loss * B / (B - 1), v["grpo"]["loss"])                        # the fallback alone
+    loss, grad = bench_loss(x, "gspo")
+    assert close(loss, v["gspo"]["loss"])                                       # the fallback: non-empty
+    assert close(loss * (B - 1) / B, v["gspo"]["trainer_loss"])                # the trainer: all B
+    assert close(grad * (B - 1) / B, v["gspo"]["trainer_grad"])
+
+
+def test_verls_trainer_stops_where_icepop_zeroes_a_one_sequence_micro_batch(verl_out):
+    """pg-seq-mis in bypass mode computes the IS weights inside the loss, per micro-batch; where
+    IcePop zeroes the only sequence of a micro-batch (ρ = π_θ/μ > C), verl 0.9.1's
+    `compute_is_metrics` divides by a zero effective sample size (ZeroDivisionError). The
+    weights and the loss do not depend on that metric (the loss past it equals bench's, above);
+    the decoupled grpo-seq-mis weighs the whole batch at once and is not affected."""
+    x, v = verl_out["main"]
+    rho = ((x["logp"] - x["logp_rollout"]) * x["mask"]).sum(-1).clamp(-20, 20).exp()
+    zeroed = [f"sequence {i}" for i in (rho > C).nonzero().flatten().tolist()]
+    assert zeroed and [e.split(":")[0] for e in v["pg-seq-mis"]["trainer_errors"]] == zeroed
+    assert all("ZeroDivisionError" in e for e in v["pg-seq-mis"]["trainer_errors"])
+    assert all(v[a]["trainer_errors"] == [] for a in REGISTRY if a != "pg-seq-mis")
 
 
 def test_difference_aggregation(verl_out):
