@@ -36,7 +36,6 @@ import argparse
 import copy
 import gc
 import json
-import math
 import platform
 import sys
 import time
@@ -385,7 +384,8 @@ def run_check(plan: Plan, device: str, budget_s: float, log=print) -> dict:
         engine = TrainingEngine(master, plan.train_dtype, cfg, get_loss(plan.algo), plan.algo, device)
         for length in plan.train_lengths:
             key = "train_1024" if length <= 1024 else "train_4096"
-            r = section(f"train_step {length}", key, lambda n=length: train_step(engine, plan, n, device, vocab, config))
+            r = section(f"train_step {length}", key,
+                        lambda n=length, e=engine: train_step(e, plan, n, device, vocab, config))
             if r:
                 result["train_step"][str(length)] = r
     except Exception as e:
