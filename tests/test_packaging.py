@@ -1,15 +1,22 @@
 """Every Python package of the checkout ships: a non-editable install takes only the packages
-pyproject.toml lists (bench/cli was once missing, which only an editable install hid)."""
+setuptools discovers from pyproject.toml (bench/cli was once missing, which only an editable
+install hid), and every directory of Python code under the four top-level packages must be one
+(a directory of modules without __init__.py is not discovered: namespaces are off)."""
 
 import tomllib
 from pathlib import Path
 
+from setuptools import find_packages
+
 ROOT = Path(__file__).parent.parent
+TOPS = ("bench", "datasets_build", "runners", "leaderboard")
 
 
-def test_every_package_is_listed_in_pyproject():
-    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    found = {str(p.parent.relative_to(ROOT)).replace("/", ".")
-             for top in ("bench", "datasets_build", "runners", "leaderboard")
-             for p in (ROOT / top).rglob("__init__.py")}
-    assert found - listed == set(), f"packages missing from pyproject.toml: {sorted(found - listed)}"
+def test_every_package_is_discovered_from_pyproject():
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    assert find.get("namespaces") is False
+    shipped = set(find_packages(str(ROOT), include=find["include"]))
+    code_dirs = {str(p.parent.relative_to(ROOT)).replace("/", ".")
+                 for top in TOPS for p in (ROOT / top).rglob("*.py")}
+    assert code_dirs - shipped == set(), f"directories of code that would not ship: {sorted(code_dirs - shipped)}"
+    assert {p.split(".")[0] for p in shipped} == set(TOPS)            # nothing else (tests, benchmarks, tools)
