@@ -20,3 +20,5 @@ def test_every_package_is_discovered_from_pyproject():
                  for top in TOPS for p in (ROOT / top).rglob("*.py")}
     assert code_dirs - shipped == set(), f"directories of code that would not ship: {sorted(code_dirs - shipped)}"
     assert {p.split(".")[0] for p in shipped} == set(TOPS)            # nothing else (tests, benchmarks, tools)
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert set(data) <= shipped, f"package data of packages that do not ship: {sorted(set(data) - shipped)}"
