@@ -173,7 +173,8 @@ def calibration_metrics(logp_mu: torch.Tensor, logp_pi: torch.Tensor, mask: torc
             "abs_logp_diff_mean": tok.abs().mean().item(), "abs_logp_diff_max": tok.abs().max().item(),
             "k3": kl_k3(logp_mu, logp_pi, mask),
             "seq_log_ratio_mean": seq.mean().item(), "seq_log_ratio_max": seq.abs().max().item(),
-            "is_ratio_min": seq.clamp(-50, 50).exp().min().item(), "is_ratio_max": seq.clamp(-50, 50).exp().max().item()}
+            "is_ratio_min": seq.clamp(-50, 50).exp().min().item(),
+            "is_ratio_max": seq.clamp(-50, 50).exp().max().item()}
 
 
 def reference_metrics(logp_mu: torch.Tensor, logp_twin: torch.Tensor, logp_ref: torch.Tensor,
@@ -243,7 +244,8 @@ def buffer_mismatches(master: torch.nn.Module, model) -> list[str] | None:
         if o is None or not b.is_floating_point():
             continue
         if o.dtype != b.dtype:
-            out.append(f"{name} is {str(o.dtype).removeprefix('torch.')} (master {str(b.dtype).removeprefix('torch.')})")
+            out.append(f"{name} is {str(o.dtype).removeprefix('torch.')} "
+                       f"(master {str(b.dtype).removeprefix('torch.')})")
         elif o.shape != b.shape or not torch.equal(o.detach().cpu(), b.detach().cpu()):
             diff = ((o.detach().cpu().double() - b.detach().cpu().double()).abs().max().item()
                     if o.shape == b.shape else float("nan"))

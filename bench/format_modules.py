@@ -29,10 +29,10 @@ layer (lm_head included), at each sync:
                           since the previous sync and δ the grid spacing at the new stored
                           value: int8 the channel scale; e4m3 the scale × 2^(max(⌊log2|c|⌋, −6) − 3)
                           at code c; nvfp4 the e2m1 spacing at the code × its block's scale;
-                          bf16/fp16/fp32 the value's ulp. Far below 1/2: most updates cannot move the quantized copy. Over every such weight up to
-                          TRACK_SAMPLE (2^24) of them; a larger model uses a fixed uniform sample
-                          of 2^24 positions (its fp32 copy of the last sync is then ~200 MB, not
-                          4 bytes per weight on the device).
+                          bf16/fp16/fp32 the value's ulp. Far below 1/2: most updates cannot move the
+                          quantized copy. Over every such weight up to TRACK_SAMPLE (2^24) of them; a
+                          larger model uses a fixed uniform sample of 2^24 positions (its fp32 copy of
+                          the last sync is then ~200 MB, not 4 bytes per weight on the device).
 """
 
 from __future__ import annotations

@@ -172,7 +172,8 @@ class NVFP4(Quantizer):
             raise PrecisionError(f"nvfp4 needs an input dimension divisible by {self.block}, got {x.shape[-1]}")
         return x.float().reshape(*x.shape[:-1], x.shape[-1] // self.block, self.block)
 
-    def scales(self, x: torch.Tensor, per_tensor: bool = False, top: torch.Tensor | float | None = None) -> torch.Tensor:
+    def scales(self, x: torch.Tensor, per_tensor: bool = False,
+               top: torch.Tensor | float | None = None) -> torch.Tensor:
         """Block scales: e4m3(clamp(amax_b / 6 / g, 2^-9, 448)) · g, g = amax / (448·6) over the
         tensor (weights; `top` gives the amax instead, e.g. one shared by the members of a fused
         projection) or over each row (activations: per token). The lower clamp at 2^-9, the
@@ -186,7 +187,8 @@ class NVFP4(Quantizer):
         g = torch.where(top > 0, top / (E4M3_MAX * self.qmax), torch.ones_like(top))
         return (amax / self.qmax / g).clamp(E4M3_MIN_SUBNORMAL, E4M3_MAX).to(torch.float8_e4m3fn).float() * g
 
-    def quantize_weight(self, w: torch.Tensor, top: torch.Tensor | float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def quantize_weight(self, w: torch.Tensor,
+                        top: torch.Tensor | float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-tensor global scale from the weight's amax, or from `top` (a fused group's)."""
         s = self.scales(w, per_tensor=True, top=top)
         return self.codes(w, s), s
@@ -299,8 +301,8 @@ class Format:
 
 _VLLM_NO_INT8 = ("vLLM 0.32 has no W8A8 int8 for a bf16/fp16 checkpoint (its online `int8_per_channel_weight_only` "
                  "is weight-only and MoE-only); run int8 rollouts with --engine torch")
-_VLLM_NO_NVFP4 = ("vLLM 0.32 runs NVFP4 only from a pre-quantized checkpoint (`modelopt_fp4`, Blackwell GPUs): it has no "
-                  "online NVFP4 quantization of a bf16/fp16 checkpoint; run nvfp4 rollouts with --engine torch")
+_VLLM_NO_NVFP4 = ("vLLM 0.32 runs NVFP4 only from a pre-quantized checkpoint (`modelopt_fp4`, Blackwell GPUs): it has "
+                  "no online NVFP4 quantization of a bf16/fp16 checkpoint; run nvfp4 rollouts with --engine torch")
 FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("fp32", torch.float32, vllm={"dtype": "float32"}, aliases=("float32", "float")),
     Format("bf16", torch.bfloat16, vllm={"dtype": "bfloat16"}, aliases=("bfloat16",)),
@@ -310,7 +312,8 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("fp8", torch.bfloat16, quant=FP8E4M3(),
            vllm={"dtype": "bfloat16", "quantization": "fp8_per_channel"}, aliases=("e4m3", "fp8-e4m3")),
     Format("int8", torch.bfloat16, quant=Int8(), train=False, vllm_refusal=_VLLM_NO_INT8, aliases=("w8a8-int8",)),
-    Format("nvfp4", torch.bfloat16, quant=NVFP4(), train=False, vllm_refusal=_VLLM_NO_NVFP4, aliases=("fp4", "w4a4-nvfp4")),
+    Format("nvfp4", torch.bfloat16, quant=NVFP4(), train=False, vllm_refusal=_VLLM_NO_NVFP4,
+           aliases=("fp4", "w4a4-nvfp4")),
 )}
 ROLLOUT_FORMATS = tuple(FORMATS)
 TRAIN_FORMATS = tuple(n for n, f in FORMATS.items() if f.train)

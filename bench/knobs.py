@@ -107,7 +107,8 @@ def check_value(cls, name: str, value, where: str = ""):
     m = f.metadata
     if typ in (int, float):
         bad = ((m.get("ge") is not None and not value >= m["ge"]) or (m.get("gt") is not None and not value > m["gt"])
-               or (m.get("le") is not None and not value <= m["le"]) or (m.get("lt") is not None and not value < m["lt"]))
+               or (m.get("le") is not None and not value <= m["le"])
+               or (m.get("lt") is not None and not value < m["lt"]))
         if bad:
             raise ConfigError(f"{label} must be {bound_text(f)}{unit}, got {value!r}")
     return value

@@ -247,7 +247,8 @@ def upcast_matmuls(model) -> int:
 UPCAST_ATTENTION = "bench_upcast"      # the attention implementation name `upcast_attention` registers
 
 
-def flash_attention_arithmetic(s: torch.Tensor, v: torch.Tensor, dtype: torch.dtype, dropout: float = 0.0) -> torch.Tensor:
+def flash_attention_arithmetic(s: torch.Tensor, v: torch.Tensor, dtype: torch.dtype,
+                               dropout: float = 0.0) -> torch.Tensor:
     """FlashAttention-2's arithmetic from fp32 scores `s` [..., Lq, Lk] (scaled, masked: −inf
     where not attended) and fp32 values `v` [..., Lk, D] (16-bit values upcast):
         m = max_k S,   E = exp(S − m) (fp32),   l = Σ_k E (fp32, before any rounding),

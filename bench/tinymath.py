@@ -19,7 +19,8 @@ from .models import PLAIN_TEMPLATE, TINY_MATH_DIR
 from .problems import SFT_POOL, SFT_SEED, synthetic_examples
 
 SPECIALS = ["<pad>", "<eos>", "<unk>"]
-CHARS = list("0123456789+-*=.,:?!()/ \n{}\\$^_") + list("abcdefghijklmnopqrstuvwxyz") + list("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+CHARS = (list("0123456789+-*=.,:?!()/ \n{}\\$^_") + list("abcdefghijklmnopqrstuvwxyz")
+         + list("ABCDEFGHIJKLMNOPQRSTUVWXYZ"))
 
 
 def build_tokenizer():

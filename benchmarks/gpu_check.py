@@ -111,8 +111,8 @@ def memory_model(c: dict, microbatch_tokens: int, checkpointing: bool, rollout_r
       peak         = static + max(activations + logits, kv_cache)
 
     P parameters, L layers, H hidden, H_kv = head_dim × KV heads, I intermediate, V vocabulary,
-    M tokens per micro-batch, chunk = runners/logprobs.py's 2^26 logits. Ignores allocator fragmentation, temporary GEMM workspaces and the CUDA context
-    (~0.5 GiB): read it as a floor."""
+    M tokens per micro-batch, chunk = runners/logprobs.py's 2^26 logits. Ignores allocator
+    fragmentation, temporary GEMM workspaces and the CUDA context (~0.5 GiB): read it as a floor."""
     p = param_count(c)
     h, n, i = c["hidden_size"], c["num_hidden_layers"], c["intermediate_size"]
     kv = h // c["num_attention_heads"] * c["num_key_value_heads"]

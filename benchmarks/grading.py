@@ -51,7 +51,8 @@ def main() -> None:
     n_ours = sum(v.correct for v in verdicts)
     print(f"{len(responses)} responses ({a.problems} problems × {a.k}); {unique} unique (answer, gold) pairs")
     print(f"  plain math-verify loop  {len(responses) / t_plain:8.1f} answers/s  ({n_plain} correct)")
-    print(f"  bench grader            {len(responses) / t_ours:8.1f} answers/s  ({n_ours} correct, pool start included)")
+    print(f"  bench grader            {len(responses) / t_ours:8.1f} answers/s  "
+          f"({n_ours} correct, pool start included)")
     print(f"  ratio: {t_plain / t_ours:.2f}x")
 
 

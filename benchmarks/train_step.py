@@ -85,7 +85,8 @@ def main() -> None:
     problems = [Problem(r["id"], r["problem"], r["answer"]) for r in synthetic_examples("test", 200)]
     t_ours = ours(problems, a.steps, a.threads)
     t_trl = trl(problems, a.steps, a.threads)
-    print(f"GRPO step, {B} prompts × {G} completions, ≤{MAX_NEW} tokens, fp32, {a.threads} thread(s), mean of {a.steps}")
+    print(f"GRPO step, {B} prompts × {G} completions, ≤{MAX_NEW} tokens, fp32, "
+          f"{a.threads} thread(s), mean of {a.steps}")
     print(f"  bench native trainer  {t_ours:6.2f} s/step")
     print(f"  TRL GRPOTrainer       {t_trl:6.2f} s/step")
     print(f"  ratio ours/TRL: {t_ours / t_trl:.2f} (goal <= 1)")

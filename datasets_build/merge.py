@@ -88,5 +88,6 @@ def merge_shards(engine_db, ids: list[str] | None = None, out: Path | None = Non
         cols = [c.name for c in table.columns if c.name != "build_id"]
         for b in shards:
             s.execute(insert(table).from_select(
-                ["build_id", *cols], select(literal(build_id), *[table.c[c] for c in cols]).where(table.c.build_id == b.id)))
+                ["build_id", *cols],
+                select(literal(build_id), *[table.c[c] for c in cols]).where(table.c.build_id == b.id)))
     return manifest

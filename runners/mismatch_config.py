@@ -11,8 +11,8 @@ from bench.knobs import knob
 
 @dataclass
 class MismatchConfig:
-    """One offline analysis, each setting a knob (bench/knobs.py). Sampling is fixed at T=1, top-p=1: anything else makes μ the
-    log-probability of a reshaped distribution and the comparison meaningless."""
+    """One offline analysis, each setting a knob (bench/knobs.py). Sampling is fixed at T=1, top-p=1: anything else
+    makes μ the log-probability of a reshaped distribution and the comparison meaningless."""
 
     model: str = knob("tiny-math", help="'tiny-math', a model directory, or a hub id.", cli=False)
     source: str = knob("synthetic-hard", help="Problems (any `bench build --source`).", cli=False)

@@ -155,7 +155,8 @@ def resume_run(store, run_id: str, progress=None, device: str | None = None) -> 
         build, m, ref = resolve_inputs(s, run.build_id, None)
         split = load_split(s, build.id)
         cfg = config_from_dict(run.config)
-        algo, precision, engine, ckpt_dir = run.algo, Precision(run.rollout_dtype, run.train_dtype), run.engine, Path(run.checkpoint_dir)
+        algo, precision, engine, ckpt_dir = (run.algo, Precision(run.rollout_dtype, run.train_dtype), run.engine,
+                                             Path(run.checkpoint_dir))
         started_on = (run.provenance or {}).get("device", "cpu")
         try:
             device = resolve_device(device or started_on)

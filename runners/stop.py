@@ -114,9 +114,11 @@ def after_eval(state: StopState, cfg: StopConfig, step: int, accuracy: float, n:
                                f"samples): its {cfg.confidence:.0%} lower bound {state.bound:.3f} >= {cfg.target} "
                                f"(step {step})")
     if state.peak - accuracy >= cfg.collapse_drop:
-        return COLLAPSED, f"split accuracy {accuracy:.3f} fell {state.peak - accuracy:.3f} below its peak {state.peak:.3f} (step {state.peak_step})"
+        return COLLAPSED, (f"split accuracy {accuracy:.3f} fell {state.peak - accuracy:.3f} below its peak "
+                           f"{state.peak:.3f} (step {state.peak_step})")
     if state.evals_since_peak >= cfg.patience:
-        return PLATEAUED, f"no gain of {cfg.min_delta} over {cfg.patience} evaluations (peak {state.peak:.3f} at step {state.peak_step})"
+        return PLATEAUED, (f"no gain of {cfg.min_delta} over {cfg.patience} evaluations "
+                           f"(peak {state.peak:.3f} at step {state.peak_step})")
     return None
 
 

@@ -173,7 +173,8 @@ class NativeTrainer:
     def load_checkpoint(self) -> None:
         """Restore from the last checkpoint (or the start) and drop later steps from the store."""
         if self.ckpt_path.exists():
-            state = torch.load(self.ckpt_path, weights_only=False, map_location="cpu")   # state dicts copy to the device
+            # state dicts copy to the device
+            state = torch.load(self.ckpt_path, weights_only=False, map_location="cpu")
             self.master.load_state_dict(state["model"])
             self.opt.load_state_dict(state["optimizer"])
             for k, v in state["scaler"].items():
@@ -239,7 +240,8 @@ class NativeTrainer:
     def _evaluate(self) -> dict[str, float]:
         cfg = self.cfg
         sp = Sampling(cfg.temperature, cfg.top_p, cfg.max_tokens, seed=eval_seed(SPLIT_EVAL, cfg.seed, self.step))
-        scores = {"split": (cfg.eval_split_m, self._score(self.split, self.engine.generate(self.prompts, cfg.eval_split_m, sp)))}
+        scores = {"split": (cfg.eval_split_m,
+                            self._score(self.split, self.engine.generate(self.prompts, cfg.eval_split_m, sp)))}
         if self.train_sampler is not None:
             self._sync_compute()
             with torch.no_grad():

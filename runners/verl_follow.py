@@ -249,7 +249,8 @@ def launch_and_follow(follower: Follower, argv: list[str], env: dict, metrics: P
     last = 0
     with log.open("ab") as out, _sigterm_as_interrupt():
         proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, cwd=log.parent)   # Hydra's outputs/ there
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                cwd=log.parent)   # Hydra's outputs/ there
         try:
             while True:
                 exited = proc.poll() is not None

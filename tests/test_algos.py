@@ -103,7 +103,8 @@ def test_grpo_seq_mis_by_hand():
 def test_gspo_by_hand():
     old = torch.zeros(2, 2, dtype=torch.float64)
     logp = torch.tensor([[0.001, 0.001], [0.0002, 0.0]], dtype=torch.float64, requires_grad=True)
-    x = LossInputs(logp, old, old, torch.ones(2, 2, dtype=torch.float64), torch.tensor([1.0, -1.0], dtype=torch.float64))
+    x = LossInputs(logp, old, old, torch.ones(2, 2, dtype=torch.float64),
+                   torch.tensor([1.0, -1.0], dtype=torch.float64))
     loss, g, m = grad_of("gspo", x)
     s2 = math.exp(0.0001)
     assert loss == pytest.approx(-(1.0004 - s2) / 2)

@@ -159,7 +159,8 @@ def test_three_shards_merge_to_the_unsharded_split(tmp_path):
     b = pd.read_parquet(tmp_path / "merged" / "split.parquet")
     pd.testing.assert_frame_equal(a, b)
     with session(open_store(url)) as s:
-        assert s.scalar(select(func.count()).select_from(BuildRollout).where(BuildRollout.build_id == merged["build_id"])) == 180
+        assert s.scalar(select(func.count()).select_from(BuildRollout)
+                        .where(BuildRollout.build_id == merged["build_id"])) == 180
 
 
 def test_identical_settings_reuse_the_complete_build(tmp_path):

@@ -76,7 +76,8 @@ def test_export_import_gives_identical_report_rows(source, db_url):
     assert _counts(db_url) == before
     with session(open_store(db_url)) as s:
         b = s.scalars(select(Build)).one()
-        assert b.split_hash == json.loads(_cli("builds", "show", b.id, "--db", source["url"], "--json").stdout)["split_hash"]
+        assert b.split_hash == json.loads(
+            _cli("builds", "show", b.id, "--db", source["url"], "--json").stdout)["split_hash"]
 
 
 def test_a_build_with_another_split_hash_refuses_the_bundle(source, tmp_path):

@@ -12,8 +12,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from bench.calibration import (BANDS, CHECKS, TWIN_RATIO, Z_REF, band_for, buffer_mismatches, calibration_metrics, judge,
-                               processing_metrics, reference_metrics)
+from bench.calibration import (BANDS, CHECKS, TWIN_RATIO, Z_REF, band_for, buffer_mismatches, calibration_metrics,
+                               judge, processing_metrics, reference_metrics)
 from bench.cli import app
 from bench.engines.torch_engine import TorchEngine
 from bench.models import load_model, load_tokenizer, resolve_model

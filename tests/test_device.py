@@ -1,8 +1,8 @@
 """`--device auto|cpu|cuda[:i]`: resolution, one clear refusal where CUDA is absent (build, run,
 sweep, mismatch), and on a CPU-only machine `bench run --device cpu` stores the very steps of a
-run without the flag (same seed) even when told CUDA is there, with the device in the run's provenance and the step's peak
-memory and tokens/s; micro-batches, activation checkpointing and the built-in engine's batch
-from the command line."""
+run without the flag (same seed) even when told CUDA is there, with the device in the run's
+provenance and the step's peak memory and tokens/s; micro-batches, activation checkpointing and
+the built-in engine's batch from the command line."""
 
 from __future__ import annotations
 

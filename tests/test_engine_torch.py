@@ -95,8 +95,8 @@ def test_length_finish_and_top_p_logprobs(engine):
         for s in row:
             logits = _full_forward_logits(engine, prompt, s)
             tok = torch.tensor(s.token_ids).unsqueeze(-1)
-            assert torch.allclose(torch.tensor(s.logprobs), torch.log_softmax(logits / T, -1).gather(-1, tok).squeeze(-1),
-                                  atol=1e-4)
+            assert torch.allclose(torch.tensor(s.logprobs),
+                                  torch.log_softmax(logits / T, -1).gather(-1, tok).squeeze(-1), atol=1e-4)
 
 
 def test_update_weights_changes_samples(engine):

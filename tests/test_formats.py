@@ -210,7 +210,8 @@ def test_nvfp4_matmul_is_the_product_of_the_dequantized_operands():
 
 def test_every_pair_parses_and_names_itself():
     assert {p.rollout for p in ALL_PAIRS} == set(formats.ROLLOUT_FORMATS) and len(formats.ROLLOUT_FORMATS) == 7
-    assert {p.train for p in ALL_PAIRS} == set(formats.TRAIN_FORMATS) and not {"int8", "nvfp4"} & set(formats.TRAIN_FORMATS)
+    assert ({p.train for p in ALL_PAIRS} == set(formats.TRAIN_FORMATS)
+            and not {"int8", "nvfp4"} & set(formats.TRAIN_FORMATS))
     for p in ALL_PAIRS:
         assert Precision.parse(p.name) == p
         assert Precision.parse(f"train={p.train},rollout={p.rollout}") == p
@@ -234,7 +235,8 @@ def test_int8_is_rollout_only_with_one_message(text):
 
 
 def test_unknown_format_lists_the_formats():
-    with pytest.raises(PrecisionError, match=r"unknown dtype 'fp6'; choose one of fp32, bf16, bf16\+head32, fp16, fp8, int8, nvfp4"):
+    with pytest.raises(PrecisionError,
+                       match=r"unknown dtype 'fp6'; choose one of fp32, bf16, bf16\+head32, fp16, fp8, int8, nvfp4"):
         Precision.parse("rollout=fp6,train=fp32")
     assert Precision.parse("rollout=fp4,train=fp32") == Precision("nvfp4", "fp32")
 
@@ -321,7 +323,8 @@ def test_engine_quantizes_every_linear_and_unties_lm_head(tiny, fmt):
     assert all(p.dtype == torch.bfloat16 for p in m.parameters())               # embeddings and norms
     assert all(b.dtype == torch.float32 for n, b in m.named_buffers() if "inv_freq" in n)
     codes, scale = FORMATS[fmt].quantize(master.model.embed_tokens.weight.detach())
-    assert torch.equal(m.lm_head.codes.view(torch.uint8), codes.view(torch.uint8)) and torch.equal(m.lm_head.scale, scale)
+    assert (torch.equal(m.lm_head.codes.view(torch.uint8), codes.view(torch.uint8))
+            and torch.equal(m.lm_head.scale, scale))
 
 
 def test_engine_requantizes_at_every_sync(tiny):
@@ -426,7 +429,8 @@ def test_straight_through_on_the_grid_equals_the_unquantized_gradient():
 def test_fp8_training_copy_shares_the_rollout_quantizers_not_its_kernels(tiny):
     _, _, master = tiny
     c = prepare_compute_model(copy.deepcopy(master), "fp8")
-    assert [n for n, _ in c.named_parameters()] == [n for n, _ in master.named_parameters()]   # trainer pairs by position
+    # trainer pairs by position
+    assert [n for n, _ in c.named_parameters()] == [n for n, _ in master.named_parameters()]
     lin_w = {id(m.weight) for m in c.modules() if isinstance(m, nn.Linear)}
     assert all((p.dtype == torch.float32) == (id(p) in lin_w) for p in c.parameters())
     assert all(b.dtype == torch.float32 for n, b in c.named_buffers() if "inv_freq" in n)

@@ -218,9 +218,10 @@ def test_app_on_postgresql(pg_url, tmp_path):
 
 def test_mismatch_reports_side_by_side(store, tmp_path):
     url, _ = store
-    every_rollout = ";".join(f"rollout={d},train=fp32" for d in ("fp32", "bf16", "bf16+head32", "fp16", "fp8", "int8", "nvfp4"))
-    r = CliRunner().invoke(app, ["mismatch", "--dtype", every_rollout, "--limit", "8", "--n", "8", "--db", url, "--json",
-                                 "--out", str(tmp_path / "plots")])
+    every_rollout = ";".join(f"rollout={d},train=fp32"
+                             for d in ("fp32", "bf16", "bf16+head32", "fp16", "fp8", "int8", "nvfp4"))
+    r = CliRunner().invoke(app, ["mismatch", "--dtype", every_rollout, "--limit", "8", "--n", "8", "--db", url,
+                                 "--json", "--out", str(tmp_path / "plots")])
     assert r.exit_code == 0, r.output
     reports = {(x["rollout"], x["train"]): x for x in json.loads(r.stdout)}
     assert len(reports) == 7                          # every rollout format against fp32 (`all`: 35 pairs)
@@ -254,8 +255,8 @@ def test_mismatch_page_pairs_reports_of_the_same_conditions_only(tmp_path):
                   trainer="native", engine="torch", config={}, status="max_steps"))
         for i, (dt, k3, changed) in enumerate([("bf16", 6e-3, {}), ("fp16", 2e-4, {}), ("fp16", 1e-6, {"limit": 8})]):
             s.add(MismatchReport(model_id=model_id, rollout_dtype=dt, train_dtype=dt, source="synthetic-hard", n=64,
-                                 metrics={"kl_k3": k3}, plots={}, created_at=datetime(2026, 1, 1) + timedelta(minutes=i),
-                                 **{**cond, **changed}))
+                                 metrics={"kl_k3": k3}, plots={},
+                                 created_at=datetime(2026, 1, 1) + timedelta(minutes=i), **{**cond, **changed}))
     at = page(url, "pages/mismatch.py")
     reports, ratios = at.dataframe[0].value, at.dataframe[1].value
     assert sorted(reports.limit) == [8, 100, 100] and {"engine", "max_tokens", "cpu_16bit"} <= set(reports.columns)

@@ -201,4 +201,5 @@ def test_log_ratio_slope_and_its_standard_error_by_hand():
 
 def test_ratio_stats_clamp_the_log_ratio_at_20():
     s = ratio_stats(torch.tensor([25.0, 0.0, -25.0]), "w")
-    assert s["w_max"] == pytest.approx(math.exp(20), rel=1e-12) and s["w_min"] == pytest.approx(math.exp(-20), rel=1e-12)
+    assert (s["w_max"] == pytest.approx(math.exp(20), rel=1e-12)
+            and s["w_min"] == pytest.approx(math.exp(-20), rel=1e-12))

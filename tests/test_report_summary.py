@@ -227,7 +227,8 @@ def test_bench_mismatch_stores_its_conditions_and_the_report_pairs_by_them(tmp_p
 
     frame = mismatch_frame(open_store(url))
     assert sorted(frame.limit) == [2, 4, 4] and set(frame.engine) == {"torch"} and set(frame.n) == {2}
-    assert set(frame.max_tokens) == {64} and set(frame.device) == {"cpu"} and set(frame.cpu_16bit) == {cpu_kernel_path()}
+    assert (set(frame.max_tokens) == {64} and set(frame.device) == {"cpu"}
+            and set(frame.cpu_16bit) == {cpu_kernel_path()})
     r = CliRunner().invoke(app, ["report", "--db", url, "--json"])
     (ratio,) = json.loads(r.stdout)["summary"]["offline_mismatch_ratios"]
     assert ratio["limit"] == 4 and ratio["ratio"] == pytest.approx(k3["bf16"] / k3["fp16"])

@@ -141,7 +141,8 @@ def test_upcast_attention_matches_sdpa_in_fp32_with_padding_and_a_kv_cache():
             cache = DynamicCache()
             a = m(input_ids=ids, attention_mask=att, position_ids=pos, past_key_values=cache).logits
             att2 = torch.cat([att, torch.ones(3, 1, dtype=att.dtype)], -1)
-            b = m(input_ids=ids[:, -1:], attention_mask=att2, position_ids=pos[:, -1:] + 1, past_key_values=cache).logits
+            b = m(input_ids=ids[:, -1:], attention_mask=att2, position_ids=pos[:, -1:] + 1,
+                  past_key_values=cache).logits
             outs.append((a, b))
     (a0, b0), (a1, b1) = outs
     assert torch.isfinite(a1).all()

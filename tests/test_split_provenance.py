@@ -39,7 +39,8 @@ def _repeated_source(tmp_path, n=10, copies=3):
     out = []
     for c in range(copies):
         for i, r in enumerate(rows):
-            text = r["problem"] if c == 0 else (r["problem"].upper() if c == 1 else "  " + r["problem"].replace(" ", "\t"))
+            text = (r["problem"] if c == 0
+                    else (r["problem"].upper() if c == 1 else "  " + r["problem"].replace(" ", "\t")))
             out.append({"id": r["id"] if c != 2 else None, "problem": text, "answer": r["answer"]})
     path = tmp_path / "repeated.jsonl"
     path.write_text("\n".join(json.dumps({k: v for k, v in x.items() if v is not None}) for x in out))

@@ -448,6 +448,7 @@ def test_bad_staleness_axis(text, tmp_path):
     r = CliRunner().invoke(app, ["sweep", "--staleness", text, "--db", f"sqlite:///{tmp_path / 's.db'}"])
     assert r.exit_code == 2 and "bad --staleness" in r.stderr, r.output
     assert parse_staleness("0,1,2,4,8,16") == [0, 1, 2, 4, 8, 16] and parse_staleness("2,2,0") == [2, 0]
-    r = CliRunner().invoke(app, ["run", "--algo", "grpo", "--staleness", "-3", "--db", f"sqlite:///{tmp_path / 's.db'}"])
+    r = CliRunner().invoke(app, ["run", "--algo", "grpo", "--staleness", "-3",
+                                 "--db", f"sqlite:///{tmp_path / 's.db'}"])
     assert r.exit_code == 2 and "--staleness must be >= 0" in " ".join(r.output.split())
 

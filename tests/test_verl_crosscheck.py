@@ -72,11 +72,13 @@ def verl_out(verl_python, tmp_path_factory):
                          for a in ("grpo-seq-mis", "pg-seq-mis")]),
              "empty": (empty, [(a, algo_overrides(a, L, C)) for a in ("grpo", "gspo")]),
              "dual": (dual, [("grpo", algo_overrides("grpo", L, C)),
-                             ("grpo-dual-clip", algo_overrides("grpo", L, C) + ["actor_rollout_ref.actor.clip_ratio_c=3.0"])]),
+                             ("grpo-dual-clip",
+                              algo_overrides("grpo", L, C) + ["actor_rollout_ref.actor.clip_ratio_c=3.0"])]),
              "agg": (x, [("token-mean", [o for o in algo_overrides("grpo", L, C) if "loss_agg_mode" not in o]),
                          ("no-scale-factor", [o for o in algo_overrides("grpo", L, C) if "loss_scale_factor" not in o]),
                          ("gspo-token-mean", [o for o in algo_overrides("gspo", L, C) if "loss_agg_mode" not in o]),
-                         ("grpo-estimator", ["algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=False"])])}
+                         ("grpo-estimator",
+                          ["algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=False"])])}
     tmp = tmp_path_factory.mktemp("verl")
     out = {}
     for key, (inputs, cs) in cases.items():

@@ -89,7 +89,7 @@ def test_a_crashed_verl_run_fails_then_resumes_from_its_checkpoint(store, verl_p
         run = s.get(Run, run_id)
         assert (run.status, run.step, run.steps_to_target) == ("converged", 30, 30)
     assert sorted(steps_of(store, run_id)) == list(range(31))
-    first = (tmp_path / "verl" / "run1" / "metrics.0.jsonl").read_text().splitlines()       # kept: verl truncates on start
+    first = (tmp_path / "verl" / "run1" / "metrics.0.jsonl").read_text().splitlines()  # kept: verl truncates on start
     assert json.loads(first[-1])["step"] == 11
     assert json.loads((tmp_path / "verl" / "run1" / "metrics.jsonl").read_text().splitlines()[0])["step"] == 11
 
@@ -132,8 +132,9 @@ def test_reward_module_runs_in_verls_environment(store, verl_python, tmp_path):
     job = prepare(store, "grpo", Precision.parse("bf16"), get_preset("tiny"), None, None, os.path.relpath(verl_python),
                   root=tmp_path / "v")
     assert job["argv"][0] == verl_python                  # verl runs in its run directory: paths made absolute
-    code = ("import importlib.util as u, json; s = u.spec_from_file_location('r', 'REWARD'); m = u.module_from_spec(s); "
-            "s.loader.exec_module(m); print(json.dumps([m.compute_score('split', 'so \\\\boxed{\\\\frac{1}{2}}', '0.5'), "
+    code = ("import importlib.util as u, json; s = u.spec_from_file_location('r', 'REWARD'); "
+            "m = u.module_from_spec(s); s.loader.exec_module(m); "
+            "print(json.dumps([m.compute_score('split', 'so \\\\boxed{\\\\frac{1}{2}}', '0.5'), "
             "m.compute_score('split', 'no idea', '0.5')]))").replace("REWARD", str(Path(job["root"]) / "reward.py"))
     r = subprocess.run([verl_python, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -73,7 +73,8 @@ def test_verl_values_never_land_on_names_with_another_meaning():
 
 def test_bypass_keys_keep_their_own_names():
     """Bypass means are means of per-sequence means under a moving π_θ: not the native metric."""
-    assert METRIC_MAP["rollout_corr/kl"] == "kl_k1_token" and METRIC_MAP["actor/rollout_corr/kl"] == "bypass/kl_k1_token"
+    assert (METRIC_MAP["rollout_corr/kl"] == "kl_k1_token"
+            and METRIC_MAP["actor/rollout_corr/kl"] == "bypass/kl_k1_token")
     assert METRIC_MAP["rollout_corr/k3_kl"] == "kl_k3" and METRIC_MAP["actor/rollout_corr/k3_kl"] == "bypass/kl_k3"
     for k in BYPASS_OFFPOLICY:
         assert METRIC_MAP[f"actor/rollout_corr/{k}"] == f"bypass/{OFFPOLICY_MAP[k]}"

@@ -32,8 +32,10 @@ def test_every_cell_has_the_reference_keys(tmp_path):
             argv, env = verl_command(algo, p, cfg, job)
             o = kv(argv[3:])
             assert argv[:3] == ["python", "-m", "verl.trainer.main_ppo"]
-            assert o["algorithm.adv_estimator"] == "rloo" and o["actor_rollout_ref.rollout.calculate_log_probs"] == "True"
-            assert o["actor_rollout_ref.rollout.dtype"] == {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[p.rollout]
+            assert (o["algorithm.adv_estimator"] == "rloo"
+                    and o["actor_rollout_ref.rollout.calculate_log_probs"] == "True")
+            assert o["actor_rollout_ref.rollout.dtype"] == {"fp32": "float32", "fp16": "float16",
+                                                            "bf16": "bfloat16"}[p.rollout]
             assert o["+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype"] == p.train
             assert env["VERL_FILE_LOGGER_PATH"].endswith("m.jsonl")
             if algo != "gspo":      # Dr.GRPO aggregation with an explicit normaliser
@@ -141,7 +143,8 @@ def test_dry_run_cli(tmp_path):
     r = CliRunner().invoke(app, ["build", "--limit", "16", "--k", "4", "--engine", "torch", "--band", "0", "1",
                                  "--db", url])
     assert r.exit_code == 0, r.output
-    r = CliRunner().invoke(app, ["run", "--trainer", "verl", "--algo", "grpo", "--dtype", "bf16", "--dry-run", "--db", url])
+    r = CliRunner().invoke(app, ["run", "--trainer", "verl", "--algo", "grpo", "--dtype", "bf16", "--dry-run",
+                                 "--db", url])
     assert r.exit_code == 0, r.output
     assert "verl.trainer.main_ppo" in r.stdout and "actor_rollout_ref.rollout.dtype=bfloat16" in r.stdout
     assert "not validated" in r.stderr                          # this interpreter has no verl
@@ -183,7 +186,8 @@ def dry_run_cells(tmp_path_factory, shared_data):
     mp = pytest.MonkeyPatch()
     mp.setenv("BENCH_HOME", str(home))
     try:
-        r = CliRunner().invoke(app, ["build", "--limit", "16", "--k", "4", "--engine", "torch", "--band", "0", "1", "--db", url])
+        r = CliRunner().invoke(app, ["build", "--limit", "16", "--k", "4", "--engine", "torch", "--band", "0", "1",
+                                     "--db", url])
         assert r.exit_code == 0, r.output
         cells = {}
         for a in REGISTRY:
@@ -210,7 +214,8 @@ def test_every_dry_run_passes_verls_validate_config(dry_run_cells, verl_python):
     broken override is caught."""
     cells = list(dry_run_cells)
     overrides = [dry_run_cells[c] for c in cells]
-    bad = [o for o in overrides[0] if "ppo_mini_batch_size=" not in o] + ["actor_rollout_ref.actor.ppo_mini_batch_size=128"]
+    bad = ([o for o in overrides[0] if "ppo_mini_batch_size=" not in o]
+           + ["actor_rollout_ref.actor.ppo_mini_batch_size=128"])
     errors = validate_cells(verl_python, overrides + [bad])
     assert len(cells) == 63 and [(c, e) for c, e in zip(cells, errors) if e] == []
     assert errors[-1] == "ValueError: train_batch_size (64) must be >= actor.ppo_mini_batch_size (128)"
@@ -250,7 +255,8 @@ def test_launch_refuses_a_verl_without_its_trainer_dependencies(tmp_path, verl_p
     r = CliRunner().invoke(app, ["build", "--limit", "8", "--k", "2", "--engine", "torch", "--band", "0", "1",
                                  "--db", url])
     assert r.exit_code == 0, r.output
-    r = CliRunner().invoke(app, ["run", "--trainer", "verl", "--algo", "grpo", "--verl-python", verl_python, "--db", url])
+    r = CliRunner().invoke(app, ["run", "--trainer", "verl", "--algo", "grpo", "--verl-python", verl_python,
+                                 "--db", url])
     assert r.exit_code == 2 and "TransferQueue" in r.output and "verl[vllm]" in " ".join(r.output.split())
     with session(open_store(url)) as s:
         assert s.scalars(select(Run)).all() == []
@@ -283,7 +289,8 @@ def test_sweep_with_verl_runs_each_cell_through_bench_run(tmp_path, verl_python)
                                  "--verl-python", verl_python, "--gpus", "2", "--db", url])
     assert r.exit_code == 1
     text = " ".join(r.output.split())
-    assert text.count("has verl but not TransferQueue") == 2 and "grpo bf16 failed" in text and "gspo bf16 failed" in text
+    assert (text.count("has verl but not TransferQueue") == 2 and "grpo bf16 failed" in text
+            and "gspo bf16 failed" in text)
     with session(store) as s:
         assert s.scalars(select(Run)).all() == []
         b = s.scalars(select(Build)).one()

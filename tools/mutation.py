@@ -148,7 +148,8 @@ def main() -> None:
             rows.append(r)
             print(f"{m}: {r['killed']} killed, {r['survived']} survived, {r['incompetent']} incompetent, "
                   f"score {r['score']:.1%}, {r['exec_s']:.0f} s", flush=True)
-    table = ["| module | mutants | killed | survived | incompetent | score | time (s) |", "|---|---|---|---|---|---|---|"]
+    table = ["| module | mutants | killed | survived | incompetent | score | time (s) |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
         n = r["killed"] + r["survived"] + r["incompetent"]
         table.append(f"| {r['module']} | {n} | {r['killed']} | {r['survived']} | {r['incompetent']} | "

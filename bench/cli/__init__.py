@@ -49,7 +49,8 @@ app.add_typer(runs_app, name="runs")
 console = Console(stderr=True)
 out = Console(width=None if sys.stdout.isatty() else 200)   # no truncated tables in logs
 
-DB_OPT = typer.Option(None, "--db", help="SQLAlchemy URL of the store (default: $BENCH_DB_URL or SQLite under $BENCH_HOME).")
+DB_OPT = typer.Option(None, "--db",
+                      help="SQLAlchemy URL of the store (default: $BENCH_DB_URL or SQLite under $BENCH_HOME).")
 
 
 def fail(msg: str, code: int = 2) -> None:

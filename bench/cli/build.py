@@ -40,7 +40,8 @@ def build(ctx: typer.Context,
           id_col: str = typer.Option("id", help="Column holding the problem id (else a hash of the text)."),
           problem_col: str = typer.Option("problem", help="Column holding the problem text."),
           answer_col: str = typer.Option("answer", help="Column holding the gold answer."),
-          solution_col: str = typer.Option("solution", help="Column whose last \\boxed{} is the gold when the answer column is missing."),
+          solution_col: str = typer.Option("solution", help="Column whose last \\boxed{} is the gold when the answer "
+                                                            "column is missing."),
           engine: Engine = typer.Option(Engine.auto, help="Rollout engine (auto: vllm when importable, else torch)."),
           dtype: str = typer.Option("bf16", help=_help("dtype")),
           band: Optional[Tuple[float, float]] = typer.Option(
@@ -88,8 +89,8 @@ def build(ctx: typer.Context,
             with _progress("shards") as prog:
                 task = prog.add_task("shards", total=None, rate="")
                 manifest = ray_build(db or default_url(), cfg, shards, ray_address,
-                                     on_shard=lambda r, done, n: prog.update(task, completed=done, total=n,
-                                                                             rate=f"shard {r['shard']}: {r['build_id']}"))
+                                     on_shard=lambda r, done, n: prog.update(
+                                         task, completed=done, total=n, rate=f"shard {r['shard']}: {r['build_id']}"))
         else:
             manifest = _build_with_progress(store, cfg)
     except _user_errors() as e:
@@ -109,8 +110,10 @@ def build(ctx: typer.Context,
               f"({100 * manifest['kept_fraction']:.1f}% in [{cfg.lo}, {cfg.hi}]); too easy {c['too_easy']}, "
               f"too hard {c['too_hard']}, bad gold {c['bad_gold']}")
     rps = manifest["rollouts_per_s"]
-    out.print(f"{manifest['rollouts']} rollouts, {rps:.0f} rollouts/s, wall {manifest['wall_s']:.1f}s → {manifest['out_dir']}"
-              if rps else f"{manifest['rollouts']} rollouts (all resumed), wall {manifest['wall_s']:.1f}s → {manifest['out_dir']}")
+    out.print(f"{manifest['rollouts']} rollouts, {rps:.0f} rollouts/s, "
+              f"wall {manifest['wall_s']:.1f}s → {manifest['out_dir']}"
+              if rps else
+              f"{manifest['rollouts']} rollouts (all resumed), wall {manifest['wall_s']:.1f}s → {manifest['out_dir']}")
 
 
 def _duplicates_line(dup: dict) -> str:
@@ -142,7 +145,8 @@ def _build_with_progress(store, cfg) -> dict:
 @build_app.command("merge")
 def build_merge(build_ids: Optional[List[str]] = typer.Argument(None, help="Shard builds to join (default: the newest "
                                                                 "complete set of shards with one settings hash)."),
-                out_dir: Optional[Path] = typer.Option(None, "--out", help="Output directory (default $BENCH_HOME/builds/<id>)."),
+                out_dir: Optional[Path] = typer.Option(None, "--out",
+                                                       help="Output directory (default $BENCH_HOME/builds/<id>)."),
                 as_json: bool = typer.Option(False, "--json"), db: Optional[str] = DB_OPT):
     """Join shards built with `bench build --shard i/n` into one split (all shards complete, same settings)."""
     from datasets_build.merge import merge_shards

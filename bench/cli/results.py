@@ -34,12 +34,14 @@ def runs(ctx: typer.Context, as_json: bool = typer.Option(False, "--json"), db: 
         return
     t = Table("run", "algo", "precision", "status", "steps", "peak", "final", "build")
     for r in df.itertuples():
-        t.add_row(r.run, r.algo, r.precision, r.status, str(r.steps), _f(r.peak_accuracy), _f(r.final_accuracy), r.build)
+        t.add_row(r.run, r.algo, r.precision, r.status, str(r.steps), _f(r.peak_accuracy), _f(r.final_accuracy),
+                  r.build)
     out.print(t)
 
 
 @runs_app.command("export")
-def runs_export(ctx: typer.Context, run_ids: List[str] = typer.Argument(..., help="Runs to export (`bench runs` lists them)."),
+def runs_export(ctx: typer.Context,
+                run_ids: List[str] = typer.Argument(..., help="Runs to export (`bench runs` lists them)."),
                 out_path: Path = typer.Option(..., "--out", help="The bundle to write, e.g. bundle.tar.gz."),
                 db: Optional[str] = DB_OPT):
     """Write runs to a self-contained bundle: run rows, steps, evaluations, calibration, provenance,
@@ -258,7 +260,8 @@ def report(csv: Optional[Path] = typer.Option(None, "--csv", help="Also write th
     frame = runs_frame(store, build_id)
     key = "runs" if runs else "cells"
     if frame.empty and not as_json:
-        out.print("no runs yet: run `bench build --model tiny-math`, then `bench sweep --algo grpo,pg-seq-is --dtype bf16,fp16`")
+        out.print("no runs yet: run `bench build --model tiny-math`, "
+                  "then `bench sweep --algo grpo,pg-seq-is --dtype bf16,fp16`")
         return
     cells = by_staleness(ranked_cells(cells_frame(frame)))
     try:
@@ -343,7 +346,8 @@ def _report_runs(frame, csv: Optional[Path], as_json: bool) -> list[dict] | None
         t.add_row(str(i), r.algo, r.precision, *([str(r.staleness)] if stale else []), _text(r.engine),
                   short(r.config_fp), _SANITY.get(r.sanity, "[red]FAIL[/]"), r.status,
                   _f(r.peak_accuracy), _f(r.final_accuracy),
-                  "-" if r.steps_to_target != r.steps_to_target or r.steps_to_target is None else str(int(r.steps_to_target)),
+                  "-" if r.steps_to_target != r.steps_to_target or r.steps_to_target is None
+                  else str(int(r.steps_to_target)),
                   _f(r.best_eval), "-" if r.mean_kl != r.mean_kl or r.mean_kl is None else f"{r.mean_kl:.2e}",
                   "-" if r.max_abs_dp != r.max_abs_dp or r.max_abs_dp is None else f"{r.max_abs_dp:.2e}",
                   str(r.steps), r.run)
@@ -365,7 +369,8 @@ def _ending(run: dict) -> str:
     elif run["status"] == "running":
         text = f"running, at step {run['steps']}"
     else:
-        text = f"{run['status']} after {run['steps']} steps" + (f" ({run['stop_reason']})" if run["stop_reason"] else "")
+        text = (f"{run['status']} after {run['steps']} steps"
+                + (f" ({run['stop_reason']})" if run["stop_reason"] else ""))
     if run["kl_warning_step"] is not None:
         text += f"; KL early warning at step {run['kl_warning_step']}"
     return seed + text

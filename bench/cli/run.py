@@ -66,7 +66,8 @@ def _print_run_end(run_id: str, store, as_json: bool = False) -> None:
         peak = "-" if r.peak_accuracy is None else f"{r.peak_accuracy:.3f}"
         via = " (verl)" if r.trainer == "verl" else ""
         out.print(f"run [bold]{r.id}[/]{via} {r.algo} {r.rollout_dtype}/{r.train_dtype}: {r.status} after {r.step} "
-                  f"steps ({r.wall_s:.0f}s); peak split accuracy {peak}; {escape(r.stop_reason or '')}", highlight=False)
+                  f"steps ({r.wall_s:.0f}s); peak split accuracy {peak}; {escape(r.stop_reason or '')}",
+                  highlight=False)
     if r.status == "failed":
         raise typer.Exit(1)
 
@@ -100,7 +101,9 @@ _RUN_PANEL = "Run settings (RunConfig; default: the preset's)"
 @app.command()
 @knob_options(RunConfig, defaults=_preset_values(), panel=_RUN_PANEL, before="checkpoint_dir")
 def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` shows them)."),
-        dtype: str = typer.Option("fp32", help="Precision: fp32 | bf16 | bf16+head32 | fp16 | fp8 (both engines) or rollout=X,train=Y (rollout may also be int8 or nvfp4, rollout-only formats)."),
+        dtype: str = typer.Option("fp32", help="Precision: fp32 | bf16 | bf16+head32 | fp16 | fp8 (both engines) or "
+                                               "rollout=X,train=Y (rollout may also be int8 or nvfp4, "
+                                               "rollout-only formats)."),
         build_id: Optional[str] = typer.Option(None, "--build", help="Build id (default: the latest complete build)."),
         model: Optional[str] = typer.Option(None, help="Only builds of this model (and check the build's model)."),
         engine: Engine = typer.Option(Engine.torch, help="Rollout engine (auto: vllm when importable, else torch)."),
@@ -347,7 +350,8 @@ def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or a
           dtype: str = typer.Option("bf16,fp16,fp32", help="Dtypes (both engines) or pairs (rollout=X,train=Y), "
                                     "separated by ',' or ';' (a pair's own comma binds: fp16;rollout=fp8,train=fp16); "
                                     "`all` for all 35 pairs, `all16` for the paper's nine."),
-          build_id: Optional[str] = typer.Option(None, "--build", help="Build id (default: the latest complete build)."),
+          build_id: Optional[str] = typer.Option(None, "--build",
+                                                 help="Build id (default: the latest complete build)."),
           engine: Engine = typer.Option(Engine.torch, help="Rollout engine (auto: vllm when importable, else torch)."),
           preset: Preset = typer.Option(Preset.tiny, help="The run settings every option below starts from."),
           benchmark: Optional[str] = typer.Option(None, help="Problem source of the preset's benchmark."),

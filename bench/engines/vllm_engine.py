@@ -70,7 +70,8 @@ class VLLMEngine:
 
         inputs = [TokensPrompt(prompt_token_ids=self.tokenizer.encode(p, add_special_tokens=False)) for p in prompts]
         params = [SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p, top_k=-1,
-                                 max_tokens=sampling.max_tokens, logprobs=0, seed=row_seed(sampling.seed, p, start) % (2 ** 31))
+                                 max_tokens=sampling.max_tokens, logprobs=0,
+                                 seed=row_seed(sampling.seed, p, start) % (2 ** 31))
                   for p in prompts]
         outs = self.llm.generate(inputs, params, use_tqdm=False)
         result = []

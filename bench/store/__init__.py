@@ -24,7 +24,8 @@ from .schema import (Base, Build, BuildProblem, BuildRollout, Eval, MismatchRepo
                      RunVerification)
 
 __all__ = ["Base", "Build", "BuildProblem", "BuildRollout", "Eval", "MismatchReport", "Model", "Run",
-           "RunStep", "RunVerification", "StoreError", "bench_home", "default_url", "open_store", "session", "get_or_create_model"]
+           "RunStep", "RunVerification", "StoreError", "bench_home", "default_url", "open_store", "session",
+           "get_or_create_model"]
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 BUSY_TIMEOUT_S = 60       # how long a SQLite writer waits for another process's write to end

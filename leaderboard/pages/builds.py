@@ -40,7 +40,8 @@ if not probs.empty:
     band = alt.Chart(pd.DataFrame({"x": [b.lo], "x2": [b.hi]})).mark_rect(opacity=0.12, color="green").encode(
         x="x:Q", x2="x2:Q")
     st.altair_chart(band + bars, width="stretch")
-    bucket = st.multiselect("Buckets", sorted(probs.bucket.unique()), default=["kept"] if "kept" in set(probs.bucket) else None)
+    bucket = st.multiselect("Buckets", sorted(probs.bucket.unique()),
+                            default=["kept"] if "kept" in set(probs.bucket) else None)
     text = st.text_input("Search problems")
     view = probs if not bucket else probs[probs.bucket.isin(bucket)]
     if text:

@@ -58,8 +58,8 @@ x = alt.X("train_dtype:N", sort=list(TRAIN_FORMATS), title="training format (π)
 y = alt.Y("rollout_dtype:N", sort=list(ROLLOUT_FORMATS), title="rollout format (μ)")
 chart = alt.Chart(grid).mark_rect(stroke="white").encode(
     x=x, y=y, color=alt.Color(f"{metric}:Q", scale=scale, legend=legend),
-    tooltip=["rollout_dtype", "train_dtype", "sanity", "passes", "pass_rate", "status", "peak_mean", "peak_ci_lo", "peak_ci_hi",
-             "steps_to_pass_median", "kl_k3_median"])
+    tooltip=["rollout_dtype", "train_dtype", "sanity", "passes", "pass_rate", "status", "peak_mean", "peak_ci_lo",
+             "peak_ci_hi", "steps_to_pass_median", "kl_k3_median"])
 text = alt.Chart(grid).mark_text().encode(x=x, y=y, text="cell:N", color=ink)
 st.altair_chart(chart + text, width="stretch")
 where = f"{trainer}, {view.engine.iloc[0]}, cfg {short(view.config_fp.iloc[0])}" if not view.empty else trainer
@@ -71,6 +71,7 @@ missing = grid[grid.peak_mean.isna() & grid.n_seeds.isna()]
 if not missing.empty:
     st.subheader("Empty cells")
     for r in missing.itertuples():
-        dtype = r.rollout_dtype if r.rollout_dtype == r.train_dtype else f"rollout={r.rollout_dtype},train={r.train_dtype}"
+        dtype = (r.rollout_dtype if r.rollout_dtype == r.train_dtype
+                 else f"rollout={r.rollout_dtype},train={r.train_dtype}")
         st.code(f"bench run --algo {algo} --dtype {dtype} --build {build}" + (f" --staleness {k}" if k else ""),
                 language="bash")

@@ -41,7 +41,8 @@ def one_case(x: dict, overrides: list[str]) -> dict:
     with initialize_config_dir(str(Path(verl.trainer.__file__).parent / "config"), version_base=None):
         prompts = max(x["groups"]) + 1                # one mini-batch of every prompt's rollout.n samples
         cfg = compose("ppo_trainer", overrides=overrides + [
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
             f"actor_rollout_ref.rollout.n={len(x['groups']) // prompts}"])
     actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
     actor.global_batch_info["loss_scale_factor"] = actor.loss_scale_factor   # as ppo_loss; one rank: local means
