@@ -20,8 +20,9 @@ setup() {
 }
 
 setup_docs() {
-  # the docs site's tools (the `docs` extra): mkdocs and the Material theme
-  python -c "import mkdocs, material" 2>/dev/null || { say "installing the docs extra"; pip install -q -e ".[docs]"; }
+  # the docs site's tools (the `docs` extra: mkdocs and the Material theme) and the habits' (`lint`: ruff, import-linter)
+  python -c "import mkdocs, material, importlinter" 2>/dev/null && command -v ruff >/dev/null \
+    || { say "installing the docs and lint extras"; pip install -q -e ".[docs,lint]"; }
 }
 
 setup_vllm() {
@@ -98,6 +99,9 @@ case "${1:-}" in
     setup_verl
     setup_browser
     start_postgres
+    say "ruff and the import-layer contracts"
+    ruff check .
+    lint-imports
     say "building the docs site (mkdocs build --strict)"
     NO_MKDOCS_2_WARNING=1 mkdocs build --strict --site-dir "${BENCH_SITE_DIR:-site}"
     export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
