@@ -181,8 +181,10 @@ def test_licence_and_provenance_ship_beside_the_data():
     assert all(f in source for f in [*PACKAGED_SOURCES.values(), "paper_reference.json"])
     import tomllib
 
+    from setuptools import find_packages
+
     cfg = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert "bench.data" in cfg["packages"]
+    assert "bench.data" in find_packages(str(Path(__file__).parent.parent), include=cfg["packages"]["find"]["include"])
     assert {"*.jsonl", "*.json", "LICENSE", "SOURCE.md"} <= set(cfg["package-data"]["bench.data"])
 
 
