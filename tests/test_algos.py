@@ -162,3 +162,36 @@ def test_the_apps_algorithm_list_is_the_registry():
     offenders = [str(p) for p in app.rglob("*.py")
                  if "from runners" in p.read_text() or "import runners" in p.read_text()]
     assert not offenders, f"the app imports the trainer's modules: {offenders}"
+
+
+def test_gspo_clips_below_for_a_negative_advantage():
+    """s = e^−0.001 = 0.9990 < 1 − 3e-4 with A = −1: the clipped term (1 − 3e-4)·A is the smaller, a
+    constant: no gradient; the second sequence, s = e^0.00005 inside the range, keeps its own."""
+    old = torch.zeros(2, 2, dtype=torch.float64)
+    logp = torch.tensor([[-0.001, -0.001], [0.0001, 0.0]], dtype=torch.float64, requires_grad=True)
+    x = LossInputs(logp, old, old, torch.ones(2, 2, dtype=torch.float64), torch.tensor([-1.0, 1.0], dtype=torch.float64))
+    loss, g, m = grad_of("gspo", x)
+    s2 = math.exp(0.00005)
+    assert loss == pytest.approx((0.9997 - s2) / 2)
+    assert torch.allclose(g, torch.tensor([[0.0, 0.0], [-s2 / 4, -s2 / 4]], dtype=g.dtype))
+    assert m["clip_frac"] == 0.5
+
+
+def test_sequences_in_mean_counts_empty_rows_for_all_but_gspo():
+    from runners.algos import sequences_in_mean
+
+    mask = torch.tensor([[1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])   # 3 rows, one empty
+    assert sequences_in_mean("gspo", mask) == 2
+    assert all(sequences_in_mean(a, mask) == 3 for a in REGISTRY if a != "gspo")
+
+
+def test_algo_config_defaults():
+    assert AlgoConfig() == AlgoConfig(max_len=64, C=3.0, eps_lo=0.2, eps_hi=0.28, gspo_lo=3e-4, gspo_hi=4e-4)
+
+
+def test_a_fraction_of_nothing_is_zero():
+    from runners.algos import _frac
+
+    assert _frac(torch.zeros(0, dtype=torch.bool)) == 0.0
+    assert _frac(torch.ones(2, 2, dtype=torch.bool), torch.zeros(2, 2)) == 0.0
+    assert _frac(torch.tensor([[True, False], [True, True]]), torch.tensor([[1.0, 1.0], [1.0, 0.0]])) == pytest.approx(2 / 3)
