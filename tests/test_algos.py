@@ -195,3 +195,13 @@ def test_a_fraction_of_nothing_is_zero():
     assert _frac(torch.zeros(0, dtype=torch.bool)) == 0.0
     assert _frac(torch.ones(2, 2, dtype=torch.bool), torch.zeros(2, 2)) == 0.0
     assert _frac(torch.tensor([[True, False], [True, True]]), torch.tensor([[1.0, 1.0], [1.0, 0.0]])) == pytest.approx(2 / 3)
+
+
+def test_grpo_seq_mis_keeps_a_weight_exactly_at_c():
+    # ρ = e^0 = 1 = C exactly: kept, the loss is grpo's −(1.28 + 0.9) / 4
+    loss, g, m = grad_of("grpo-seq-mis", ppo_inputs(rho=(1.0, 1.0)), AlgoConfig(max_len=4, C=1.0))
+    assert loss == pytest.approx(-(1.28 + 0.9) / 4) and m["masked_frac"] == 0
+
+
+def test_leave_one_out_with_two_samples_per_prompt():
+    assert torch.equal(leave_one_out_advantages(torch.tensor([[1.0, 0.0]])), torch.tensor([[1.0, -1.0]]))
