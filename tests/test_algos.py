@@ -195,6 +195,7 @@ def test_a_fraction_of_nothing_is_zero():
     assert _frac(torch.zeros(0, dtype=torch.bool)) == 0.0
     assert _frac(torch.ones(2, 2, dtype=torch.bool), torch.zeros(2, 2)) == 0.0
     assert _frac(torch.tensor([[True, False], [True, True]]), torch.tensor([[1.0, 1.0], [1.0, 0.0]])) == pytest.approx(2 / 3)
+    assert _frac(torch.tensor([[True]]), torch.tensor([[1.0]])) == 1.0
 
 
 def test_grpo_seq_mis_keeps_a_weight_exactly_at_c():
@@ -205,3 +206,24 @@ def test_grpo_seq_mis_keeps_a_weight_exactly_at_c():
 
 def test_leave_one_out_with_two_samples_per_prompt():
     assert torch.equal(leave_one_out_advantages(torch.tensor([[1.0, 0.0]])), torch.tensor([[1.0, -1.0]]))
+
+
+def test_sequence_log_ratio_is_clamped_at_20():
+    # one sequence, Σ(log π − log μ) = 25 → w = e^20: L = −e^20 · 1 · Σ logp / L_max, Σ logp = 2 ln ½
+    logp = torch.tensor([[LN(.5), LN(.5)]], dtype=torch.float64, requires_grad=True)
+    x = LossInputs(logp, logp.detach().clone(), logp.detach() - 12.5, torch.ones(1, 2, dtype=torch.float64),
+                   torch.tensor([1.0], dtype=torch.float64))
+    loss, _, _ = grad_of("pg-seq-is", x)
+    assert loss == pytest.approx(-math.exp(20) * 2 * LN(.5) / 4, rel=1e-12)
+
+
+def test_token_tis_counts_a_weight_exactly_at_c_as_not_truncated():
+    _, _, m = grad_of("grpo-token-tis", ppo_inputs(rho=(1.0, 1.0)), AlgoConfig(max_len=4, C=1.0))
+    assert m["truncated_frac"] == 0
+
+
+def test_gspo_without_any_token_is_zero():
+    x = pg_inputs()
+    x.mask = torch.zeros_like(x.mask)
+    loss, g, m = grad_of("gspo", x)
+    assert loss == 0 and torch.all(g == 0) and m == {"clip_frac": 0.0}
