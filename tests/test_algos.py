@@ -180,7 +180,8 @@ def test_gspo_clips_below_for_a_negative_advantage():
 def test_sequences_in_mean_counts_empty_rows_for_all_but_gspo():
     from runners.algos import sequences_in_mean
 
-    mask = torch.tensor([[1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])   # 3 rows, one empty
+    # 3 rows (one empty) × 5 tokens; 3 of the columns hold a token, so rows and columns differ
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0, 0.0], [0.0] * 5, [1.0, 0.0, 0.0, 0.0, 0.0]])
     assert sequences_in_mean("gspo", mask) == 2
     assert all(sequences_in_mean(a, mask) == 3 for a in REGISTRY if a != "gspo")
 
