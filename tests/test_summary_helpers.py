@@ -69,3 +69,13 @@ def test_offline_ratios_need_both_formats_and_kl_k3():
     assert offline_ratios(pd.DataFrame([{**r, "source": "t"} for r in rows[1:2]] + rows[:1])) == []
     assert offline_ratios(None) == [] and offline_ratios(pd.DataFrame()) == []
     assert offline_ratios(pd.DataFrame(rows).drop(columns="kl_k3")) == []
+
+
+def test_ratios_come_sorted_by_their_keys():
+    from leaderboard.summary import mismatch_ratios, offline_ratios
+
+    cells = pd.concat([_cells().assign(algo="zz"), _cells()])          # "zz" rows first
+    assert [r["algo"] for r in mismatch_ratios(cells)] == ["grpo", "zz"]
+    rows = [{"model": "m", "source": s, "rollout_dtype": d, "train_dtype": d, "kl_k3": 1e-4}
+            for s in ("z", "a") for d in ("bf16", "fp16")]
+    assert [r["source"] for r in offline_ratios(pd.DataFrame(rows))] == ["a", "z"]
