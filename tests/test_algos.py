@@ -163,3 +163,69 @@ def test_the_apps_algorithm_list_is_the_registry():
     offenders = [str(p) for p in app.rglob("*.py")
                  if "from runners" in p.read_text() or "import runners" in p.read_text()]
     assert not offenders, f"the app imports the trainer's modules: {offenders}"
+
+
+def test_gspo_clips_below_for_a_negative_advantage():
+    """s = e^−0.001 = 0.9990 < 1 − 3e-4 with A = −1: the clipped term (1 − 3e-4)·A is the smaller, a
+    constant: no gradient; the second sequence, s = e^0.00005 inside the range, keeps its own."""
+    old = torch.zeros(2, 2, dtype=torch.float64)
+    logp = torch.tensor([[-0.001, -0.001], [0.0001, 0.0]], dtype=torch.float64, requires_grad=True)
+    x = LossInputs(logp, old, old, torch.ones(2, 2, dtype=torch.float64), torch.tensor([-1.0, 1.0], dtype=torch.float64))
+    loss, g, m = grad_of("gspo", x)
+    s2 = math.exp(0.00005)
+    assert loss == pytest.approx((0.9997 - s2) / 2)
+    assert torch.allclose(g, torch.tensor([[0.0, 0.0], [-s2 / 4, -s2 / 4]], dtype=g.dtype))
+    assert m["clip_frac"] == 0.5
+
+
+def test_sequences_in_mean_counts_empty_rows_for_all_but_gspo():
+    from runners.algos import sequences_in_mean
+
+    # 3 rows (one empty) × 5 tokens; 3 of the columns hold a token, so rows and columns differ
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0, 0.0], [0.0] * 5, [1.0, 0.0, 0.0, 0.0, 0.0]])
+    assert sequences_in_mean("gspo", mask) == 2
+    assert all(sequences_in_mean(a, mask) == 3 for a in REGISTRY if a != "gspo")
+
+
+def test_algo_config_defaults():
+    assert AlgoConfig() == AlgoConfig(max_len=64, C=3.0, eps_lo=0.2, eps_hi=0.28, gspo_lo=3e-4, gspo_hi=4e-4)
+
+
+def test_a_fraction_of_nothing_is_zero():
+    from runners.algos import _frac
+
+    assert _frac(torch.zeros(0, dtype=torch.bool)) == 0.0
+    assert _frac(torch.ones(2, 2, dtype=torch.bool), torch.zeros(2, 2)) == 0.0
+    assert _frac(torch.tensor([[True, False], [True, True]]), torch.tensor([[1.0, 1.0], [1.0, 0.0]])) == pytest.approx(2 / 3)
+    assert _frac(torch.tensor([[True]]), torch.tensor([[1.0]])) == 1.0
+
+
+def test_grpo_seq_mis_keeps_a_weight_exactly_at_c():
+    # ρ = e^0 = 1 = C exactly: kept, the loss is grpo's −(1.28 + 0.9) / 4
+    loss, g, m = grad_of("grpo-seq-mis", ppo_inputs(rho=(1.0, 1.0)), AlgoConfig(max_len=4, C=1.0))
+    assert loss == pytest.approx(-(1.28 + 0.9) / 4) and m["masked_frac"] == 0
+
+
+def test_leave_one_out_with_two_samples_per_prompt():
+    assert torch.equal(leave_one_out_advantages(torch.tensor([[1.0, 0.0]])), torch.tensor([[1.0, -1.0]]))
+
+
+def test_sequence_log_ratio_is_clamped_at_20():
+    # one sequence, Σ(log π − log μ) = 25 → w = e^20: L = −e^20 · 1 · Σ logp / L_max, Σ logp = 2 ln ½
+    logp = torch.tensor([[LN(.5), LN(.5)]], dtype=torch.float64, requires_grad=True)
+    x = LossInputs(logp, logp.detach().clone(), logp.detach() - 12.5, torch.ones(1, 2, dtype=torch.float64),
+                   torch.tensor([1.0], dtype=torch.float64))
+    loss, _, _ = grad_of("pg-seq-is", x)
+    assert loss == pytest.approx(-math.exp(20) * 2 * LN(.5) / 4, rel=1e-12)
+
+
+def test_token_tis_counts_a_weight_exactly_at_c_as_not_truncated():
+    _, _, m = grad_of("grpo-token-tis", ppo_inputs(rho=(1.0, 1.0)), AlgoConfig(max_len=4, C=1.0))
+    assert m["truncated_frac"] == 0
+
+
+def test_gspo_without_any_token_is_zero():
+    x = pg_inputs()
+    x.mask = torch.zeros_like(x.mask)
+    loss, g, m = grad_of("gspo", x)
+    assert loss == 0 and torch.all(g == 0) and m == {"clip_frac": 0.0}

@@ -3,6 +3,7 @@
     python tools/mutation.py                      # every module below (hours on 1 core: see docs/development.md)
     python tools/mutation.py runners/stop.py ...  # some of them
     python tools/mutation.py --list               # the modules and the tests that cover each
+    python tools/mutation.py --rerun-survivors M  # only the last session's survivors of M, e.g. after new tests
 
 Each module is mutated in a scratch copy of the working tree (never in place: cosmic-ray edits
 the file it mutates), one mutant at a time, and only the tests mapped to it below are run,
@@ -41,7 +42,7 @@ MODULES: dict[str, list[str]] = {
     "runners/staleness.py": ["tests/test_staleness_metrics.py",
                              "tests/test_staleness.py::test_rollouts_use_the_weights_of_k_updates_ago"],
     "leaderboard/cells.py": ["tests/test_seeds.py", "tests/test_report_summary.py", "-m", "not integration"],
-    "leaderboard/summary.py": ["tests/test_report_summary.py"],
+    "leaderboard/summary.py": ["tests/test_summary_helpers.py", "tests/test_report_summary.py"],
     "bench/bundle.py": ["tests/test_bundle.py", "-m", "not postgres"],
     "bench/engines/torch_engine.py": ["tests/test_engine_torch.py"],
 }
@@ -78,14 +79,21 @@ def config(module: str, tests: list[str], timeout: float) -> str:
             f'[cosmic-ray.filters.operators-filter]\nexclude-operators = [{excl}]\n')
 
 
-def run_module(module: str, work: Path, out: Path, timeout: float) -> dict:
+def run_module(module: str, work: Path, out: Path, timeout: float, rerun: bool = False) -> dict:
+    """Mutate `module` and run its tests on each mutant; with `rerun`, keep the last session's
+    mutants and verdicts and re-run only its survivors (against the tests as they are now)."""
+    import sqlite3
+
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import TestOutcome, WorkerOutcome
 
     name = module.replace("/", ".").removesuffix(".py")
     cfg, db = work / f"{name}.toml", out / f"{name}.sqlite"
     cfg.write_text(config(module, MODULES[module], timeout))
-    db.unlink(missing_ok=True)
+    if rerun and not db.exists():
+        raise SystemExit(f"{module}: no earlier session {db} to re-run the survivors of")
+    if not rerun:
+        db.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONPATH": str(work), "OMP_NUM_THREADS": "1",
            "BENCH_HOME": tempfile.mkdtemp(prefix="bench-mut-home-")}
     t0 = time.time()
@@ -95,9 +103,13 @@ def run_module(module: str, work: Path, out: Path, timeout: float) -> dict:
     if base.returncode != 0:
         raise SystemExit(f"{module}: its tests fail unmutated:\n{base.stdout[-2000:]}")
     cr = [sys.executable, "-m", "cosmic_ray.cli"]              # the `cosmic-ray` command
-    subprocess.run([*cr, "init", str(cfg), str(db)], cwd=work, env=env, check=True)
-    subprocess.run([sys.executable, "-m", "cosmic_ray.tools.filters.operators_filter", str(db), str(cfg)],
-                   cwd=work, env=env, check=True)
+    if rerun:                                                   # survivors become pending again
+        with sqlite3.connect(db) as c:
+            c.execute("DELETE FROM work_results WHERE test_outcome = 'SURVIVED'")
+    else:
+        subprocess.run([*cr, "init", str(cfg), str(db)], cwd=work, env=env, check=True)
+        subprocess.run([sys.executable, "-m", "cosmic_ray.tools.filters.operators_filter", str(db), str(cfg)],
+                       cwd=work, env=env, check=True)
     t0 = time.time()
     subprocess.run([*cr, "exec", str(cfg), str(db)], cwd=work, env=env, check=True)
     exec_s = time.time() - t0
@@ -128,6 +140,8 @@ def main() -> None:
     ap.add_argument("modules", nargs="*", help="modules to mutate (default: all of MODULES)")
     ap.add_argument("--out", type=Path, default=ROOT / ".mutation")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds for one mutant's test run")
+    ap.add_argument("--rerun-survivors", action="store_true",
+                    help="re-run only the survivors of the last session in --out (after adding tests)")
     ap.add_argument("--list", action="store_true")
     a = ap.parse_args()
     if a.list:
@@ -138,13 +152,14 @@ def main() -> None:
     unknown = [m for m in mods if m not in MODULES]
     if unknown:
         raise SystemExit(f"not mapped to tests: {', '.join(unknown)} (see MODULES in {__file__})")
+    a.out = a.out.resolve()
     a.out.mkdir(parents=True, exist_ok=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-mutation-") as tmp:
         work = Path(tmp)
         scratch_copy(work)
         for m in mods:
-            r = run_module(m, work, a.out, a.timeout)
+            r = run_module(m, work, a.out, a.timeout, a.rerun_survivors)
             rows.append(r)
             print(f"{m}: {r['killed']} killed, {r['survived']} survived, {r['incompetent']} incompetent, "
                   f"score {r['score']:.1%}, {r['exec_s']:.0f} s", flush=True)
