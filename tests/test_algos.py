@@ -170,7 +170,8 @@ def test_gspo_clips_below_for_a_negative_advantage():
     constant: no gradient; the second sequence, s = e^0.00005 inside the range, keeps its own."""
     old = torch.zeros(2, 2, dtype=torch.float64)
     logp = torch.tensor([[-0.001, -0.001], [0.0001, 0.0]], dtype=torch.float64, requires_grad=True)
-    x = LossInputs(logp, old, old, torch.ones(2, 2, dtype=torch.float64), torch.tensor([-1.0, 1.0], dtype=torch.float64))
+    x = LossInputs(logp, old, old, torch.ones(2, 2, dtype=torch.float64),
+                   torch.tensor([-1.0, 1.0], dtype=torch.float64))
     loss, g, m = grad_of("gspo", x)
     s2 = math.exp(0.00005)
     assert loss == pytest.approx((0.9997 - s2) / 2)
@@ -196,7 +197,8 @@ def test_a_fraction_of_nothing_is_zero():
 
     assert _frac(torch.zeros(0, dtype=torch.bool)) == 0.0
     assert _frac(torch.ones(2, 2, dtype=torch.bool), torch.zeros(2, 2)) == 0.0
-    assert _frac(torch.tensor([[True, False], [True, True]]), torch.tensor([[1.0, 1.0], [1.0, 0.0]])) == pytest.approx(2 / 3)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    assert _frac(torch.tensor([[True, False], [True, True]]), mask) == pytest.approx(2 / 3)
     assert _frac(torch.tensor([[True]]), torch.tensor([[1.0]])) == 1.0
 
 
