@@ -58,10 +58,14 @@ def test_report_summary_reads_a_missing_staleness_as_0():
     assert [c["staleness"] for c in report_summary(_cells(staleness=2), runs)["per_cell"]] == [2, 2, 2]
 
 
+# the conditions a report records (leaderboard.summary.CONDITIONS besides model and source)
+COND = {"engine": "torch", "limit": 8, "n": 4, "max_tokens": 64, "device": "cpu", "cpu_16bit": "none"}
+
+
 def test_offline_ratios_need_both_formats_and_kl_k3():
     from leaderboard.summary import offline_ratios
 
-    rows = [{"model": "m", "source": "s", "rollout_dtype": d, "train_dtype": d, "kl_k3": v, "created_at": t}
+    rows = [{"model": "m", "source": "s", "rollout_dtype": d, "train_dtype": d, "kl_k3": v, "created_at": t, **COND}
             for d, v, t in (("bf16", 4e-4, 1), ("fp16", 1e-4, 2), ("bf16", 8e-4, 3))]
     (r,) = offline_ratios(pd.DataFrame(rows))
     assert r["ratio"] == pytest.approx(8.0)                                        # the newest bf16 report
@@ -76,6 +80,6 @@ def test_ratios_come_sorted_by_their_keys():
 
     cells = pd.concat([_cells().assign(algo="zz"), _cells()])          # "zz" rows first
     assert [r["algo"] for r in mismatch_ratios(cells)] == ["grpo", "zz"]
-    rows = [{"model": "m", "source": s, "rollout_dtype": d, "train_dtype": d, "kl_k3": 1e-4}
+    rows = [{"model": "m", "source": s, "rollout_dtype": d, "train_dtype": d, "kl_k3": 1e-4, **COND}
             for s in ("z", "a") for d in ("bf16", "fp16")]
     assert [r["source"] for r in offline_ratios(pd.DataFrame(rows))] == ["a", "z"]
