@@ -132,3 +132,23 @@ def add_model_and_build(s, build_id: str = "b0", dtype: str = "fp32", n_problems
                 seed=0, settings_hash="h", status="complete", n_problems=n_problems, n_kept=n_kept))
     s.flush()
     return m.id
+
+
+APP = str(Path(__file__).parent.parent / "leaderboard" / "app.py")
+
+
+def app_page(path: str | None = None, timeout: float = 60, **query):
+    """The leaderboard app run by Streamlit's AppTest (no browser) on the store that
+    BENCH_DB_URL names: the landing page, or `path` (e.g. "pages/run.py") switched to, with
+    `query` as its query parameters; it must raise nothing."""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(APP, default_timeout=timeout)
+    for k, v in query.items():
+        at.query_params[k] = v
+    at.run()
+    if path:
+        at.switch_page(path)
+        at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at

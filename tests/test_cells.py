@@ -6,7 +6,6 @@ import hashlib
 import json
 from dataclasses import asdict
 from datetime import datetime, timedelta
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -150,22 +149,11 @@ def test_mismatch_ratio_pairs_cells_of_one_engine_and_settings(tmp_path):
     assert all(r["engine"] == "torch" for r in ratios.values())
 
 
-APP = str(Path(__file__).parent.parent / "leaderboard" / "app.py")
-
-
 def _page(url, monkeypatch, path=None, **query):
-    from streamlit.testing.v1 import AppTest
+    from conftest import app_page
 
     monkeypatch.setenv("BENCH_DB_URL", url)
-    at = AppTest.from_file(APP, default_timeout=60)
-    for k, v in query.items():
-        at.query_params[k] = v
-    at.run()
-    if path:
-        at.switch_page(path)
-        at.run()
-    assert not at.exception, [e.message for e in at.exception]
-    return at
+    return app_page(path, **query)
 
 
 def test_pages_keep_engines_and_settings_apart(tmp_path, monkeypatch):

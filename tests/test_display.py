@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from streamlit.testing.v1 import AppTest
+from conftest import app_page
 
 from leaderboard.display import MISSING, HAS_PLACEHOLDER, cell_text, display_frame, is_missing, table_kwargs
 from leaderboard.reference import matching_rows, reference_rows
 
-APP = str(Path(__file__).parent.parent / "leaderboard" / "app.py")
 MY_PAGES = ["pages/leaderboard.py", "pages/builds.py", "pages/compare.py", "pages/mismatch.py"]
 
 
@@ -57,13 +56,7 @@ def store(tmp_path, monkeypatch):
 
 
 def _page(path=None):
-    at = AppTest.from_file(APP, default_timeout=60)
-    at.run()
-    if path:
-        at.switch_page(path)
-        at.run()
-    assert not at.exception, [e.message for e in at.exception]
-    return at
+    return app_page(path)
 
 
 def test_leaderboard_page_dashes_and_reference_expander(store):

@@ -12,14 +12,13 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from sqlalchemy import select
-from streamlit.testing.v1 import AppTest
+from conftest import app_page
 from typer.testing import CliRunner
 
 from bench.cli import app
 from bench.store import Run, RunStep, open_store, session
 
 pytestmark = pytest.mark.integration
-APP = str(Path(__file__).parent.parent / "leaderboard" / "app.py")
 PAGES = ["pages/leaderboard.py", "pages/grid.py", "pages/run.py", "pages/compare.py", "pages/builds.py",
          "pages/mismatch.py"]
 
@@ -48,15 +47,7 @@ def store(tmp_path_factory):
 
 def page(url, path=None, **query):
     os.environ["BENCH_DB_URL"] = url
-    at = AppTest.from_file(APP, default_timeout=120)
-    for k, v in query.items():
-        at.query_params[k] = v
-    at.run()
-    if path:
-        at.switch_page(path)
-        at.run()
-    assert not at.exception, [e.message for e in at.exception]
-    return at
+    return app_page(path, timeout=120, **query)
 
 
 def test_every_page_renders_on_real_runs(store):
@@ -154,9 +145,8 @@ def test_empty_store_says_what_to_run(tmp_path):
 
 def test_bad_url_is_a_readable_message_in_the_page():
     os.environ["BENCH_DB_URL"] = "postgresql+psycopg://nobody@127.0.0.1:1/x?connect_timeout=2"
-    at = AppTest.from_file(APP, default_timeout=60)
-    at.run()
-    assert not at.exception and "cannot open store" in at.error[0].value
+    at = app_page()                               # raises nothing
+    assert "cannot open store" in at.error[0].value
 
 
 def test_app_is_read_only(store):
