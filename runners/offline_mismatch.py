@@ -89,6 +89,23 @@ def _plots(mu, pi, mask, out: Path, title: str) -> dict[str, str]:
     return {"token_scatter": str(scatter), "log_ratio_vs_length": str(line)}
 
 
+def _scored_pairs(ref, tok, prompts, base, pairs, engine: str, n: int, sampling: Sampling, batch: int,
+                  device: str = "cpu", threads: int | None = None):
+    """(pair, μ, π, mask) for every pair: one rollout pass per rollout format (from a copy of the
+    fp32 `base`), shared by its training formats, each scored by a fresh compute copy."""
+    for rollout in dict.fromkeys(p.rollout for p in pairs):
+        kw = ({"model": copy.deepcopy(base), "tokenizer": tok, "threads": threads, "device": device}
+              if engine == "torch" else {})
+        eng = make_engine(engine, ref.path, rollout, **kw)
+        try:
+            samples = eng.generate(prompts, n, sampling)
+        finally:
+            eng.close()
+        for pair in (p for p in pairs if p.rollout == rollout):
+            model = prepare_compute_model(copy.deepcopy(base), pair.train, device).eval()
+            yield (pair, *_score(model, tok, prompts, samples, batch, device))
+
+
 def analyse(store, cfg: MismatchConfig, pairs: list[Precision], progress=None) -> list[dict]:
     """Run the analysis for every pair; one rollout pass per rollout dtype, shared by the
     training dtypes. Each report is stored (mismatch_reports) and returned."""
@@ -102,28 +119,19 @@ def analyse(store, cfg: MismatchConfig, pairs: list[Precision], progress=None) -
     base = load_model(ref, torch.float32).to(cfg.device)
     out_root = Path(cfg.out or bench_home() / "mismatch" / ref.name.replace("/", "_"))
     reports = []
-    for rollout in dict.fromkeys(p.rollout for p in pairs):
-        kw = ({"model": copy.deepcopy(base), "tokenizer": tok, "threads": cfg.threads, "device": cfg.device}
-              if cfg.engine == "torch" else {})
-        engine = make_engine(cfg.engine, ref.path, rollout, **kw)
-        try:
-            samples = engine.generate(prompts, cfg.n, sampling)
-        finally:
-            engine.close()
-        for pair in (p for p in pairs if p.rollout == rollout):
-            model = prepare_compute_model(copy.deepcopy(base), pair.train, cfg.device).eval()
-            mu, pi, mask = _score(model, tok, prompts, samples, cfg.batch, cfg.device)
-            metrics = mismatch_metrics(mu, pi, mask)
-            metrics["tokens"] = int(mask.sum().item())
-            plots = _plots(mu, pi, mask, out_root / f"{pair.rollout}-{pair.train}", pair.name)
-            with session(store) as s:
-                m = get_or_create_model(s, ref.name, ref.path, weights_hash(ref))
-                s.add(MismatchReport(model_id=m.id, rollout_dtype=pair.rollout, train_dtype=pair.train,
-                                     source=cfg.source, metrics=metrics, plots=plots, **cond))
-            reports.append({"rollout": pair.rollout, "train": pair.train, **metrics, "plots": plots,
-                            "conditions": cond})
-            if progress:
-                progress(pair, metrics)
+    for pair, mu, pi, mask in _scored_pairs(ref, tok, prompts, base, pairs, cfg.engine, cfg.n, sampling, cfg.batch,
+                                            cfg.device, cfg.threads):
+        metrics = mismatch_metrics(mu, pi, mask)
+        metrics["tokens"] = int(mask.sum().item())
+        plots = _plots(mu, pi, mask, out_root / f"{pair.rollout}-{pair.train}", pair.name)
+        with session(store) as s:
+            m = get_or_create_model(s, ref.name, ref.path, weights_hash(ref))
+            s.add(MismatchReport(model_id=m.id, rollout_dtype=pair.rollout, train_dtype=pair.train,
+                                 source=cfg.source, metrics=metrics, plots=plots, **cond))
+        reports.append({"rollout": pair.rollout, "train": pair.train, **metrics, "plots": plots,
+                        "conditions": cond})
+        if progress:
+            progress(pair, metrics)
     return reports
 
 
@@ -137,18 +145,9 @@ def step0_pairs(pairs: list[Precision], prompts_n: int = 16, n: int = 4, seed: i
     tok = load_tokenizer(ref)
     problems = load_problems(SourceSpec("synthetic-hard", limit=prompts_n, seed=seed))
     prompts = [render_prompt(ref, tok, p.problem) for p in problems]
-    base = load_model(ref, torch.float32)
-    rows, samples = [], {}
-    for pair in pairs:
-        if pair.rollout not in samples:
-            kw = {"model": copy.deepcopy(base), "tokenizer": tok} if engine == "torch" else {}
-            eng = make_engine(engine, ref.path, pair.rollout, **kw)
-            try:
-                samples[pair.rollout] = eng.generate(prompts, n, Sampling(1.0, 1.0, max_tokens, seed))
-            finally:
-                eng.close()
-        compute = prepare_compute_model(copy.deepcopy(base), pair.train).eval()
-        mu, pi, mask = _score(compute, tok, prompts, samples[pair.rollout], 256)
+    rows = []
+    for pair, mu, pi, mask in _scored_pairs(ref, tok, prompts, load_model(ref, torch.float32), pairs, engine, n,
+                                            Sampling(1.0, 1.0, max_tokens, seed), 256):
         sel = mask.bool()
         rows.append({"pair": pair.name, "tokens": int(sel.sum()), "k3": mismatch_metrics(mu, pi, mask)["kl_k3"],
                      "abs_dlogp": float((pi - mu)[sel].abs().mean()), "differ": float((pi != mu)[sel].float().mean())})
