@@ -90,7 +90,7 @@ case "${1:-}" in
       # a newcomer's first minutes: the unit tests only, no vLLM, verl, Chromium or PostgreSQL set-up
       shift
       setup
-      python -m pytest -m "not (integration or postgres or vllm or browser or verl or ray)" "$@"
+      python -m pytest -n "${BENCH_TEST_WORKERS:-2}" --dist loadgroup -m "not (integration or postgres or vllm or browser or verl or ray)" "$@"
       exit
     fi
     setup
@@ -107,7 +107,8 @@ case "${1:-}" in
     export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
     # every service the suite needs was set up above: a missing one fails its tests, never skips them
     export BENCH_TEST_SERVICES=require
-    python -m pytest "$@"
+    # two workers (BENCH_TEST_WORKERS), a test file per worker at a time (tests/conftest.py groups them)
+    python -m pytest -n "${BENCH_TEST_WORKERS:-2}" --dist loadgroup "$@"
     ;;
   *)
     echo "usage: ./bench.sh demo | test [--quick] [pytest args]" >&2

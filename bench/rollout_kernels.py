@@ -73,13 +73,24 @@ def fuse_silu_mul(model: nn.Module) -> int:
     return n
 
 
+def _fp32_weight(linear: nn.Linear) -> torch.Tensor:
+    """The layer's 16-bit weight as fp32 (exact), made once per weight version: a sync writes
+    the weight in place (its `_version` moves), so the copy is remade then and only then."""
+    w = linear.weight
+    key = (w.data_ptr(), w._version)
+    cached = linear.__dict__.get("_w32")
+    if cached is None or cached[0] != key:
+        cached = linear.__dict__["_w32"] = (key, w.detach().float())
+    return cached[1]
+
+
 def _split_k_linear_forward(self, x):
     """The 16-bit linear layer as a decode GEMM: fp32 from 16-bit operands, K in SPLIT_K slices
     (split_k_matmul), bias in fp32, one rounding to the weight dtype."""
     from .formats import split_k_matmul
 
     w = self.weight
-    y = split_k_matmul(x.float(), w.float(), SPLIT_K)
+    y = split_k_matmul(x.float(), _fp32_weight(self), SPLIT_K)
     if self.bias is not None:
         y = y + self.bias.float()
     return y.to(w.dtype)

@@ -5,9 +5,14 @@ batch of the same shapes. Training: one forward + backward of the training engin
 copy over those samples (response log-probs, a REINFORCE-style loss). Prints seconds and the
 ratio to fp32 per format, the kernels each engine used, the CPU's 16-bit flags, and the
 training–inference mismatch of the samples (k3 per token) so a speed-up that made the two
-engines compute alike would show. Goal (issue 12): every 16-bit ratio ≤ 1.3.
+engines compute alike would show. Goal (issue 12): every 16-bit ratio ≤ 1.3; sub-16-bit
+rollouts (fp8, int8, nvfp4) ≤ 1.3× bf16's rollout time (issue 22).
 
-    python benchmarks/lowp_speed.py [--formats fp32,bf16,fp16] [--threads 1]
+A rollout-only format (int8, nvfp4: no such training) is timed on the rollout side; its
+training half and k3 are those of the pair `rollout=FORMAT,train=--train-for` (fp16, the
+demo's pair), marked so in the table.
+
+    python benchmarks/lowp_speed.py [--formats fp32,bf16,fp16,fp8,nvfp4] [--threads 1]
 """
 
 from __future__ import annotations
@@ -24,10 +29,12 @@ def main() -> None:
                     help="formats; FORMAT:torch = the rollout engine on torch's own 16-bit kernels (the baseline)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--train-for", default="fp16",
+                    help="the training format paired with a rollout-only format (int8, nvfp4)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from bench import precision
+    from bench import formats, precision
     from bench.engines import Sampling
     from bench.engines.torch_engine import TorchEngine
     from bench.mismatch import mismatch_metrics
@@ -56,7 +63,8 @@ def main() -> None:
         mu = torch.zeros(batch.mask.shape)
         for i, s in enumerate(flat):
             mu[i, :len(s.logprobs)] = torch.tensor(s.logprobs)
-        compute = precision.prepare_compute_model(load_model(ref, torch.float32), fmt)
+        train_fmt = fmt if fmt in formats.TRAIN_FORMATS else args.train_for
+        compute = precision.prepare_compute_model(load_model(ref, torch.float32), train_fmt)
         compute.train()
         for timed in (False, True):                                                    # warm-up, then timed
             t = time.perf_counter()
@@ -67,12 +75,16 @@ def main() -> None:
         k3 = mismatch_metrics(mu, lp.detach() * batch.mask, batch.mask)["kl_k3"]
         base.setdefault("roll", t_roll)
         base.setdefault("train", t_train)
-        train_mm = "upcast" if fmt != "fp32" and precision.should_upcast(fmt) else "native"
+        train_mm = "upcast" if train_fmt != "fp32" and precision.should_upcast(train_fmt) else "native"
+        if train_fmt != fmt:
+            train_mm += f" ({train_fmt})"
         rows.append((spec, t_roll, t_roll / base["roll"], t_train, t_train / base["train"], eng.kernels, train_mm, k3))
-    print(f"{'format':<11} {'rollout s':>9} {'×fp32':>6} {'train s':>8} {'×fp32':>6}  rollout kernels"
-          f"                          train GEMM  k3/token")
+    bf16 = next((tr for f, tr, *_ in rows if f == "bf16"), None)
+    print(f"{'format':<11} {'rollout s':>9} {'×fp32':>6} {'×bf16':>6} {'train s':>8} {'×fp32':>6}  rollout kernels"
+          f"                          train GEMM     k3/token")
     for fmt, tr, rr, tt, rt, kern, mm, k3 in rows:
-        print(f"{fmt:<11} {tr:9.2f} {rr:6.2f} {tt:8.2f} {rt:6.2f}  {str(kern):<40} {mm:<10}  {k3:.2e}")
+        xb = f"{tr / bf16:6.2f}" if bf16 else f"{'—':>6}"
+        print(f"{fmt:<11} {tr:9.2f} {rr:6.2f} {xb} {tt:8.2f} {rt:6.2f}  {str(kern):<40} {mm:<13}  {k3:.2e}")
 
 
 if __name__ == "__main__":

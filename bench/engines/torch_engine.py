@@ -44,7 +44,8 @@ class TorchEngine:
 
     def __init__(self, model_path: str, dtype: str = "fp32", max_batch: int = 512,
                  threads: int | None = None, model=None, tokenizer=None, track_updates: bool = False,
-                 prepared: bool = False, device: str = "cpu", vllm_kernels: bool = True):
+                 prepared: bool = False, device: str = "cpu", vllm_kernels: bool = True,
+                 preallocated_cache: bool = True):
         """`dtype`: any format of bench/formats.py. `model`: an fp32 model to take over (it is
         modified, and moved to `device`). `track_updates`: record `sync_stats` at every
         update_weights (keeps an fp32 copy of the linear weights). `prepared`: sample from
@@ -52,7 +53,10 @@ class TorchEngine:
         then refused. `device`: cpu or cuda[:i] (bench/device.py); the per-row uniforms are
         drawn on the CPU either way, so a sample's randomness does not depend on the device.
         `vllm_kernels`: 16-bit formats compute as vLLM does (bench/rollout_kernels.py); False
-        keeps torch's own kernels (the baseline of benchmarks/lowp_speed.py)."""
+        keeps torch's own kernels (the baseline of benchmarks/lowp_speed.py). `preallocated_cache`:
+        decode into a KV cache sized once per batch (bench/engines/kv_cache.py; the same numbers);
+        False: transformers' DynamicCache, which copies the cache at every token (the baseline of
+        benchmarks/kv_cache.py)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if threads:
@@ -76,6 +80,7 @@ class TorchEngine:
             self.kernels = (rollout_kernels.apply(self.model, self.format, self.device) if vllm_kernels
                             else dict(rollout_kernels.NO_KERNELS))
         self.max_batch = max_batch
+        self.preallocated_cache = preallocated_cache
         self.eos = self.tokenizer.eos_token_id
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
 
@@ -121,6 +126,8 @@ class TorchEngine:
     def _decode(self, prompt_ids: list[list[int]], uniforms: torch.Tensor, sp: Sampling) -> list[Sample]:
         from transformers import DynamicCache
 
+        from . import kv_cache
+
         dev = self.device
         b = len(prompt_ids)
         width = max(map(len, prompt_ids))
@@ -131,7 +138,8 @@ class TorchEngine:
             attn[r, width - len(p):] = 1
         ids, attn = ids.to(dev), attn.to(dev)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
+        cache = (kv_cache.preallocated_cache(self.model, width + sp.max_tokens) if self.preallocated_cache
+                 else DynamicCache())
         live = torch.arange(b)                       # original row of each batch row (CPU)
         tokens: list[list[int]] = [[] for _ in range(b)]
         logps: list[list[float]] = [[] for _ in range(b)]
