@@ -1,0 +1,68 @@
+"""The built-in engine's preallocated KV cache (bench/engines/kv_cache.py): writes in place,
+reads the filled prefix, compacts kept rows, and samples exactly as transformers' DynamicCache."""
+
+import pytest
+import torch
+
+from bench.engines import Sampling
+from bench.engines.kv_cache import PreallocatedLayer, preallocated_cache
+from bench.engines.torch_engine import TorchEngine
+from bench.models import TINY_MATH_DIR
+
+
+def kv(b, t, fill):
+    """[b, 1 head, t, 2] keys whose entries name (row, position): fill + 10·row + position."""
+    rows = torch.arange(b).reshape(b, 1, 1, 1) * 10.0
+    pos = torch.arange(t).reshape(1, 1, t, 1).float()
+    return (fill + rows + pos).expand(b, 1, t, 2).clone()
+
+
+def test_update_writes_in_place_and_returns_the_filled_prefix():
+    layer = PreallocatedLayer(capacity=5)
+    k, v = layer.update(kv(3, 2, 0.0), kv(3, 2, 100.0))
+    assert k.shape == (3, 1, 2, 2) and layer.get_seq_length() == 2
+    buffer = layer._k
+    k, v = layer.update(kv(3, 1, 2.0), kv(3, 1, 102.0))          # position 2 of each row
+    assert layer._k is buffer                                     # no new buffer, no copy of the old part
+    assert k.shape == (3, 1, 3, 2) and k[:, 0, :, 0].tolist() == [[0, 1, 2], [10, 11, 12], [20, 21, 22]]
+    assert v[:, 0, :, 0].tolist() == [[100, 101, 102], [110, 111, 112], [120, 121, 122]]
+
+
+def test_reorder_keeps_the_chosen_rows_in_order():
+    layer = PreallocatedLayer(capacity=4)
+    layer.update(kv(3, 2, 0.0), kv(3, 2, 100.0))
+    layer.reorder_cache(torch.tensor([2, 0]))                     # row 1 finished; keep 2 then 0
+    k, v = layer.update(kv(2, 1, 2.0), kv(2, 1, 102.0))
+    assert k[:, 0, :, 0].tolist() == [[20, 21, 2], [0, 1, 12]]
+    assert v[:, 0, :2, 0].tolist() == [[120, 121], [100, 101]]
+
+
+def test_a_full_cache_says_so():
+    layer = PreallocatedLayer(capacity=2)
+    layer.update(kv(1, 2, 0.0), kv(1, 2, 0.0))
+    with pytest.raises(RuntimeError, match="KV cache full: 3 positions asked of 2"):
+        layer.update(kv(1, 1, 0.0), kv(1, 1, 0.0))
+
+
+def test_sliding_window_models_keep_transformers_cache():
+    from transformers import DynamicCache, MistralConfig, MistralForCausalLM
+
+    m = MistralForCausalLM(MistralConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=2, sliding_window=8))
+    assert type(preallocated_cache(m, 16)) is DynamicCache
+    m.config.sliding_window = None
+    assert [type(x) for x in preallocated_cache(m, 16).layers] == [PreallocatedLayer] * 2
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "fp16", "nvfp4"])
+def test_samples_are_those_of_dynamic_cache_bit_for_bit(fmt):
+    """The same prompts and seeds: token ids and μ identical, with rows finishing at different
+    steps (the compaction path)."""
+    prompts = [f"Q: Compute {a}+{b}.\nA: " for a, b in [(3, 4), (12, 30), (7, 8), (100, 23)]]
+    out = {}
+    for pre in (False, True):
+        eng = TorchEngine(str(TINY_MATH_DIR), fmt, preallocated_cache=pre)
+        out[pre] = [s for row in eng.generate(prompts, 4, Sampling(1.0, 1.0, 24, seed=5)) for s in row]
+    assert len({len(s.token_ids) for s in out[True]}) > 1                      # rows finished apart
+    assert [s.token_ids for s in out[True]] == [s.token_ids for s in out[False]]
+    assert [s.logprobs for s in out[True]] == [s.logprobs for s in out[False]]
