@@ -12,7 +12,7 @@ from bench.algorithms import ALGORITHMS     # the grid shows cells not run yet
 from bench.fingerprint import short
 from bench.formats import ROLLOUT_FORMATS, TRAIN_FORMATS
 from leaderboard import cells as cell_stats
-from leaderboard import data
+from leaderboard import data, fill
 from leaderboard.cellpick import engine_and_settings
 
 PASS_LINE = 0.95
@@ -67,11 +67,26 @@ st.caption(f"{algo} on build {build} ({where}{f', staleness K={k}' if k else ''}
            "the text is the mean peak split accuracy, "
            "✓ for PASS (every seed stopped converged) and k/N seeds passed; the colour is that pass rate (red none, "
            f"green all), or the peak on a fixed 0–1 scale turning from blue to green at the {PASS_LINE} pass line.")
-missing = grid[grid.peak_mean.isna() & grid.n_seeds.isna()]
-if not missing.empty:
+seeds = sorted({int(x) for x in view.seed if x == x and x is not None}) if "seed" in view else []
+have = {(r, t): None for r, t in zip(grid.rollout_dtype, grid.train_dtype)}      # pair → its seeds (None: no run)
+for r, t, ss in zip(stats.rollout_dtype, stats.train_dtype, stats.seeds):
+    have[(r, t)] = {x for x in ss if x is not None}
+empty = [p for p, ss in have.items() if ss is None]
+short_of_seeds = [p for p, ss in have.items() if ss is not None and not set(seeds) <= ss]
+if empty or short_of_seeds:
+    newest = view.sort_values("created_at").run.iloc[-1] if not view.empty else None
+    info = data.run_info(url, newest) if newest else None
+    prov = (info or {}).get("provenance")
+    command, notes = fill.sweep_command(
+        algo, build, empty + short_of_seeds, seeds=seeds, trainer=trainer,
+        engine=view.engine.iloc[0] if not view.empty else "torch", staleness=k,
+        config=(info or {}).get("config"), defaults=prov.get("preset_defaults") if isinstance(prov, dict) else None,
+        every=list(have))
     st.subheader("Empty cells")
-    for r in missing.itertuples():
-        dtype = (r.rollout_dtype if r.rollout_dtype == r.train_dtype
-                 else f"rollout={r.rollout_dtype},train={r.train_dtype}")
-        st.code(f"bench run --algo {algo} --dtype {dtype} --build {build}" + (f" --staleness {k}" if k else ""),
-                language="bash")
+    st.caption(f"{len(empty)} of {len(have)} cells have no run" + (
+        f", {len(short_of_seeds)} lack some of the grid's seeds ({fill.seeds_text(seeds)})" if short_of_seeds else "")
+        + ". One sweep fills them all with the settings of the cells shown (it skips every cell and seed "
+        "already finished):")
+    st.code(command, language="bash")
+    for note in notes:
+        st.caption(f"Note: {note}.")
