@@ -225,3 +225,118 @@ def test_grid_fills_its_empty_cells_with_one_sweep_of_its_settings(tmp_path, mon
     at.selectbox(key="grid_algo").set_value("gspo").run()               # nothing run yet: the preset's sweep
     (code,) = at.code
     assert code.value == "bench sweep --algo gspo --build b0 --dtype all"
+
+
+# ------------------------------------------------------------------ colours and the Leaderboard chart
+
+def test_status_kinds_and_verdict_colours_by_hand():
+    from leaderboard.colours import VERDICT_COLOURS, status_css, status_kind, verdict_css
+
+    assert [status_kind(s) for s in ("converged", "converged ×2", "converged, futile", "running, max_steps",
+                                     "skipped ×2, plateaued", "plateaued", "max_steps ×3", "", None)] == \
+        ["pass", "pass", "early", "pending", "early", "fail", "fail", None, None]
+    assert verdict_css("PASS") == "background-color: #c7e9c0; color: #00441b; font-weight: 600"
+    assert VERDICT_COLOURS["FAIL"][0] in verdict_css("FAIL") and VERDICT_COLOURS["RUNNING"][0] in \
+        verdict_css("RUNNING")
+    assert verdict_css("converged") == "" and status_css(None) == ""
+    assert "italic" in status_css("futile") and "italic" not in status_css("max_steps")
+    assert len({status_css(s) for s in ("converged", "running", "futile", "plateaued")}) == 4
+
+
+def test_chart_labels_name_only_what_tells_the_cells_apart():
+    import pandas as pd
+
+    from leaderboard.peak_chart import labels
+
+    cells = pd.DataFrame({"algo": ["grpo", "grpo"], "precision": ["bf16", "bf16"], "staleness": [0, 2],
+                          "engine": ["torch", "torch"], "config_fp": ["abcdef123456", "abcdef123456"]})
+    assert labels(cells) == ["grpo · bf16 · K=0", "grpo · bf16 · K=2"]
+    cells["config_fp"] = ["abcdef123456", "012345abcdef"]
+    assert labels(cells) == ["grpo · bf16 · K=0 · cfg abcdef", "grpo · bf16 · K=2 · cfg 012345"]
+
+
+def _leaderboard_store(url: str) -> None:
+    """grpo on b0: fp32 seeds 0 and 1 converged at peaks 0.97 and 0.96; bf16 seed 0 max_steps at
+    0.90; fp16 seed 0 still running at 0.50; rollout fp8 → train fp16 seed 0 futile at 0.80."""
+    from datetime import datetime, timedelta
+
+    from bench.store import Run, open_store, session
+    from conftest import add_model_and_build
+
+    rows = [("a0", "fp32", "fp32", 0, "converged", 0.97), ("a1", "fp32", "fp32", 1, "converged", 0.96),
+            ("b0", "bf16", "bf16", 0, "max_steps", 0.90), ("h0", "fp16", "fp16", 0, "running", 0.50),
+            ("f0", "fp8", "fp16", 0, "futile", 0.80)]
+    with session(open_store(url)) as s:
+        model_id = add_model_and_build(s)
+        for i, (rid, r, t, seed, status, peak) in enumerate(rows):
+            s.add(Run(id=rid, model_id=model_id, build_id="b0", algo="grpo", rollout_dtype=r, train_dtype=t,
+                      trainer="native", engine="torch", config=_stored(seed=seed), seed=seed, status=status,
+                      peak_accuracy=peak, steps_to_target=40 if status == "converged" else None, step=60,
+                      created_at=datetime(2026, 1, 1) + timedelta(minutes=i)))
+
+
+def _datasets(chart) -> list:
+    import pyarrow as pa
+
+    return [pa.ipc.open_stream(ds.data.data).read_all().to_pandas() for ds in chart.proto.datasets]
+
+
+def test_leaderboard_chart_carries_each_cells_peak_interval_and_the_pass_line(tmp_path, monkeypatch):
+    import json
+    import math
+
+    import pytest
+
+    from conftest import app_page
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    _leaderboard_store(url)
+    monkeypatch.setenv("BENCH_DB_URL", url)
+    at = app_page()
+    (chart,) = [c for c in at.get("vega_lite_chart") if json.loads(c.proto.spec).get("title")
+                == "Peak split accuracy per cell"]
+    spec = json.loads(chart.proto.spec)
+    frames = _datasets(chart)
+    (points,) = [f for f in frames if "peak_mean" in f.columns]
+    (line,) = [f for f in frames if "target" in f.columns]
+    assert list(line.target) == [0.95]
+    marks = [(layer["mark"]["type"], layer["encoding"]["x"]["field"]) for layer in spec["layer"]]
+    assert ("rule", "target") in marks and ("point", "peak_mean") in marks and ("rule", "peak_ci_lo") in marks
+    # the table's order (ranked) and, for fp32, the two seeds' mean and Student-t interval by hand:
+    # mean 0.965, s = 0.00707107, half = t(0.975, 1) · s/√2 = 12.7062047 · 0.005
+    assert list(points.cell) == ["grpo · fp32", "grpo · bf16", "grpo · fp8→fp16", "grpo · fp16"]
+    fp32 = points.set_index("cell").loc["grpo · fp32"]
+    assert (fp32.peak_mean, fp32.peak_ci_lo, fp32.peak_ci_hi) == pytest.approx(
+        (0.965, 0.965 - 12.7062047 * 0.005, 0.965 + 12.7062047 * 0.005), abs=1e-6)
+    assert fp32.sanity == "PASS" and fp32.n_seeds == 2
+    one = points.set_index("cell").loc["grpo · bf16"]       # one seed: its peak, no interval
+    assert one.peak_mean == pytest.approx(0.90) and math.isnan(one.peak_ci_lo) and one.sanity == "FAIL"
+    assert points.set_index("cell").sanity.to_dict()["grpo · fp16"] == "RUNNING"
+    # the same numbers as the table below it (the cell statistics, not recomputed)
+    table = at.dataframe[0].value.set_index("precision")
+    assert table.loc["fp32", ["peak_mean", "peak_ci_lo", "peak_ci_hi"]].tolist() == pytest.approx(
+        [fp32.peak_mean, fp32.peak_ci_lo, fp32.peak_ci_hi])
+
+
+def test_leaderboard_table_colours_verdicts_and_tells_early_and_pending_apart(tmp_path, monkeypatch):
+    import re
+
+    from conftest import app_page
+    from leaderboard.colours import KIND_COLOURS, VERDICT_COLOURS
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    _leaderboard_store(url)
+    monkeypatch.setenv("BENCH_DB_URL", url)
+    at = app_page()
+    table = at.dataframe[0]
+    df = table.value
+    css = {}                                        # (row, col) → its CSS; pandas groups equal rules
+    for selectors, body in re.findall(r"([^{}]+)\{([^}]*)\}", table.proto.arrow_data.styler.styles):
+        for r, c in re.findall(r"_row(\d+)_col(\d+)", selectors):
+            css[(int(r), int(c))] = body
+    sanity, status = list(df.columns).index("sanity"), list(df.columns).index("status")
+    for i, (verdict, st) in enumerate(zip(df.sanity, df.status)):
+        assert VERDICT_COLOURS[verdict][0] in css[(i, sanity)], (verdict, css.get((i, sanity)))
+        kind = {"converged ×2": "pass", "running": "pending", "futile": "early", "max_steps": "fail"}[st]
+        assert KIND_COLOURS[kind] in css[(i, status)], (st, css.get((i, status)))
+    assert "italic" in css[(list(df.status).index("futile"), status)]

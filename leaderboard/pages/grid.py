@@ -12,7 +12,7 @@ from bench.algorithms import ALGORITHMS     # the grid shows cells not run yet
 from bench.fingerprint import short
 from bench.formats import ROLLOUT_FORMATS, TRAIN_FORMATS
 from leaderboard import cells as cell_stats
-from leaderboard import data, fill
+from leaderboard import colours, data, fill
 from leaderboard.cellpick import engine_and_settings
 
 PASS_LINE = 0.95
@@ -35,8 +35,10 @@ stats["rollout_dtype"], stats["train_dtype"] = split.str[0], split.str[-1]
 
 grid = pd.DataFrame([(r, t) for r in ROLLOUT_FORMATS for t in TRAIN_FORMATS], columns=["rollout_dtype", "train_dtype"])
 grid = grid.merge(stats, on=["rollout_dtype", "train_dtype"], how="left")
-grid["cell"] = [("—" if pd.isna(v) else f"{v:.2f}") + (" ✓" if s == "PASS" else "") + (f" {k}" if n else "")
-                for v, s, k, n in zip(grid.peak_mean, grid.sanity, grid.passes, grid.n_seeds.fillna(0))]
+grid["cell"] = [("—" if pd.isna(v) else f"{v:.2f}") + (f" {colours.VERDICT_MARKS[s]}" if n else "")
+                + (" early" if colours.status_kind(status) == "early" else "") + (f" {k}" if n else "")
+                for v, s, k, n, status in zip(grid.peak_mean, grid.sanity, grid.passes, grid.n_seeds.fillna(0),
+                                              grid.status)]
 
 metric = st.radio("Metric", ["pass_rate", "peak_mean", "steps_to_pass_median", "kl_k3_median"], horizontal=True,
                   format_func={"pass_rate": "pass rate (k/N seeds)", "peak_mean": "peak accuracy",
@@ -56,17 +58,21 @@ else:
     scale, legend, ink = alt.Scale(scheme="viridis", reverse=True), alt.Legend(), alt.value("black")
 x = alt.X("train_dtype:N", sort=list(TRAIN_FORMATS), title="training format (π)")
 y = alt.Y("rollout_dtype:N", sort=list(ROLLOUT_FORMATS), title="rollout format (μ)")
+square = alt.Color(f"{metric}:Q", scale=scale, legend=legend)
+if metric == "pass_rate":                  # a cell still running has no verdict yet: amber, not "none passed"
+    square = alt.condition("datum.sanity == 'RUNNING'", alt.value(colours.VERDICT_COLOURS["RUNNING"][0]), square)
 chart = alt.Chart(grid).mark_rect(stroke="white").encode(
-    x=x, y=y, color=alt.Color(f"{metric}:Q", scale=scale, legend=legend),
+    x=x, y=y, color=square,
     tooltip=["rollout_dtype", "train_dtype", "sanity", "passes", "pass_rate", "status", "peak_mean", "peak_ci_lo",
              "peak_ci_hi", "steps_to_pass_median", "kl_k3_median"])
 text = alt.Chart(grid).mark_text().encode(x=x, y=y, text="cell:N", color=ink)
 st.altair_chart(chart + text, width="stretch")
 where = f"{trainer}, {view.engine.iloc[0]}, cfg {short(view.config_fp.iloc[0])}" if not view.empty else trainer
 st.caption(f"{algo} on build {build} ({where}{f', staleness K={k}' if k else ''}), a cell over its seeds: "
-           "the text is the mean peak split accuracy, "
-           "✓ for PASS (every seed stopped converged) and k/N seeds passed; the colour is that pass rate (red none, "
-           f"green all), or the peak on a fixed 0–1 scale turning from blue to green at the {PASS_LINE} pass line.")
+           "the text is the mean peak split accuracy, the verdict (✓ PASS: every seed stopped converged; ✗ FAIL; "
+           "… RUNNING, pending; 'early' when a rule decided it before the run's end) and k/N seeds passed; the "
+           "colour is that pass rate (red none, green all; amber while the cell still runs), or the peak on a "
+           f"fixed 0–1 scale turning from blue to green at the {PASS_LINE} pass line.")
 seeds = sorted({int(x) for x in view.seed if x == x and x is not None}) if "seed" in view else []
 have = {(r, t): None for r, t in zip(grid.rollout_dtype, grid.train_dtype)}      # pair → its seeds (None: no run)
 for r, t, ss in zip(stats.rollout_dtype, stats.train_dtype, stats.seeds):
