@@ -22,6 +22,8 @@ import pandas as pd
 
 # (fill, ink) per verdict: the grid's pass-rate scale's green and red, lightened for a table cell
 VERDICT_COLOURS = {"PASS": ("#c7e9c0", "#00441b"), "FAIL": ("#fcbba1", "#67000d"), "RUNNING": ("#fee391", "#662506")}
+# a verdict as a mark on a white chart (the Leaderboard chart's points and intervals): the grid's green and red
+VERDICT_INK = {"PASS": "#1a9850", "FAIL": "#d73027", "RUNNING": "#e08214"}
 # a marker (the grid's squares and the chart's points) per verdict
 VERDICT_MARKS = {"PASS": "✓", "FAIL": "✗", "RUNNING": "…"}
 

@@ -73,7 +73,7 @@ def setting_flags(config: dict, defaults: dict | None) -> tuple[list[str], list[
         if v is None and defaults is None:
             continue                        # not given: the preset's (which sets it, if anything, to the same)
         if v is None:
-            notes.append(f"{key} is unset in these runs (the preset's {base.get(key)!r}); no flag unsets it")
+            notes.append(f"`{key}` is unset in these runs (the preset's {base.get(key)!r}); no flag unsets it")
         elif isinstance(v, bool):
             flags.append(f"--{key.replace('_', '-')}" if v else f"--no-{key.replace('_', '-')}")
         else:
@@ -82,8 +82,8 @@ def setting_flags(config: dict, defaults: dict | None) -> tuple[list[str], list[
         benchmarks = config.get("benchmarks") or []
         if benchmarks and benchmarks[0].get("source"):
             flags += ["--benchmark", str(benchmarks[0]["source"])]
-        notes.append("the runs stored no preset defaults: nested settings (algo.*, stop.*) are taken as the "
-                     "preset's")
+        notes.append("the runs stored no preset defaults: nested settings (`algo.*`, `stop.*`) are taken as "
+                     "the preset's")
         return flags, notes
     nested = [(k, d, r) for k, d, r in diff({k: base.get(k) for k in ("benchmarks", "algo", "stop")},
                                             {k: config.get(k) for k in ("benchmarks", "algo", "stop")})
@@ -92,7 +92,7 @@ def setting_flags(config: dict, defaults: dict | None) -> tuple[list[str], list[
         flags += ["--benchmark", str(nested[0][2])]
         nested = []
     for k, d, r in nested:
-        notes.append(f"{k} = {r!r} (the preset's {d!r}) has no option: the command starts runs of another cell")
+        notes.append(f"`{k} = {r!r}` (the preset's {d!r}) has no option: the command starts runs of another cell")
     return flags, notes
 
 

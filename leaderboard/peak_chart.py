@@ -13,7 +13,7 @@ import altair as alt
 import pandas as pd
 
 from bench.fingerprint import short
-from leaderboard.colours import VERDICT_COLOURS, VERDICT_MARKS
+from leaderboard.colours import VERDICT_COLOURS, VERDICT_INK, VERDICT_MARKS
 
 TARGET = 0.95            # the pass line: a seed passes when its pooled bound of split accuracy reaches it
 # key columns named in a row's label when they differ between the cells shown, in this order
@@ -62,7 +62,7 @@ def peak_chart(cells: pd.DataFrame, target: float = TARGET) -> alt.LayerChart:
     order = list(data.cell)
     y = alt.Y("cell:N", sort=order, title=None, axis=alt.Axis(labelLimit=420))
     verdicts = list(VERDICT_COLOURS)
-    palette = alt.Scale(domain=verdicts, range=[VERDICT_COLOURS[v][1] for v in verdicts])
+    palette = alt.Scale(domain=verdicts, range=[VERDICT_INK[v] for v in verdicts])
     colour = alt.Color("sanity:N", title="sanity", scale=palette)
     tooltip = [alt.Tooltip("cell:N"), alt.Tooltip("mark:N", title="sanity"), alt.Tooltip("passes:N"),
                alt.Tooltip("n_seeds:Q", title="seeds"), alt.Tooltip("peak_mean:Q", title="peak (mean)", format=".3f"),
@@ -75,10 +75,11 @@ def peak_chart(cells: pd.DataFrame, target: float = TARGET) -> alt.LayerChart:
     points = base.mark_point(filled=True, size=90).encode(
         x=alt.X("peak_mean:Q", scale=scale), y=y, color=colour, shape=alt.Shape("sanity:N", legend=None),
         tooltip=tooltip)
-    line = pd.DataFrame({"target": [target], "label": [f"pass line {target:g}"]})
+    line = pd.DataFrame({"target": [target], "label": [f"pass line {target:g}"], "cell": [order[0]]})
     rule = alt.Chart(line).mark_rule(color="#1a9850", strokeDash=[6, 3], strokeWidth=2).encode(
         x=alt.X("target:Q", scale=scale))
-    text = alt.Chart(line).mark_text(align="left", dx=4, dy=-4, color="#1a9850", baseline="bottom").encode(
-        x=alt.X("target:Q", scale=scale), y=alt.value(0), text="label:N")
-    return alt.layer(interval, points, rule, text).properties(height=max(80, 26 * len(data)),
+    text = alt.Chart(line).mark_text(align="left", dx=4, dy=-8, color="#1a9850", baseline="bottom").encode(
+        x=alt.X("target:Q", scale=scale), y=y, text="label:N")             # beside the line, at the top row
+    # Streamlit fits the whole chart (title and axis included) into the height: ~100 px of those
+    return alt.layer(interval, points, rule, text).properties(height=100 + 36 * len(data),
                                                               title="Peak split accuracy per cell")

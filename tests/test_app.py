@@ -164,7 +164,7 @@ def test_setting_flags_reproduce_the_settings_and_name_what_no_flag_gives():
     assert sweep_fingerprint(parse_sweep("bench sweep " + " ".join(flags))) == fingerprint(bench)
     odd = {**_stored(), "algo": {**_stored()["algo"], "C": 2.0}}
     flags, notes = setting_flags(odd, preset_defaults("tiny"))
-    assert flags == ["--preset", "tiny"] and len(notes) == 1 and "algo.C = 2.0 (the preset's 3.0)" in notes[0]
+    assert flags == ["--preset", "tiny"] and len(notes) == 1 and "`algo.C = 2.0` (the preset's 3.0)" in notes[0]
     # without stored defaults: every top-level setting written out, and still the same fingerprint
     flags, notes = setting_flags(config, None)
     assert "--prompts-per-step" in flags and "--seed" not in flags and len(notes) == 1

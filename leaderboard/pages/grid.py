@@ -84,7 +84,7 @@ if empty or short_of_seeds:
     info = data.run_info(url, newest) if newest else None
     prov = (info or {}).get("provenance")
     command, notes = fill.sweep_command(
-        algo, build, empty + short_of_seeds, seeds=seeds, trainer=trainer,
+        algo, build, [p for p in have if p in empty or p in short_of_seeds], seeds=seeds, trainer=trainer,
         engine=view.engine.iloc[0] if not view.empty else "torch", staleness=k,
         config=(info or {}).get("config"), defaults=prov.get("preset_defaults") if isinstance(prov, dict) else None,
         every=list(have))
@@ -93,6 +93,6 @@ if empty or short_of_seeds:
         f", {len(short_of_seeds)} lack some of the grid's seeds ({fill.seeds_text(seeds)})" if short_of_seeds else "")
         + ". One sweep fills them all with the settings of the cells shown (it skips every cell and seed "
         "already finished):")
-    st.code(command, language="bash")
+    st.code(command, language="bash", wrap_lines=True)
     for note in notes:
         st.caption(f"Note: {note}.")
