@@ -19,6 +19,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
+from .knobs import knob
 from .problems import last_boxed
 
 CORRECT, WRONG, TIMEOUT, UNPARSEABLE = "correct", "wrong", "timeout", "unparseable"
@@ -107,6 +108,15 @@ def _apply_all(fn, args_list: list[tuple]) -> list:
         except Exception as e:  # sympy errors may not pickle: send their text
             out.append(RuntimeError(f"{type(e).__name__}: {e}"))
     return out
+
+
+@dataclass
+class GradeConfig:
+    """The grader's settings as `bench grade` takes them, each a knob (bench/knobs.py: the
+    command's options are generated from these fields and checked by `check`)."""
+
+    timeout: float = knob(5.0, help="Hard per-answer timeout.", unit="seconds", gt=0)
+    workers: int | None = knob(None, help="Grader processes (default: up to 2).", unit="processes", ge=1)
 
 
 class Grader:

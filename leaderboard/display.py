@@ -64,6 +64,10 @@ def table_kwargs(**kw) -> dict:
     return kw
 
 
-def dataframe(df: pd.DataFrame, **kw):
-    """st.dataframe of a display copy of `df`, missing values shown as MISSING."""
-    return st.dataframe(display_frame(df), **table_kwargs(**kw))
+def dataframe(df: pd.DataFrame, style=None, **kw):
+    """st.dataframe of a display copy of `df`, missing values shown as MISSING; `style` (e.g.
+    leaderboard/colours.py `styled`) turns the display copy into a pandas Styler first."""
+    shown = display_frame(df)
+    if style is not None:
+        shown = style(shown).format(na_rep=MISSING)
+    return st.dataframe(shown, **table_kwargs(**kw))

@@ -95,6 +95,12 @@ def test_leaderboard_filter_and_run_page_in_chromium(served, browser):
         time.sleep(0.3)
     time.sleep(1)
     browser.save_screenshot(str(SHOTS / "leaderboard.png"))
+    # the viewer toolbar: the app menu is there, the Deploy button is not (Streamlit's default shows it on
+    # localhost); the Leaderboard chart is drawn above the table
+    assert browser.find_elements(By.CSS_SELECTOR, "[data-testid='stMainMenu']")
+    assert not browser.find_elements(By.CSS_SELECTOR, "[data-testid='stAppDeployButton']")
+    assert browser.find_elements(By.CSS_SELECTOR, "[data-testid='stVegaLiteChart'] canvas, "
+                                                  "[data-testid='stVegaLiteChart'] svg")
     boxes[2].click()
     boxes[2].send_keys("grpo")
     boxes[2].send_keys(Keys.ENTER)

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from bench.cli import app
 from bench.knobs import base_type, flag_of, knob_fields, types_of
 from bench.store import BuildProblem, Run, open_store, session
+from bench.grading import GradeConfig
 from datasets_build.config import BuildConfig
 from runners.mismatch_config import MismatchConfig
 from runners.presets import PRESETS, RunConfig
@@ -30,7 +31,9 @@ VERBS = {
     "sweep": (RunConfig, ["sweep", "--algo", "grpo", "--dtype", "fp32", "--device", "cpu"]),
     "build": (BuildConfig, ["build", "--engine", "torch", "--dtype", "fp32", "--device", "cpu"]),
     "mismatch": (MismatchConfig, ["mismatch", "--dtype", "fp32", "--device", "cpu"]),
+    "grade": (GradeConfig, ["grade", "RESPONSES"]),              # a JSONL of one gradable row; no store
 }
+NO_STORE = {"grade"}
 
 
 def _numeric(cls) -> list[dataclasses.Field]:
@@ -70,13 +73,13 @@ def _table():
 EXAMPLES = [("run", "max_steps", "-3"), ("run", "lr", "-1"), ("run", "lr", "0"), ("run", "prompts_per_step", "-8"),
             ("run", "gpu_memory_utilization", "1.5"), ("run", "loss_scale_backoff", "1"),
             ("sweep", "lr", "-1"), ("sweep", "max_tokens", "0"), ("build", "k", "-1"), ("build", "confidence", "1"),
-            ("build", "top_p", "1.5"), ("mismatch", "n", "0")]
+            ("build", "top_p", "1.5"), ("mismatch", "n", "0"), ("grade", "timeout", "0"), ("grade", "workers", "0")]
 
 
 def test_every_numeric_knob_is_bounded():
     """Each numeric CLI knob of every config declares a lower bound, so the table below holds
     at least one bad value for each of them."""
-    for cls in (RunConfig, BuildConfig, MismatchConfig):
+    for cls in (RunConfig, BuildConfig, MismatchConfig, GradeConfig):
         for f in _numeric(cls):
             m = f.metadata
             assert m.get("ge") is not None or m.get("gt") is not None, (cls.__name__, f.name)
@@ -103,12 +106,15 @@ def _files(root):
 
 @pytest.mark.parametrize("verb,name,value", _table() + [pytest.param(*e, id=f"example-{e[0]}-{e[1]}={e[2]}")
                                                         for e in EXAMPLES])
-def test_bad_value_is_refused_with_nothing_written(verb, name, value, store_with_build, bench_home):
+def test_bad_value_is_refused_with_nothing_written(verb, name, value, store_with_build, bench_home, tmp_path):
     cls, args = VERBS[verb]
+    responses = tmp_path / "responses.jsonl"
+    responses.write_text('{"response": "\\\\boxed{2}", "gold": "2"}\n')
+    args = [str(responses) if a == "RESPONSES" else a for a in args]
     f = next(f for f in dataclasses.fields(cls) if f.name == name)
     flag = f"--{flag_of(f)}"
     before = _files(bench_home)
-    r = CliRunner().invoke(app, [*args, flag, value, "--db", store_with_build])
+    r = CliRunner().invoke(app, [*args, flag, value, *([] if verb in NO_STORE else ["--db", store_with_build])])
     text = " ".join(r.output.split())
     assert r.exit_code == 2, (r.exit_code, r.output, r.exception)
     assert flag in text and "error:" in text, text               # one message naming the knob...

@@ -16,6 +16,7 @@ from conftest import app_page
 from typer.testing import CliRunner
 
 from bench.cli import app
+from bench.fingerprint import fingerprint
 from bench.store import Run, RunStep, open_store, session
 
 pytestmark = pytest.mark.integration
@@ -117,19 +118,31 @@ def test_run_page_by_query_param_shows_curves(store):
     assert dict(zip(plotted.step, plotted.value)) == pytest.approx(stored)
 
 
-def test_grid_lists_commands_for_empty_cells(store):
-    """One algorithm at a time, every rollout format × every training format (7 × 5)."""
+def test_grid_fills_its_empty_cells_with_one_sweep(store):
+    """One algorithm at a time, every rollout format × every training format (7 × 5); the empty
+    ones as one `bench sweep` that the real CLI parses, whose runs get the grid's fingerprint."""
+    from test_app import parse_sweep, sweep_fingerprint
+
+    from bench.precision import parse_list
+
     url, info = store
     at = page(url, "pages/grid.py")
     assert at.selectbox(key="grid_algo").value == "pg-seq-is"
-    codes = [c.value for c in at.code]
-    assert f"bench run --algo pg-seq-is --dtype rollout=int8,train=fp32 --build {info['build']}" in codes
-    assert not any(" --dtype bf16 " in c or " --dtype fp32 " in c for c in codes) and len(codes) == 35 - 2
+    (code,) = at.code
+    params = parse_sweep(code.value)
+    filled = {(p.rollout, p.train) for p in parse_list(params["dtype"])}
+    assert len(filled) == 35 - 2 and ("int8", "fp32") in filled and not {("bf16", "bf16"), ("fp32", "fp32")} & filled
+    assert (params["algo"], params["build_id"], params["max_steps"], params["prompts_per_step"]) == \
+        ("pg-seq-is", info["build"], 3, 4)
+    with session(open_store(url)) as s:
+        stored = {fingerprint(r.config) for r in s.scalars(select(Run).where(Run.algo == "pg-seq-is"))}
+    assert stored == {sweep_fingerprint(params)}
     at.selectbox(key="grid_algo").set_value("gspo").run()
-    codes = [c.value for c in at.code]
-    assert f"bench run --algo gspo --dtype fp16 --build {info['build']}" in codes and len(codes) == 35
+    (code,) = at.code
+    assert code.value == f"bench sweep --algo gspo --build {info['build']} --dtype all"
     at.selectbox(key="grid_algo").set_value("grpo").run()
-    assert not any("--algo grpo --dtype bf16 " in c for c in at.code)
+    grpo = {(p.rollout, p.train) for p in parse_list(parse_sweep(at.code[0].value)["dtype"])}
+    assert len(grpo) == 33 and ("bf16", "bf16") not in grpo
     at.radio[0].set_value("peak_mean").run()
     specs = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
     scales = [layer["encoding"]["color"].get("scale", {}) for sp in specs for layer in sp.get("layer", [])

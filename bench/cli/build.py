@@ -11,6 +11,7 @@ from rich.table import Table
 
 from bench.cli import DB_OPT, _progress, _store, _user_errors, app, build_app, builds_app, console, fail, out
 from bench.cli.options import DEVICE_METAVAR, Engine, knob_options, parse_device
+from bench.grading import GradeConfig
 from datasets_build.config import BuildConfig
 
 
@@ -215,14 +216,22 @@ def builds_show(ctx: typer.Context, build_id: str, as_json: bool = typer.Option(
 
 # ------------------------------------------------------------------ grade
 
+def _grade_defaults() -> dict[str, dict]:
+    from dataclasses import fields
+
+    return {"grade": {f.name: f.default for f in fields(GradeConfig)}}
+
+
 @app.command()
+@knob_options(GradeConfig, defaults=_grade_defaults(), panel="Grader settings (GradeConfig)", before=None)
 def grade(file: Path = typer.Argument(..., help="JSONL with `response` and `gold` on each row."),
           as_json: bool = typer.Option(False, "--json", help="Print a summary object instead of per-row lines."),
-          timeout: float = typer.Option(5.0, help="Hard per-answer timeout in seconds."),
-          workers: Optional[int] = typer.Option(None, help="Grader processes (default: up to 2).")):
+          knobs: dict = None):
     """Grade responses against golds with math-verify (process pool, hard timeouts)."""
     from bench.grading import Grader
+    from bench.knobs import check
 
+    cfg = check(GradeConfig(**{k: v for k, v in knobs.items() if v is not None}))
     if not file.exists():
         fail(f"{file}: no such file")
     rows = []
@@ -239,7 +248,7 @@ def grade(file: Path = typer.Argument(..., help="JSONL with `response` and `gold
             rows.append(r)
     if not rows:
         fail(f"{file}: no rows")
-    with Grader(workers=workers, timeout=timeout) as g:
+    with Grader(workers=cfg.workers, timeout=cfg.timeout) as g:
         verdicts = g.grade([r["response"] for r in rows], [str(r["gold"]) for r in rows])
     if as_json:
         counts = {}

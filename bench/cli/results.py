@@ -448,6 +448,19 @@ def _print_reference(reference: dict) -> None:
                   "Reference expander lists them all)", highlight=False)
 
 
+# what `bench leaderboard` passes to Streamlit besides the port, the address and headless: the
+# same options as leaderboard/.streamlit/config.toml (which `streamlit run leaderboard/app.py` reads)
+STREAMLIT_FLAGS = {"client.toolbarMode": "viewer",          # no Deploy button: a read-only viewer
+                   "browser.gatherUsageStats": "false"}
+
+
+def streamlit_argv(app_path: Path, url: str, port: int, address: str, headless: bool) -> list[str]:
+    """The `python -m streamlit run` command line that serves the app at `app_path` on store `url`."""
+    flags = [x for key, value in STREAMLIT_FLAGS.items() for x in (f"--{key}", value)]
+    return [sys.executable, "-m", "streamlit", "run", str(app_path), "--server.port", str(port),
+            "--server.address", address, "--server.headless", str(headless).lower(), *flags, "--", "--db", url]
+
+
 @app.command()
 def leaderboard(db: Optional[str] = DB_OPT, port: int = typer.Option(8501, help="Port to serve on."),
                 address: str = typer.Option("127.0.0.1", help="Address to bind."),
@@ -460,9 +473,7 @@ def leaderboard(db: Optional[str] = DB_OPT, port: int = typer.Option(8501, help=
     url = db or default_url()
     _store(url)                                   # a bad URL fails here, readably
     app_path = Path(lb.__file__).parent / "app.py"
-    cmd = [sys.executable, "-m", "streamlit", "run", str(app_path), "--server.port", str(port),
-           "--server.address", address, "--server.headless", str(headless).lower(),
-           "--browser.gatherUsageStats", "false", "--", "--db", url]
+    cmd = streamlit_argv(app_path, url, port, address, headless)
     console.print(f"leaderboard on http://{address}:{port} (store {url})", highlight=False)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -12,7 +12,7 @@ from bench.algorithms import ALGORITHMS     # the grid shows cells not run yet
 from bench.fingerprint import short
 from bench.formats import ROLLOUT_FORMATS, TRAIN_FORMATS
 from leaderboard import cells as cell_stats
-from leaderboard import data
+from leaderboard import colours, data, fill
 from leaderboard.cellpick import engine_and_settings
 
 PASS_LINE = 0.95
@@ -35,8 +35,10 @@ stats["rollout_dtype"], stats["train_dtype"] = split.str[0], split.str[-1]
 
 grid = pd.DataFrame([(r, t) for r in ROLLOUT_FORMATS for t in TRAIN_FORMATS], columns=["rollout_dtype", "train_dtype"])
 grid = grid.merge(stats, on=["rollout_dtype", "train_dtype"], how="left")
-grid["cell"] = [("—" if pd.isna(v) else f"{v:.2f}") + (" ✓" if s == "PASS" else "") + (f" {k}" if n else "")
-                for v, s, k, n in zip(grid.peak_mean, grid.sanity, grid.passes, grid.n_seeds.fillna(0))]
+grid["cell"] = [("—" if pd.isna(v) else f"{v:.2f}") + (f" {colours.VERDICT_MARKS[s]}" if n else "")
+                + (" early" if colours.status_kind(status) == "early" else "") + (f" {k}" if n else "")
+                for v, s, k, n, status in zip(grid.peak_mean, grid.sanity, grid.passes, grid.n_seeds.fillna(0),
+                                              grid.status)]
 
 metric = st.radio("Metric", ["pass_rate", "peak_mean", "steps_to_pass_median", "kl_k3_median"], horizontal=True,
                   format_func={"pass_rate": "pass rate (k/N seeds)", "peak_mean": "peak accuracy",
@@ -56,22 +58,41 @@ else:
     scale, legend, ink = alt.Scale(scheme="viridis", reverse=True), alt.Legend(), alt.value("black")
 x = alt.X("train_dtype:N", sort=list(TRAIN_FORMATS), title="training format (π)")
 y = alt.Y("rollout_dtype:N", sort=list(ROLLOUT_FORMATS), title="rollout format (μ)")
+square = alt.Color(f"{metric}:Q", scale=scale, legend=legend)
+if metric == "pass_rate":                  # a cell still running has no verdict yet: amber, not "none passed"
+    square = alt.condition("datum.sanity == 'RUNNING'", alt.value(colours.VERDICT_COLOURS["RUNNING"][0]), square)
 chart = alt.Chart(grid).mark_rect(stroke="white").encode(
-    x=x, y=y, color=alt.Color(f"{metric}:Q", scale=scale, legend=legend),
+    x=x, y=y, color=square,
     tooltip=["rollout_dtype", "train_dtype", "sanity", "passes", "pass_rate", "status", "peak_mean", "peak_ci_lo",
              "peak_ci_hi", "steps_to_pass_median", "kl_k3_median"])
 text = alt.Chart(grid).mark_text().encode(x=x, y=y, text="cell:N", color=ink)
 st.altair_chart(chart + text, width="stretch")
 where = f"{trainer}, {view.engine.iloc[0]}, cfg {short(view.config_fp.iloc[0])}" if not view.empty else trainer
 st.caption(f"{algo} on build {build} ({where}{f', staleness K={k}' if k else ''}), a cell over its seeds: "
-           "the text is the mean peak split accuracy, "
-           "✓ for PASS (every seed stopped converged) and k/N seeds passed; the colour is that pass rate (red none, "
-           f"green all), or the peak on a fixed 0–1 scale turning from blue to green at the {PASS_LINE} pass line.")
-missing = grid[grid.peak_mean.isna() & grid.n_seeds.isna()]
-if not missing.empty:
+           "the text is the mean peak split accuracy, the verdict (✓ PASS: every seed stopped converged; ✗ FAIL; "
+           "… RUNNING, pending; 'early' when a rule decided it before the run's end) and k/N seeds passed; the "
+           "colour is that pass rate (red none, green all; amber while the cell still runs), or the peak on a "
+           f"fixed 0–1 scale turning from blue to green at the {PASS_LINE} pass line.")
+seeds = sorted({int(x) for x in view.seed if x == x and x is not None}) if "seed" in view else []
+have = {(r, t): None for r, t in zip(grid.rollout_dtype, grid.train_dtype)}      # pair → its seeds (None: no run)
+for r, t, ss in zip(stats.rollout_dtype, stats.train_dtype, stats.seeds):
+    have[(r, t)] = {x for x in ss if x is not None}
+empty = [p for p, ss in have.items() if ss is None]
+short_of_seeds = [p for p, ss in have.items() if ss is not None and not set(seeds) <= ss]
+if empty or short_of_seeds:
+    newest = view.sort_values("created_at").run.iloc[-1] if not view.empty else None
+    info = data.run_info(url, newest) if newest else None
+    prov = (info or {}).get("provenance")
+    command, notes = fill.sweep_command(
+        algo, build, [p for p in have if p in empty or p in short_of_seeds], seeds=seeds, trainer=trainer,
+        engine=view.engine.iloc[0] if not view.empty else "torch", staleness=k,
+        config=(info or {}).get("config"), defaults=prov.get("preset_defaults") if isinstance(prov, dict) else None,
+        every=list(have))
     st.subheader("Empty cells")
-    for r in missing.itertuples():
-        dtype = (r.rollout_dtype if r.rollout_dtype == r.train_dtype
-                 else f"rollout={r.rollout_dtype},train={r.train_dtype}")
-        st.code(f"bench run --algo {algo} --dtype {dtype} --build {build}" + (f" --staleness {k}" if k else ""),
-                language="bash")
+    st.caption(f"{len(empty)} of {len(have)} cells have no run" + (
+        f", {len(short_of_seeds)} lack some of the grid's seeds ({fill.seeds_text(seeds)})" if short_of_seeds else "")
+        + ". One sweep fills them all with the settings of the cells shown (it skips every cell and seed "
+        "already finished):")
+    st.code(command, language="bash", wrap_lines=True)
+    for note in notes:
+        st.caption(f"Note: {note}.")

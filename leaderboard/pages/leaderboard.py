@@ -9,8 +9,9 @@ import pandas as pd
 import streamlit as st
 
 from bench.fingerprint import short
-from leaderboard import data, display, verified
+from leaderboard import colours, data, display, verified
 from leaderboard.cells import INTERVAL, cell_columns, cells_frame, ranked_cells
+from leaderboard.peak_chart import TARGET, peak_chart
 from leaderboard.reference import matching_rows, paper_offline_mismatch, reference_rows
 
 st.title("Leaderboard")
@@ -39,6 +40,11 @@ if search and not cells.empty:
                                           str(c.config_fp), *c.runs]), axis=1)
     cells = cells[hay.str.contains(search, case=False, regex=False)]
 
+if cells.empty:
+    st.info("No cell matches these filters.")
+else:
+    st.altair_chart(peak_chart(cells, TARGET), width="stretch")
+
 default = ["algo", "precision", *(["staleness"] if (cells.staleness > 0).any() else []), "engine", "config_fp",
            "sanity", "passes",
            "status", "peak_mean", "peak_ci_lo", "peak_ci_hi", "steps_to_pass_median", "steps_to_pass_min",
@@ -46,12 +52,13 @@ default = ["algo", "precision", *(["staleness"] if (cells.staleness > 0).any() e
 cols = st.multiselect("Columns", [*cell_columns(), "verified"], default=default)
 passed = int((cells.sanity == "PASS").sum()) if not cells.empty else 0
 st.caption(f"{len(cells)} cells · {passed} pass the sanity test on every seed (a seed passes when its run converged: "
-           f"the 90% lower bound of split accuracy, pooled over the last evaluations, ≥ 95%) · peak: {INTERVAL}")
+           f"the 90% lower bound of split accuracy, pooled over the last evaluations, ≥ 95%) · peak: {INTERVAL}. "
+           + colours.legend_text())
 shown = cells[cols].copy()
 if "config_fp" in shown:
     shown["config_fp"] = shown.config_fp.map(short)
 display.dataframe(
-    shown, hide_index=True, width="stretch",
+    shown, style=colours.styled, hide_index=True, width="stretch",
     column_config={
         "config_fp": st.column_config.TextColumn("config", help="Fingerprint of every setting but the seed "
                                                  "(bench/fingerprint.py): runs differing in any other setting "
@@ -59,6 +66,7 @@ display.dataframe(
         "peak_mean": st.column_config.ProgressColumn("peak acc (mean)", min_value=0, max_value=1, format="%.3f"),
         "peak_ci_lo": st.column_config.NumberColumn("95% CI low", format="%.3f"),
         "peak_ci_hi": st.column_config.NumberColumn("95% CI high", format="%.3f"),
+        "peak_sd": st.column_config.NumberColumn("peak sd", format="%.3f"),
         "pass_rate": st.column_config.ProgressColumn("pass rate", min_value=0, max_value=1, format="%.2f"),
         "steps_to_pass_median": st.column_config.NumberColumn("steps to pass (median)", format="%g"),
         "steps_to_pass_min": st.column_config.NumberColumn("min", format="%g"),

@@ -13,7 +13,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from leaderboard import data, display
+from leaderboard import colours, data, display
 from leaderboard.cellpick import engine_and_settings
 from leaderboard.cells import cells_frame, with_staleness
 
@@ -78,7 +78,7 @@ st.caption(f"{algo} on build {build} ({trainer}): a cell is one precision pair a
            "the mean peak split accuracy, ✓ when every seed passed, and k/N seeds passed.")
 table = cells[["precision", "staleness", "sanity", "passes", "pass_rate", "peak_mean", "steps_to_pass_median",
                *COMPONENTS, "n_seeds"]].sort_values(["precision", "staleness"], kind="stable")
-display.dataframe(table, hide_index=True, width="stretch", column_config={
+display.dataframe(table, style=colours.styled, hide_index=True, width="stretch", column_config={
     "staleness": st.column_config.NumberColumn("K"),
     "pass_rate": st.column_config.ProgressColumn("pass rate", min_value=0, max_value=1, format="%.2f"),
     "peak_mean": st.column_config.NumberColumn("peak (mean)", format="%.3f"),
