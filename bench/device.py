@@ -1,7 +1,7 @@
 """Where the models run: `--device auto|cpu|cuda[:i]` (auto = the first CUDA device when one
 is available, else the CPU), and the per-step resource numbers the trainer logs.
 
-On CUDA the 16-bit matmuls are the GPU's own (bench/precision.py upcasts only on CPUs that
+On CUDA the 16-bit matmuls are the GPU's own (bench/kernels.py upcasts only on CPUs that
 lack 16-bit GEMM); everything else (fp32 master weights, fp32 log-softmax, dynamic loss
 scaling in fp16, the formats' quantizers) is the same code on either device.
 """

@@ -27,7 +27,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from bench import precision
+    from bench import kernels, precision
     from bench.engines import Sampling
     from bench.engines.torch_engine import TorchEngine
     from bench.mismatch import mismatch_metrics
@@ -41,7 +41,7 @@ def main() -> None:
     probs = load_problems(SourceSpec("synthetic", limit=args.prompts))
     prompts = [render_prompt(ref, tok, p.problem) for p in probs]
     pids = [tok.encode(p, add_special_tokens=False) for p in prompts]
-    flags = sorted(precision._cpu_flags() & {"amx_bf16", "amx_fp16", "avx512_bf16", "avx512_fp16", "avx2"})
+    flags = sorted(kernels._cpu_flags() & {"amx_bf16", "amx_fp16", "avx512_bf16", "avx512_fp16", "avx2"})
     print(f"CPU 16-bit flags: {', '.join(flags) or 'none'}; torch {torch.__version__}; {args.threads} thread(s)")
     rows, base = [], {}
     for spec in args.formats.split(","):
@@ -67,7 +67,7 @@ def main() -> None:
         k3 = mismatch_metrics(mu, lp.detach() * batch.mask, batch.mask)["kl_k3"]
         base.setdefault("roll", t_roll)
         base.setdefault("train", t_train)
-        train_mm = "upcast" if fmt != "fp32" and precision.should_upcast(fmt) else "native"
+        train_mm = "upcast" if fmt != "fp32" and kernels.should_upcast(fmt) else "native"
         rows.append((spec, t_roll, t_roll / base["roll"], t_train, t_train / base["train"], eng.kernels, train_mm, k3))
     print(f"{'format':<11} {'rollout s':>9} {'×fp32':>6} {'train s':>8} {'×fp32':>6}  rollout kernels"
           f"                          train GEMM  k3/token")

@@ -55,7 +55,7 @@ FP32_TOLERANCE = {"rel": 1e-3, "noise_abs": 1e-3}
 
 def cpu_kind() -> str:
     """The CPU kind an fp32 GEMM's rounding order depends on: avx512 or avx2."""
-    from bench.precision import _cpu_flags
+    from bench.kernels import _cpu_flags
 
     return "avx512" if "avx512f" in _cpu_flags() else "avx2"
 

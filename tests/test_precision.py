@@ -53,7 +53,8 @@ def test_upcast_matmul_rounds_like_a_16bit_gemm(dt_name, ulp):
     of the format at 1.0), and the product itself runs in fp32."""
     import torch
 
-    from bench.precision import torch_dtype, upcast_matmuls
+    from bench.kernels import upcast_matmuls
+    from bench.precision import torch_dtype
 
     dt = torch_dtype(dt_name)
     lin = torch.nn.Linear(8, 4).to(dt)

@@ -222,7 +222,7 @@ def test_bench_mismatch_stores_its_conditions_and_the_report_pairs_by_them(tmp_p
     second = CliRunner().invoke(app, ["mismatch", "--dtype", "fp16", "--limit", "2", "--n", "2", "--device", "cpu",
                                       "--db", url, "--json", "--out", str(tmp_path / "b")])
     assert second.exit_code == 0, second.output
-    from bench.precision import cpu_kernel_path
+    from bench.kernels import cpu_kernel_path
     from leaderboard.queries import mismatch_frame
 
     frame = mismatch_frame(open_store(url))
