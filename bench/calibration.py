@@ -261,8 +261,7 @@ def twin_model(master: torch.nn.Module, fmt_name: str, device="cpu") -> torch.nn
     quantized linear layers) in one prefill without the rollout engine's kernels (fused
     activation, split-K)."""
     from . import formats
-    from .format_modules import RolloutWeights
-    from .precision import prepare_compute_model
+    from .format_modules import RolloutWeights, prepare_compute_model
 
     if formats.get(fmt_name).train:
         return prepare_compute_model(copy.deepcopy(master), fmt_name, str(device)).eval()

@@ -11,12 +11,17 @@ does. Where the format has a per-tensor weight scale (nvfp4's global scale), the
 vLLM fuses into one layer (q/k/v → qkv_proj, gate/up → gate_up_proj) share it — the largest
 amax of the group, as Model-Optimizer's export gives a fused layer one `weight_scale_2`.
 
-Training side (`prepare_train`): the compute copy keeps the module tree and its parameter
-list (the trainer pairs compute and master parameters by position). For a W8A8 format the
+Training side (`prepare_compute_model` by format name, `prepare_train`): the compute copy keeps
+the module tree and its parameter list (the trainer pairs compute and master parameters by
+position). For a W8A8 format the
 linear weights stay fp32 and each nn.Linear forward runs the same quantizers as the rollout
 engine (`W8A8STE`) with a straight-through backward; for `bf16+head32` lm_head stays fp32 and
 computes fp32 logits. A tied embedding that stays fp32 for the head's sake has its output
-rounded to the format's dtype, which is what a lookup in a cast embedding gives.
+rounded to the format's dtype, which is what a lookup in a cast embedding gives. Where the CPU
+lacks the format's 16-bit GEMM, the remaining 16-bit matmuls and attention upcast (bench/kernels.py).
+
+Kernels (`apply_rollout_kernels`): which of bench/kernels.py's kernels the rollout engine's model
+gets for its format and device (fused SiluAndMul, split-K GEMMs, upcast attention).
 
 Sync statistics (`RolloutWeights.load(..., track=True)`), over the weights of every linear
 layer (lm_head included), at each sync:
@@ -44,8 +49,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import kernels
+from . import formats, kernels
 from .formats import Format, float_step, scaled_mm
+from .precision import canon
 
 TRACK_SAMPLE = 2 ** 24      # weights behind rollout_update_to_step at most (see the module docstring)
 
@@ -313,6 +319,15 @@ def prepare_train(model: nn.Module, fmt: Format, device: str = "cpu") -> nn.Modu
         kernels.upcast_matmuls(model)          # the remaining 16-bit linear layers (patched ones are skipped)
         kernels.upcast_attention(model)
     return model
+
+
+def prepare_compute_model(model: nn.Module, dtype: str, device: str = "cpu") -> nn.Module:
+    """The training engine's copy of `model` in format `dtype`: parameters cast (buffers stay
+    fp32); where the CPU lacks 16-bit GEMM, 16-bit matmuls upcast (bench/kernels.py); fp8
+    quantizes in the forward with a straight-through backward; bf16+head32 keeps an fp32
+    lm_head (`prepare_train`). A rollout-only format is refused (PrecisionError). Parameters
+    keep their order."""
+    return prepare_train(model, formats.get(canon(dtype, "train")), device)
 
 
 # ------------------------------------------------------------------ the rollout engine's kernels

@@ -157,13 +157,3 @@ def cast_parameters(model, dtype: str):
     only. Tied parameters stay tied (the one Parameter object is cast once). For a format
     this is its storage dtype only; bench/format_modules.py does the rest."""
     return formats.get(dtype).cast(model)
-
-
-def prepare_compute_model(model, dtype: str, device: str = "cpu"):
-    """The training engine's copy of `model` in format `dtype`: parameters cast (buffers stay
-    fp32); where the CPU lacks 16-bit GEMM, 16-bit matmuls upcast; fp8 quantizes in the forward
-    with a straight-through backward; bf16+head32 keeps an fp32 lm_head
-    (bench/format_modules.py). Parameters keep their order."""
-    from .format_modules import prepare_train
-
-    return prepare_train(model, formats.get(canon(dtype, "train")), device)

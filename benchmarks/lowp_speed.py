@@ -27,7 +27,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from bench import kernels, precision
+    from bench import format_modules, kernels
     from bench.engines import Sampling
     from bench.engines.torch_engine import TorchEngine
     from bench.mismatch import mismatch_metrics
@@ -56,7 +56,7 @@ def main() -> None:
         mu = torch.zeros(batch.mask.shape)
         for i, s in enumerate(flat):
             mu[i, :len(s.logprobs)] = torch.tensor(s.logprobs)
-        compute = precision.prepare_compute_model(load_model(ref, torch.float32), fmt)
+        compute = format_modules.prepare_compute_model(load_model(ref, torch.float32), fmt)
         compute.train()
         for timed in (False, True):                                                    # warm-up, then timed
             t = time.perf_counter()

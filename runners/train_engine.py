@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from bench.precision import LossScaler, prepare_compute_model
+from bench.format_modules import prepare_compute_model
+from bench.precision import LossScaler
 
 from .algos import LossInputs, sequences_in_mean
 from .logprobs import pack, response_logprobs, response_logprobs_entropy

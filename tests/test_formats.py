@@ -11,9 +11,9 @@ from torch import nn
 
 from bench import formats
 from bench.calibration import BANDS
-from bench.format_modules import QuantLinear, RolloutWeights, W8A8STE
+from bench.format_modules import QuantLinear, RolloutWeights, W8A8STE, prepare_compute_model
 from bench.formats import FORMATS, PrecisionError, e2m1_round, float_step, w8a8_matmul
-from bench.precision import ALL_PAIRS, Precision, parse_list, prepare_compute_model
+from bench.precision import ALL_PAIRS, Precision, parse_list
 
 FP8, INT8, NVFP4 = FORMATS["fp8"], FORMATS["int8"], FORMATS["nvfp4"]
 ONE = torch.ones(1, 1)

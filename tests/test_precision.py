@@ -117,7 +117,8 @@ def test_casting_keeps_rope_buffers_fp32(dtype):
 
     from bench.engines.torch_engine import TorchEngine
     from bench.models import load_model, load_tokenizer, resolve_model
-    from bench.precision import prepare_compute_model, torch_dtype
+    from bench.format_modules import prepare_compute_model
+    from bench.precision import torch_dtype
 
     ref = resolve_model("tiny-math")
     master = load_model(ref, torch.float32)
