@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import torch
 
 from bench.format_modules import prepare_compute_model
-from bench.precision import LossScaler
 
 from .algos import LossInputs, sequences_in_mean
 from .logprobs import pack, response_logprobs, response_logprobs_entropy
+from .loss_scaler import LossScaler
 from .presets import RunConfig
 
 

@@ -92,17 +92,6 @@ def test_upcast_matmul_rounds_like_a_16bit_gemm(dt_name, ulp):
     assert lin.weight.grad.dtype == dt and torch.isfinite(lin.weight.grad.float()).all()
 
 
-def test_loss_scaler_grows_and_backs_off():
-    from bench.precision import LossScaler
-
-    s = LossScaler(True, scale=8.0, growth_interval=2)
-    s.update(True), s.update(True)
-    assert s.scale == 16.0
-    s.update(False)
-    assert s.scale == 8.0 and s.skipped == 1
-    assert LossScaler(False).scale == 1.0
-
-
 def _rope_buffers(model):
     return {n: b for n, b in model.named_buffers() if "inv_freq" in n}
 
@@ -132,15 +121,3 @@ def test_casting_keeps_rope_buffers_fp32(dtype):
             assert b.dtype == torch.float32 and torch.equal(b, before[n]), n
     # tied embeddings stay tied
     assert compute.lm_head.weight is compute.model.embed_tokens.weight
-
-
-def test_non_finite_steps_are_counted_for_every_dtype():
-    from bench.precision import LossScaler
-
-    for enabled in (False, True):
-        s = LossScaler(enabled, scale=8.0)
-        s.update(False), s.update(False)
-        assert (s.skipped, s.skipped_in_a_row) == (2, 2)
-        s.update(True)
-        assert (s.skipped, s.skipped_in_a_row) == (2, 0)
-        assert s.scale == (2.0 if enabled else 1.0)
