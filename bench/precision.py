@@ -92,22 +92,6 @@ def parse_list(text: str) -> list[Precision]:
     return pairs
 
 
-def device_supports(dtype: str, device: str = "cpu") -> bool:
-    """Whether `device` can run the format: matmuls in its storage dtype (fp16 on old CPUs /
-    GPUs may be missing) and, for a W8A8 format, its quantize–matmul."""
-    import torch
-
-    fmt = formats.get(dtype)
-    try:
-        a = torch.ones(16, 16, dtype=fmt.dtype, device=device)
-        ok = bool(torch.isfinite((a @ a).float()).all())
-        if ok and fmt.quant is not None:
-            ok = bool(torch.isfinite(fmt.matmul(a, *fmt.quantize(a.float())).float()).all())
-        return ok
-    except (RuntimeError, TypeError):
-        return False
-
-
 def cast_parameters(model, dtype: str):
     """Cast the parameters of `model` to `dtype` in place; buffers keep their dtype.
 

@@ -11,11 +11,11 @@ from pathlib import Path
 from sqlalchemy import select
 
 from bench import provenance
-from bench.device import resolve_device
+from bench.device import device_supports, resolve_device
 from bench.engines import resolve_engine
 from bench.errors import BenchError
 from bench.models import ModelRef, resolve_model
-from bench.precision import Precision, device_supports
+from bench.precision import Precision
 from bench.problems import Problem
 from bench.store import Build, Model, Run, bench_home, session
 from bench.store.schema import BuildProblem, utcnow

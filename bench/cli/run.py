@@ -178,7 +178,7 @@ def _check_inputs(store, cfg, precision, build_id, model, engine, device) -> Non
     """What start_run would refuse, read before the progress bar is drawn: the engine, the
     formats on the device, the build (start_run checks them all again)."""
     from bench.engines import resolve_engine
-    from bench.precision import device_supports
+    from bench.device import device_supports
     from bench.store import session
     from runners.trainer import RunError, resolve_inputs
 
