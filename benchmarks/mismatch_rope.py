@@ -22,7 +22,7 @@ from bench.models import load_model, load_tokenizer, render_prompt, resolve_mode
 from bench.format_modules import prepare_compute_model
 from bench.precision import torch_dtype
 from bench.problems import synthetic_examples
-from runners.trainer import pack, response_logprobs
+from runners.logprobs import pack, response_logprobs
 
 
 def measure(master, tok, prompts, n, dtype, legacy: bool) -> dict:

@@ -29,7 +29,7 @@ from bench.fingerprint import fingerprint
 from bench.precision import Precision
 from bench.store import Run, session
 
-from .trainer import latest_build, resolve_inputs, start_run
+from .runs import latest_build, resolve_inputs, start_run
 from .presets import get_preset
 
 FINISHED = ("converged", "plateaued", "collapsed", "diverged", "max_steps")

@@ -311,7 +311,7 @@ def prepare(store, algo: str, precision, cfg: RunConfig, build_id: str | None, m
     from bench.problems import SourceSpec, load_problems
 
     from . import verl_reward
-    from .trainer import RunError, load_split, resolve_inputs
+    from .runs import RunError, load_split, resolve_inputs
     from .verl_runner import VerlJob, export_parquet, verl_command
 
     with session(store) as s:
@@ -339,16 +339,11 @@ def prepare(store, algo: str, precision, cfg: RunConfig, build_id: str | None, m
 
 
 def _follow(store, run_id: str, job: dict, follower: Follower, progress=None) -> None:
-    from .trainer import record_end, record_failure
+    from .runs import run_to_end
 
     root = Path(job["root"])
-    try:
-        status, reason = launch_and_follow(follower, job["argv"], job["env"], root / "metrics.jsonl",
-                                           root / "verl.log", progress=progress)
-    except BaseException as e:
-        record_failure(store, run_id, e)
-        raise
-    record_end(store, run_id, status, reason)
+    run_to_end(store, run_id, lambda: launch_and_follow(follower, job["argv"], job["env"], root / "metrics.jsonl",
+                                                        root / "verl.log", progress=progress))
 
 
 def start_verl_run(store, algo: str, precision, cfg: RunConfig, preset: str, job: dict, progress=None) -> str:
@@ -359,6 +354,7 @@ def start_verl_run(store, algo: str, precision, cfg: RunConfig, preset: str, job
     from bench import provenance
 
     from .algos import get_loss
+    from .runs import add_run_row
 
     get_loss(algo)
     run_id = job["run_id"]
@@ -369,10 +365,8 @@ def start_verl_run(store, algo: str, precision, cfg: RunConfig, preset: str, job
                                          f"{opts.get('trainer.nnodes')} node(s)",
                                preset_defaults=preset_defaults(preset) if preset in PRESETS else None)
     with session(store) as s:
-        s.add(Run(id=run_id, model_id=job["model_id"], build_id=job["build_id"], algo=algo,
-                  rollout_dtype=precision.rollout, train_dtype=precision.train, trainer="verl", engine="vllm",
-                  config={"preset": preset, **asdict(cfg), "verl": job}, status="running",
-                  checkpoint_dir=str(Path(job["root"]) / "checkpoints"), provenance=facts))
+        add_run_row(s, run_id, job["model_id"], job["build_id"], algo, precision, "verl", "vllm",
+                    {"preset": preset, **asdict(cfg), "verl": job}, Path(job["root"]) / "checkpoints", facts)
     _follow(store, run_id, job, Follower(store, run_id, cfg, job["split_size"]), progress)
     return run_id
 
@@ -381,7 +375,7 @@ def resume_verl_run(store, run_id: str, progress=None) -> str:
     """Relaunch verl with the run's command (`trainer.resume_mode=auto`: it continues from its
     latest checkpoint); steps logged after that checkpoint are replaced. verl truncates its
     metrics file on start, so the previous one is kept as metrics.<n>.jsonl."""
-    from .trainer import config_from_dict, resumable_run
+    from .runs import config_from_dict, resumable_run
 
     with session(store) as s:
         run = resumable_run(s, run_id)

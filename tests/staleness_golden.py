@@ -112,7 +112,7 @@ def run_case(url: str, build: str, config: dict, algo: str, dtype: str, ckpt_roo
 
     from bench.precision import Precision
     from bench.store import Eval, Run, RunStep, open_store, session
-    from runners.trainer import config_from_dict, start_run
+    from runners.runs import config_from_dict, start_run
 
     store = open_store(url)
     run_id = start_run(store, algo, Precision.parse(dtype), config_from_dict(config), build_id=build,

@@ -176,7 +176,7 @@ def test_seeds_draw_their_own_evaluations(tmp_path, monkeypatch):
     seed 0's; seed 0 twice draws the same."""
     from bench.precision import Precision
     from runners import trainer
-    from runners.trainer import start_run
+    from runners.runs import start_run
     from staleness_golden import base_config, make_build
 
     url = f"sqlite:///{tmp_path / 's.db'}"
