@@ -7,6 +7,7 @@ import pandas as pd
 from sqlalchemy import event, func, select
 from sqlalchemy.engine import Engine
 
+from bench import statuses
 from bench.fingerprint import fingerprint
 from bench.store import Build, BuildProblem, Eval, MismatchReport, Model, Run, RunStep, RunVerification
 
@@ -15,8 +16,8 @@ def sanity(status: str | None) -> str:
     """The sanity verdict is the stop rule's: PASS only for a run the rule called converged
     (a confidence bound on the split accuracy pooled over its last evaluations reached the
     target, runners/stop.py), never on one noisy reading; RUNNING while the run goes on;
-    FAIL for every other end (max_steps, plateaued, collapsed, diverged, failed)."""
-    return {"converged": "PASS", "running": "RUNNING"}.get(status, "FAIL")
+    FAIL for every other end (max_steps, plateaued, collapsed, diverged, failed): bench/statuses.py."""
+    return statuses.verdict(status)
 
 
 # split accuracy as training sees it (rollout format) and as the trained policy answers (train format)

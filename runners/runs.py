@@ -20,6 +20,7 @@ from bench.errors import BenchError
 from bench.models import ModelRef, resolve_model
 from bench.precision import Precision
 from bench.problems import Problem
+from bench.statuses import FAILED, RESUMABLE, RUNNING
 from bench.store import Build, Model, Run, bench_home, session
 from bench.store.schema import BuildProblem, utcnow
 
@@ -129,7 +130,7 @@ def resumable_run(s, run_id: str) -> Run:
     run = s.get(Run, run_id)
     if run is None:
         raise RunError(f"no run {run_id!r}; `bench runs` lists them")
-    if run.status not in ("running", "failed"):
+    if run.status not in RESUMABLE:
         raise RunError(f"run {run_id} already ended ({run.status}: {run.stop_reason})")
     return run
 
@@ -138,7 +139,7 @@ def add_run_row(s, run_id: str, model_id, build_id: str, algo: str, precision: P
                 config: dict, checkpoint_dir: Path | str, provenance: dict) -> None:
     """Add the new run's row (status running) in the open session `s`."""
     s.add(Run(id=run_id, model_id=model_id, build_id=build_id, algo=algo, rollout_dtype=precision.rollout,
-              train_dtype=precision.train, trainer=trainer, engine=engine, config=config, status="running",
+              train_dtype=precision.train, trainer=trainer, engine=engine, config=config, status=RUNNING,
               checkpoint_dir=str(checkpoint_dir), provenance=provenance))
 
 
@@ -146,7 +147,7 @@ def record_failure(store, run_id: str, e: BaseException) -> None:
     """Mark a run failed (resumable) by the exception that stopped it."""
     with session(store) as s:
         run = s.get(Run, run_id)
-        run.status = stop_rules.FAILED
+        run.status = FAILED
         run.stop_reason = "interrupted" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"[:1000]
 
 

@@ -26,10 +26,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 
 from bench.stats import wilson_lower
-
-CONVERGED, PLATEAUED, COLLAPSED, DIVERGED, MAX_STEPS, FAILED = (
-    "converged", "plateaued", "collapsed", "diverged", "max_steps", "failed")
-STATUSES = ("running", CONVERGED, PLATEAUED, COLLAPSED, DIVERGED, MAX_STEPS, FAILED)
+from bench.statuses import COLLAPSED, CONVERGED, PLATEAUED
 
 
 @dataclass

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from sqlalchemy import delete
 
-from bench import calibration
+from bench import calibration, statuses
 from bench.device import peak_memory_mb, reset_peak_memory, synchronize
 from bench.engines import Sampling, make_engine
 from bench.engines.torch_engine import TorchEngine
@@ -167,7 +167,7 @@ class NativeTrainer:
             s.execute(delete(RunStep).where(RunStep.run_id == self.run_id, RunStep.step > self.step))
             s.execute(delete(Eval).where(Eval.run_id == self.run_id, Eval.step > self.step))
             run = s.get(Run, self.run_id)
-            run.step, run.status, run.stop_reason = self.step, "running", None
+            run.step, run.status, run.stop_reason = self.step, statuses.RUNNING, None
 
     # ---------------------------------------------------------- pieces
     def _step_prompts(self, step: int) -> list[int]:
@@ -312,24 +312,24 @@ class NativeTrainer:
         if self.step == 0:
             cal = self.calibrate()
             if not cal["ok"]:
-                return stop_rules.FAILED, cal["message"]
+                return statuses.FAILED, cal["message"]
             acc = self._eval_and_record()
             stop_rules.after_eval(self.stop_state, cfg.stop, 0, acc["split"], len(self.split) * cfg.eval_split_m)
         while True:
             if self.step >= cfg.max_steps:
-                return stop_rules.MAX_STEPS, f"reached max_steps={cfg.max_steps}"
+                return statuses.MAX_STEPS, f"reached max_steps={cfg.max_steps}"
             t0 = time.time()
             metrics = self.train_step()
             self.step += 1
             in_a_row = self.learner.scaler.skipped_in_a_row
             if in_a_row >= cfg.max_nonfinite_in_a_row:
                 self._record(metrics, time.time() - t0)
-                return stop_rules.DIVERGED, (f"{in_a_row} optimizer steps in a row skipped for a "
+                return statuses.DIVERGED, (f"{in_a_row} optimizer steps in a row skipped for a "
                                              f"non-finite loss or gradient (loss {metrics['loss']:.4g}, grad norm "
                                              f"{metrics['grad_norm']:.4g} at step {self.step})")
             if any(not torch.isfinite(p).all() for p in self.learner.master.parameters()):
                 self._record(metrics, time.time() - t0)
-                return stop_rules.DIVERGED, f"non-finite weights at step {self.step}"
+                return statuses.DIVERGED, f"non-finite weights at step {self.step}"
             if stop_rules.after_step(self.stop_state, cfg.stop, self.step, metrics["kl_k3"]):
                 metrics["kl_warning"] = 1.0
             verdict = None
@@ -340,7 +340,7 @@ class NativeTrainer:
                 metrics["time_eval"] = time.time() - te
                 verdict = stop_rules.after_eval(self.stop_state, cfg.stop, self.step, acc["split"],
                                                 len(self.split) * cfg.eval_split_m)
-            self._record(metrics, time.time() - t0, converged=bool(verdict) and verdict[0] == stop_rules.CONVERGED)
+            self._record(metrics, time.time() - t0, converged=bool(verdict) and verdict[0] == statuses.CONVERGED)
             if self.step % cfg.checkpoint_every == 0 or verdict:
                 self.save_checkpoint()
             if self.progress:

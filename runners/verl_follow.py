@@ -28,6 +28,7 @@ from pathlib import Path
 
 from sqlalchemy import delete
 
+from bench import statuses
 from bench.store import Eval, Run, RunStep, session
 
 from . import stop as stop_rules
@@ -145,7 +146,7 @@ class Follower:
         if step > 0 and verdict is None:
             if "actor/pg_loss" in data and _finite(data["actor/pg_loss"]) is None:
                 self.track(step, m, may_eval=False)
-                verdict = (stop_rules.DIVERGED, f"non-finite loss at step {step}")
+                verdict = (statuses.DIVERGED, f"non-finite loss at step {step}")
             else:
                 verdict = self.track(step, m)
         m["wall_s"] = self.wall
@@ -155,7 +156,7 @@ class Follower:
                 evals[key[0]] = (int(key[1]), v)
         if "eval/split" in m:
             evals["split"] = (self.split_n, m["eval/split"])
-        self._write(step, m, evals, converged=bool(verdict) and verdict[0] == stop_rules.CONVERGED)
+        self._write(step, m, evals, converged=bool(verdict) and verdict[0] == statuses.CONVERGED)
         return verdict
 
     def calibrate(self, step: int, m: dict) -> tuple[str, str] | None:
@@ -180,7 +181,7 @@ class Follower:
                                                                           "prob_abs_diff_mean", "prob_abs_diff_max")}},
                                        run.rollout_dtype, run.train_dtype)
             run.calibration = result
-        return None if result["ok"] else (stop_rules.FAILED, result["message"])
+        return None if result["ok"] else (statuses.FAILED, result["message"])
 
     def _write(self, step: int, m: dict, evals: dict[str, tuple[int, float]], converged: bool = False) -> None:
         clean = {k: _finite(v) for k, v in m.items()}
@@ -269,8 +270,8 @@ def launch_and_follow(follower: Follower, argv: list[str], env: dict, metrics: P
             _stop(proc, grace=10.0)
             raise
     if proc.returncode == 0:
-        return stop_rules.MAX_STEPS, f"verl finished after {last} steps (max_steps={follower.cfg.max_steps})"
-    return stop_rules.FAILED, f"verl exited with code {proc.returncode} at step {last}; {log}:\n{_log_tail(log)}"
+        return statuses.MAX_STEPS, f"verl finished after {last} steps (max_steps={follower.cfg.max_steps})"
+    return statuses.FAILED, f"verl exited with code {proc.returncode} at step {last}; {log}:\n{_log_tail(log)}"
 
 
 def latest_checkpoint(ckpt_dir: Path) -> int:
@@ -389,6 +390,6 @@ def resume_verl_run(store, run_id: str, progress=None) -> str:
     replay_for_resume(follower, latest_checkpoint(root / "checkpoints"))
     with session(store) as s:
         run = s.get(Run, run_id)
-        run.status, run.stop_reason = "running", None
+        run.status, run.stop_reason = statuses.RUNNING, None
     _follow(store, run_id, job, follower, progress)
     return run_id
