@@ -134,12 +134,12 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
     collapses, diverges or reaches max steps."""
     from bench.device import resolve_device
     from bench.precision import Precision
-    from runners.algos import DESCRIPTIONS
+    from bench.algorithms import SPECS
     from runners.runs import resume_run, start_run
 
     if algo == "list":
-        for name, desc in DESCRIPTIONS.items():
-            out.print(f"{name:16s} {desc}", highlight=False)
+        for spec in SPECS.values():
+            out.print(f"{spec.name:16s} {spec.description}", highlight=False)
         return
     # every input checked here, before the store is opened or a bar drawn
     _check_algo(algo)
