@@ -13,8 +13,8 @@ only, r = π_θ/π_old carries the staleness, and w = r·ρ both.
 
 Every loss but GSPO is the mean over sequences of a per-sequence surrogate whose token sum is
 divided by the fixed max response length L (Dr.GRPO's "seq-mean-token-sum-norm"); GSPO keeps
-its plain mean over sequences. Sequence log-ratios are clamped to ±20 before exp (as verl's
-SAFETY_BOUND): a weight of e^20 is already a diverged run, and inf would poison the batch.
+its plain mean over sequences. Sequence log-ratios are clamped to ±20 before exp (bench.mismatch.SAFETY_BOUND,
+as verl's): a weight of e^20 is already a diverged run, and inf would poison the batch.
 """
 
 from __future__ import annotations
@@ -26,9 +26,7 @@ import torch
 
 from bench.algorithms import SPECS
 from bench.errors import ConfigError
-from bench.mismatch import ratio_stats
-
-SAFETY_BOUND = 20.0
+from bench.mismatch import SAFETY_BOUND, ratio_stats
 
 
 @dataclass
