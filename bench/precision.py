@@ -4,6 +4,11 @@ rollout ∈ {fp32, bf16, bf16+head32, fp16, fp8, int8, nvfp4} × train ∈ {fp32
 fp16, fp8}: 35 pairs; the formats themselves are the registry in bench/formats.py. `fp16` means
 both sides; `rollout=int8,train=fp32` is a mixed pair; int8 and nvfp4 are rollout-only, so
 `int8` alone is refused with what to write instead.
+
+A pair has one display name (`pair_name`, `Precision.name`): the format alone when both sides
+share it (`fp16`), else `rollout→train` (`fp8→fp16`), in the CLI's output, reports, the
+leaderboard and stored JSON alike. `--dtype` takes it back as well as the spelled-out
+`rollout=fp8,train=fp16` (`Precision.spec`, what bench passes on a command line).
 """
 
 from __future__ import annotations
@@ -18,6 +23,15 @@ from .formats import PrecisionError, ROLLOUT_FORMATS, TRAIN_FORMATS
 
 CLASSIC = ("fp32", "fp16", "bf16")       # the paper's 16/32-bit formats
 DTYPES = CLASSIC                          # kept for callers that mean those three
+
+
+ARROW = "→"       # between the rollout and the training format in a pair's display name
+
+
+def pair_name(rollout: str, train: str) -> str:
+    """The display name of the pair (rollout, train): `fp16` for (fp16, fp16), `fp8→fp16` for
+    (fp8, fp16)."""
+    return rollout if rollout == train else f"{rollout}{ARROW}{train}"
 
 
 def canon(d: str, side: str = "rollout") -> str:
@@ -45,8 +59,12 @@ class Precision:
 
     @classmethod
     def parse(cls, text: str) -> "Precision":
-        """`fp16` → (fp16, fp16); `rollout=fp32,train=bf16` → that pair (either order)."""
+        """`fp16` → (fp16, fp16); `rollout=fp32,train=bf16` (either order) or the display name
+        `fp32→bf16` → that pair."""
         text = text.strip()
+        if "=" not in text and ARROW in text:
+            rollout, _, train = text.partition(ARROW)
+            return cls(canon(rollout.strip()), canon(train.strip(), "train"))
         if "=" not in text:
             return cls(canon(text), canon(text, "train"))
         parts = dict(p.split("=", 1) for p in text.split(",") if "=" in p)
@@ -56,6 +74,12 @@ class Precision:
 
     @property
     def name(self) -> str:
+        """The display name (`pair_name`): `fp16`, `fp8→fp16`."""
+        return pair_name(self.rollout, self.train)
+
+    @property
+    def spec(self) -> str:
+        """The pair as `--dtype` spells it out in ASCII: `fp16`, `rollout=fp8,train=fp16`."""
         return self.rollout if self.rollout == self.train else f"rollout={self.rollout},train={self.train}"
 
     def __str__(self) -> str:

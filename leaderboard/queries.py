@@ -9,6 +9,7 @@ from sqlalchemy.engine import Engine
 
 from bench import statuses
 from bench.fingerprint import fingerprint
+from bench.precision import pair_name
 from bench.store import Build, BuildProblem, Eval, MismatchReport, Model, Run, RunStep, RunVerification
 
 
@@ -83,7 +84,7 @@ def runs_frame(engine: Engine, build_id: str | None = None) -> pd.DataFrame:
                   .join(last_eval, (last_eval.c.run_id == Eval.run_id) & (last_eval.c.s == Eval.step))
                   .where(Eval.benchmark.notin_(SPLIT_EVALS)).group_by(Eval.run_id))
     runs = runs.merge(best, on="run", how="left").merge(lastv, on="run", how="left")
-    runs["precision"] = [r if r == t else f"{r}→{t}" for r, t in zip(runs.rollout_dtype, runs.train_dtype)]
+    runs["precision"] = [pair_name(r, t) for r, t in zip(runs.rollout_dtype, runs.train_dtype)]
     runs["sanity"] = [sanity(st) for st in runs.status]
     runs["config_fp"] = [fingerprint(c) for c in runs.config]
     return runs

@@ -229,7 +229,7 @@ def run_grid(store, db_url: str | None, algos: list[str], pairs: list[Precision]
             except Exception as e:  # the failed run is recorded in the store; go on with the grid
                 log(f"  {label} failed: {e}")
                 return None
-        cmd = [sys.executable, "-m", "bench.cli", "run", "--algo", a, "--dtype", p.name, "--build", build_id,
+        cmd = [sys.executable, "-m", "bench.cli", "run", "--algo", a, "--dtype", p.spec, "--build", build_id,
                "--engine", engine, "--preset", preset, "--json"]
         if verl_args is not None:
             cmd += ["--trainer", "verl", *verl_args]

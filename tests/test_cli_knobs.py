@@ -208,10 +208,9 @@ def test_dtype_lists_take_comma_or_semicolon():
 
     names = lambda text: [p.name for p in parse_list(text)]   # noqa: E731
     assert names("fp16;bf16") == names("fp16,bf16") == ["fp16", "bf16"]
-    assert names("fp16;rollout=fp8,train=fp16") == names("fp16,rollout=fp8,train=fp16") == \
-        ["fp16", "rollout=fp8,train=fp16"]
-    assert names("rollout=fp8,train=fp16;rollout=int8,train=bf16") == ["rollout=fp8,train=fp16",
-                                                                        "rollout=int8,train=bf16"]
+    assert names("fp16;rollout=fp8,train=fp16") == names("fp16,rollout=fp8,train=fp16") == ["fp16", "fp8→fp16"]
+    assert names("rollout=fp8,train=fp16;rollout=int8,train=bf16") == ["fp8→fp16", "int8→bf16"]
+    assert names("fp16,fp8→fp16") == ["fp16", "fp8→fp16"]              # the display name reads back
     from bench.precision import PrecisionError
 
     with pytest.raises(PrecisionError, match="other half"):

@@ -213,12 +213,12 @@ def test_every_pair_parses_and_names_itself():
     assert ({p.train for p in ALL_PAIRS} == set(formats.TRAIN_FORMATS)
             and not {"int8", "nvfp4"} & set(formats.TRAIN_FORMATS))
     for p in ALL_PAIRS:
-        assert Precision.parse(p.name) == p
+        assert Precision.parse(p.name) == p and Precision.parse(p.spec) == p
         assert Precision.parse(f"train={p.train},rollout={p.rollout}") == p
         assert p.rollout in BANDS and p.train in BANDS
     assert Precision.parse("fp8") == Precision("fp8", "fp8")
     assert Precision.parse("BF16+head32").name == "bf16+head32"
-    assert Precision.parse("rollout=int8,train=fp32").name == "rollout=int8,train=fp32"
+    assert Precision.parse("rollout=int8,train=fp32").name == "int8→fp32"
     assert parse_list("bf16+head32,fp8") == [Precision("bf16+head32", "bf16+head32"), Precision("fp8", "fp8")]
     assert parse_list("rollout=int8,train=bf16;rollout=fp8,train=fp16") == [Precision("int8", "bf16"),
                                                                             Precision("fp8", "fp16")]

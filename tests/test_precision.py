@@ -7,7 +7,10 @@ def test_parse_pairs():
     assert Precision.parse("fp16") == Precision("fp16", "fp16")
     assert Precision.parse("rollout=fp32,train=bf16") == Precision("fp32", "bf16")
     assert Precision.parse("train=bf16,rollout=float32") == Precision("fp32", "bf16")
-    assert Precision.parse("rollout=fp32,train=bf16").name == "rollout=fp32,train=bf16"
+    assert Precision.parse("rollout=fp32,train=bf16").name == "fp32→bf16"       # one display name
+    assert Precision.parse("rollout=fp32,train=bf16").spec == "rollout=fp32,train=bf16"
+    assert Precision.parse("fp32→bf16") == Precision.parse(" fp32 → bfloat16 ") == Precision("fp32", "bf16")
+    assert Precision("fp16", "fp16").name == Precision("fp16", "fp16").spec == "fp16"
     assert Precision.parse("bfloat16").name == "bf16"
     assert len(ALL_PAIRS) == 35 and len(set(ALL_PAIRS)) == 35          # 7 rollout × 5 training formats
     assert parse_list("bf16,fp16") == [Precision("bf16", "bf16"), Precision("fp16", "fp16")]
