@@ -28,6 +28,7 @@ import math
 import os
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -82,6 +83,51 @@ def step0_gate(learner: TrainingEngine, engine, precision: Precision, batch: Bat
                                                                      calibration.TWIN_RATIO[r]),
                              processing=calibration.processing_metrics(logp_mu, logp_twin, logp_ref, entropy, mask),
                              buffers=buffers)
+
+
+@dataclass
+class PiOld:
+    """π_old of one step's batch and how it was had (`pi_old`)."""
+
+    case: str                        # STALE, REUSE_UPDATE, FILLED_BY_UPDATE or EXTRA_FORWARD
+    logp_old: torch.Tensor           # [N, T] log π_old of the response tokens (zeros until filled in)
+    first: torch.Tensor | None       # [N, T] the update's own forward with grad (π_θ now), when it is reused
+    fill_old: bool                   # the update fills logp_old in, one micro-batch forward at a time
+    logp_cur: torch.Tensor | None    # [N, T] π_θ now, detached: only under staleness (its metrics)
+
+
+STALE, REUSE_UPDATE, FILLED_BY_UPDATE, EXTRA_FORWARD = "stale", "reuse-update", "filled-by-update", "extra-forward"
+
+
+def pi_old(learner: TrainingEngine, stale: WeightQueue, batch: Batch, updates_per_batch: int,
+           microbatched: bool) -> PiOld:
+    """π_old, the training engine's log-probs of the sampled tokens at the sampling weights θ',
+    in the cheapest way the step allows (the compute copy synced to the master first):
+
+    1. STALE (K_eff = `stale.effective` > 0): θ' = θ_{t−K}, so π_old is a forward of the stale
+       snapshot (`stale.old_logprobs`); π_θ now (`logp_cur`, for the staleness metrics) is the
+       update's forward when case 2's condition holds, else one more forward.
+    2. REUSE_UPDATE (on-policy, one update per batch, no micro-batches): θ' = θ, so π_old is
+       the update's own forward with grad, detached (`first`): no extra forward.
+    3. FILLED_BY_UPDATE (on-policy, one update, micro-batches): the same, one micro-batch at a
+       time: `logp_old` starts at 0 and the update fills it in (`fill_old`).
+    4. EXTRA_FORWARD (on-policy, several updates per batch): θ moves between the updates, so
+       π_old is one forward before the first (`learner.logprobs`).
+    Every forward counts in `learner.passes`."""
+    mask = batch.mask
+    first = None
+    if updates_per_batch == 1 and not microbatched:
+        learner.passes += 1
+        first = response_logprobs(learner.compute, *batch.tensors)
+    if stale.effective:
+        logp_old = stale.old_logprobs(batch)
+        logp_cur = first.detach() * mask if first is not None else learner.logprobs(batch)
+        return PiOld(STALE, logp_old, first, False, logp_cur)
+    if first is not None:
+        return PiOld(REUSE_UPDATE, first.detach() * mask, first, False, None)
+    if updates_per_batch == 1:
+        return PiOld(FILLED_BY_UPDATE, torch.zeros_like(mask), None, True, None)
+    return PiOld(EXTRA_FORWARD, learner.logprobs(batch), None, False, None)
 
 
 # ------------------------------------------------------------------ the trainer
@@ -246,22 +292,9 @@ class NativeTrainer:
         logp_rollout = logp_rollout.to(dev)
         tt = time.time()
         learner.sync_compute()
-        first, fill_old, k_eff, logp_cur = None, False, self.stale.effective, None
-        if cfg.updates_per_batch == 1 and not cfg.max_tokens_per_microbatch:
-            # one update per rollout batch: the update's forward (with grad) gives π_θ at this very point
-            learner.passes += 1
-            first = response_logprobs(learner.compute, *batch.tensors)
-        if k_eff:
-            # stale rollouts: π_old at the sampling weights θ_{t−K}, π_θ (current) for the staleness metrics
-            logp_old = self.stale.old_logprobs(batch)
-            logp_cur = first.detach() * mask if first is not None else learner.logprobs(batch)
-        elif first is not None:
-            logp_old = first.detach() * mask        # on-policy: π_old is π_θ, no extra forward
-        elif cfg.updates_per_batch == 1:
-            # the same in micro-batches: each one's forward with grad gives its π_old (filled in by the update)
-            logp_old, fill_old = torch.zeros_like(mask), True
-        else:
-            logp_old = learner.logprobs(batch)
+        k_eff = self.stale.effective
+        old = pi_old(learner, self.stale, batch, cfg.updates_per_batch, bool(cfg.max_tokens_per_microbatch))
+        first, logp_old, fill_old, logp_cur = old.first, old.logp_old, old.fill_old, old.logp_cur
         adv = leave_one_out_advantages(rewards.view(-1, g)).view(-1).to(dev)
         x = LossInputs(None, logp_old, logp_rollout, mask, adv)  # type: ignore[arg-type]
         synchronize(dev)
