@@ -22,7 +22,6 @@ from . import formats
 from .formats import PrecisionError, ROLLOUT_FORMATS, TRAIN_FORMATS
 
 CLASSIC = ("fp32", "fp16", "bf16")       # the paper's 16/32-bit formats
-DTYPES = CLASSIC                          # kept for callers that mean those three
 
 
 ARROW = "→"       # between the rollout and the training format in a pair's display name
@@ -46,10 +45,6 @@ def canon(d: str, side: str = "rollout") -> str:
 def torch_dtype(d: str):
     """The storage dtype of the format's unquantized parameters (fp8/int8: bf16)."""
     return formats.get(d).dtype
-
-
-def vllm_dtype(d: str) -> str:
-    return {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[formats.get(d).dtype_name]
 
 
 @dataclass(frozen=True)
@@ -114,14 +109,3 @@ def parse_list(text: str) -> list[Precision]:
     if not pairs:
         raise PrecisionError(f"bad precision list {text!r}; write e.g. bf16,fp16 or fp16;rollout=fp8,train=fp16")
     return pairs
-
-
-def cast_parameters(model, dtype: str):
-    """Cast the parameters of `model` to `dtype` in place; buffers keep their dtype.
-
-    `model.to(dtype)` would also round floating buffers such as RoPE's `inv_freq` and
-    `original_inv_freq` to 16 bits, a distortion that grows with position. FSDP's mixed
-    precision and vLLM keep those buffers in fp32, so every engine here casts parameters
-    only. Tied parameters stay tied (the one Parameter object is cast once). For a format
-    this is its storage dtype only; bench/format_modules.py does the rest."""
-    return formats.get(dtype).cast(model)

@@ -107,10 +107,6 @@ def after_eval(state: StopState, cfg: StopConfig, step: int, accuracy: float, n:
     return None
 
 
-def non_finite(*values: float) -> bool:
-    return any(not math.isfinite(v) for v in values)
-
-
 def kl_rising(series: list[float], window: int) -> bool:
     """True when the last `window` values rise steadily: a positive least-squares slope with
     t-statistic > 3 and the second half's mean at least twice the first half's."""

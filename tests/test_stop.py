@@ -10,7 +10,7 @@ import pytest
 
 from runners.presets import tiny
 from runners.stop import (COLLAPSED, CONVERGED, PLATEAUED, StopConfig, StopState, after_eval, after_step,
-                          kl_rising, non_finite)
+                          kl_rising)
 
 N = 120 * 4            # problems × avg@4 samples: the graded samples behind one tiny-preset reading
 
@@ -219,8 +219,3 @@ def test_old_checkpoints_keep_their_best_and_find_it_by_accuracy():
     s = StopState.from_dict({"evals": evals, "best": 0.5, "best_step": 0})
     assert (s.best, s.best_step) == (0.5, 0)                           # a stored best is kept as it was
     assert StopState.from_dict({}) == StopState()
-
-
-def test_non_finite():
-    assert non_finite(1.0, float("nan")) and non_finite(float("inf")) and non_finite(-float("inf"), 0.0)
-    assert not non_finite(0.0, -1e300, 5.0) and not non_finite()
