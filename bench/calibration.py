@@ -77,7 +77,6 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .mismatch import kl_k3
-from .precision import pair_name
 
 CAUSES = ("processed log-probs: temperature != 1 or top-p < 1 on the rollout side only",
           "a buffer (RoPE inv_freq) cast to 16 bits in one engine",
@@ -283,7 +282,8 @@ def judge(metrics: dict[str, float], rollout: str, train: str, reference: dict |
     limits = {"abs_logp_diff_mean": band.mean_abs, "k3": band.k3, "abs_logp_diff_max": band.max_abs}
     over = [f"{k} {metrics[k]:.3g} > {v:.3g}" for k, v in limits.items()
             if v is not None and metrics.get(k) is not None and not metrics[k] <= v]     # NaN fails too
-    out = {**metrics, "band": asdict(band), "pair": pair_name(rollout, train)}
+    # "pair" keeps the form stored runs and the golden snapshots carry (rollout/train), not the display name
+    out = {**metrics, "band": asdict(band), "pair": f"{rollout}/{train}"}
     checks: dict[str, bool] = {"band": not over}
     why: dict[str, str] = {}
     if over:

@@ -17,7 +17,7 @@ from bench.calibration import (BANDS, CHECKS, TWIN_RATIO, Z_REF, band_for, buffe
 from bench.cli import app
 from bench.engines.torch_engine import TorchEngine
 from bench.models import load_model, load_tokenizer, resolve_model
-from bench.precision import Precision, pair_name
+from bench.precision import Precision
 from bench.store import Run, open_store, session
 from runners.presets import get_preset, preset_defaults
 from runners.runs import start_run
@@ -45,7 +45,7 @@ def test_bands_and_verdict():
     b = band_for("fp32", "bf16")
     assert (b.mean_abs, b.k3, b.max_abs) == (BANDS["bf16"].mean_abs, BANDS["bf16"].k3, None)
     ok = judge({"abs_logp_diff_mean": 1e-7, "abs_logp_diff_max": 1e-5, "k3": 1e-12}, "fp32", "fp32")
-    assert ok["ok"] and "message" not in ok and ok["pair"] == "fp32"
+    assert ok["ok"] and "message" not in ok and ok["pair"] == "fp32/fp32"
     bad = judge({"abs_logp_diff_mean": 1e-7, "abs_logp_diff_max": 2e-3, "k3": 1e-12}, "fp32", "fp32")
     assert not bad["ok"] and "abs_logp_diff_max" in bad["message"] and "stale tied lm_head" in bad["message"]
     nan = judge({"abs_logp_diff_mean": float("nan"), "abs_logp_diff_max": 0.0, "k3": 0.0}, "bf16", "bf16")
@@ -258,7 +258,7 @@ def test_gate_passes_every_correct_pair(built, tmp_path, rollout):
     for train in ("fp32", "fp16", "bf16"):
         status, reason, cal, prov, _ = run_cell(built, tmp_path, Precision(rollout, train))
         assert status == "max_steps", (rollout, train, reason)
-        assert cal["ok"] and cal["pair"] == pair_name(rollout, train) and cal["tokens"] > 100, cal
+        assert cal["ok"] and cal["pair"] == f"{rollout}/{train}" and cal["tokens"] > 100, cal
         assert set(cal["checks"]) == set(CHECKS) and cal["buffers"] == {"rollout": [], "training": []}, cal
         assert prov["versions"]["torch"] and prov["split_accuracy_estimator"].startswith("avg@1")
         assert prov["preset_defaults"] == preset_defaults("tiny")          # what the Run page diffs against
