@@ -1,7 +1,32 @@
-"""The names of the seven algorithms, in the order the leaderboard shows them.
+"""The seven algorithms, in the order the leaderboard shows them: one spec table (name, one-line
+description, what the loss averages over).
 
-A constant that neither the trainer nor the app owns: the losses live in runners/algos.py
-(which registers exactly these names; a test keeps the two equal) and the leaderboard reads
-only the store and this list, so it can show cells that have not been run yet."""
+A table that neither the trainer nor the app owns: the losses live in runners/algos.py (which
+registers exactly these names, refusing any other; a test keeps the two equal) and the
+leaderboard reads only the store and this table, so it can show cells that have not been run
+yet. The equations are in runners/algos.py and docs/training.md."""
 
-ALGORITHMS = ("pg-seq-is", "pg-seq-tis", "pg-seq-mis", "grpo", "grpo-token-tis", "grpo-seq-mis", "gspo")
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str
+    description: str                # one line, as `bench run --algo list` prints it
+    mean_over: str = "sequences"    # what the loss averages over: "sequences" (all B) or "nonempty" (≥ 1 token)
+
+
+SPECS: dict[str, Algorithm] = {a.name: a for a in (
+    Algorithm("pg-seq-is", "REINFORCE with the sequence IS weight w = π_θ/μ, unclipped (unbiased; Eq. 5)"),
+    Algorithm("pg-seq-tis", "REINFORCE with the sequence IS weight truncated at C: min(w, C) (Eq. 6)"),
+    Algorithm("pg-seq-mis", "REINFORCE with the sequence IS weight masked above C: w·1{w ≤ C} (Eq. 7)"),
+    Algorithm("grpo", "Dr.GRPO: token PPO-clip (ε 0.2 / clip-higher 0.28) against π_old; ignores μ (Eq. 8)"),
+    Algorithm("grpo-token-tis", "Dr.GRPO with per-token IS truncation: sg(min(ρ_t, C)) · PPO-clip (Eq. 9)"),
+    Algorithm("grpo-seq-mis", "Dr.GRPO with the sequence IS weight ρ masked above C (Eq. 10)"),
+    Algorithm("gspo", "GSPO: sequence ratio s = geometric mean of r_t, clipped to [1−3e-4, 1+4e-4]",
+              mean_over="nonempty"),
+)}
+
+ALGORITHMS = tuple(SPECS)

@@ -44,13 +44,14 @@ from sqlalchemy import select
 from bench.errors import BenchError
 from bench.machine_metrics import deterministic
 from bench.problems import split_hash
+from bench.statuses import FAILED, RUNNING
 from bench.store import Build, BuildProblem, Eval, Model, Run, RunStep, get_or_create_model, session
 
 FORMAT = "bench-run-bundle"
 SCHEMA_VERSION = 1
 MANIFEST = "bundle.json"
 _MEMBER = re.compile(r"(builds|runs)/([A-Za-z0-9][A-Za-z0-9._-]{0,39})\.json")
-_ENDED_ORDER = {"running": 0, "failed": 1}       # a finished status is further along than these
+_ENDED_ORDER = {RUNNING: 0, FAILED: 1}       # a finished status is further along than these
 
 
 class BundleError(BenchError, ValueError):

@@ -261,8 +261,7 @@ def twin_model(master: torch.nn.Module, fmt_name: str, device="cpu") -> torch.nn
     quantized linear layers) in one prefill without the rollout engine's kernels (fused
     activation, split-K)."""
     from . import formats
-    from .format_modules import RolloutWeights
-    from .precision import prepare_compute_model
+    from .format_modules import RolloutWeights, prepare_compute_model
 
     if formats.get(fmt_name).train:
         return prepare_compute_model(copy.deepcopy(master), fmt_name, str(device)).eval()
@@ -283,6 +282,7 @@ def judge(metrics: dict[str, float], rollout: str, train: str, reference: dict |
     limits = {"abs_logp_diff_mean": band.mean_abs, "k3": band.k3, "abs_logp_diff_max": band.max_abs}
     over = [f"{k} {metrics[k]:.3g} > {v:.3g}" for k, v in limits.items()
             if v is not None and metrics.get(k) is not None and not metrics[k] <= v]     # NaN fails too
+    # "pair" keeps the form stored runs and the golden snapshots carry (rollout/train), not the display name
     out = {**metrics, "band": asdict(band), "pair": f"{rollout}/{train}"}
     checks: dict[str, bool] = {"band": not over}
     why: dict[str, str] = {}

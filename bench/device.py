@@ -1,7 +1,8 @@
 """Where the models run: `--device auto|cpu|cuda[:i]` (auto = the first CUDA device when one
-is available, else the CPU), and the per-step resource numbers the trainer logs.
+is available, else the CPU), whether a device can run a format (`device_supports`), and the
+per-step resource numbers the trainer logs.
 
-On CUDA the 16-bit matmuls are the GPU's own (bench/precision.py upcasts only on CPUs that
+On CUDA the 16-bit matmuls are the GPU's own (bench/kernels.py upcasts only on CPUs that
 lack 16-bit GEMM); everything else (fp32 master weights, fp32 log-softmax, dynamic loss
 scaling in fp16, the formats' quantizers) is the same code on either device.
 """
@@ -39,6 +40,24 @@ def resolve_device(name: str | None = "auto") -> str:
         raise DeviceError(f"--device {text}: this machine has {torch.cuda.device_count()} CUDA device(s) "
                           f"(cuda:0 .. cuda:{torch.cuda.device_count() - 1})")
     return text
+
+
+def device_supports(dtype: str, device: str = "cpu") -> bool:
+    """Whether `device` can run the format: matmuls in its storage dtype (fp16 on old CPUs /
+    GPUs may be missing) and, for a W8A8 format, its quantize–matmul."""
+    import torch
+
+    from . import formats
+
+    fmt = formats.get(dtype)
+    try:
+        a = torch.ones(16, 16, dtype=fmt.dtype, device=device)
+        ok = bool(torch.isfinite((a @ a).float()).all())
+        if ok and fmt.quant is not None:
+            ok = bool(torch.isfinite(fmt.matmul(a, *fmt.quantize(a.float())).float()).all())
+        return ok
+    except (RuntimeError, TypeError):
+        return False
 
 
 def is_cuda(device) -> bool:

@@ -11,12 +11,17 @@ does. Where the format has a per-tensor weight scale (nvfp4's global scale), the
 vLLM fuses into one layer (q/k/v → qkv_proj, gate/up → gate_up_proj) share it — the largest
 amax of the group, as Model-Optimizer's export gives a fused layer one `weight_scale_2`.
 
-Training side (`prepare_train`): the compute copy keeps the module tree and its parameter
-list (the trainer pairs compute and master parameters by position). For a W8A8 format the
+Training side (`prepare_compute_model` by format name, `prepare_train`): the compute copy keeps
+the module tree and its parameter list (the trainer pairs compute and master parameters by
+position). For a W8A8 format the
 linear weights stay fp32 and each nn.Linear forward runs the same quantizers as the rollout
 engine (`W8A8STE`) with a straight-through backward; for `bf16+head32` lm_head stays fp32 and
 computes fp32 logits. A tied embedding that stays fp32 for the head's sake has its output
-rounded to the format's dtype, which is what a lookup in a cast embedding gives.
+rounded to the format's dtype, which is what a lookup in a cast embedding gives. Where the CPU
+lacks the format's 16-bit GEMM, the remaining 16-bit matmuls and attention upcast (bench/kernels.py).
+
+Kernels (`apply_rollout_kernels`): which of bench/kernels.py's kernels the rollout engine's model
+gets for its format and device (fused SiluAndMul, split-K GEMMs, upcast attention).
 
 Sync statistics (`RolloutWeights.load(..., track=True)`), over the weights of every linear
 layer (lm_head included), at each sync:
@@ -44,7 +49,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import formats, kernels
 from .formats import Format, float_step, scaled_mm
+from .precision import canon
 
 TRACK_SAMPLE = 2 ** 24      # weights behind rollout_update_to_step at most (see the module docstring)
 
@@ -69,7 +76,7 @@ class QuantLinear(nn.Module):
     """Inference-only quantized linear layer: codes [out, in] and scales ([out, 1] per channel,
     [out, in/16] for nvfp4's blocks) as buffers. `group_top`: the amax of the fused projection
     it belongs to, where the format shares one global scale across it (nvfp4); `split_k`: the
-    slices its GEMM reduces in (bench/rollout_kernels.py)."""
+    slices its GEMM reduces in (`split_k_matmuls`, bench/kernels.py)."""
 
     split_k = 1
 
@@ -289,8 +296,6 @@ def _cast_output(dtype, module, args, output):
 def prepare_train(model: nn.Module, fmt: Format, device: str = "cpu") -> nn.Module:
     """The training compute copy in `fmt` (see the module docstring); parameters keep their
     order, so the trainer's compute↔master pairing and gradient copy are unchanged."""
-    from .precision import should_upcast, upcast_attention, upcast_matmuls
-
     if not fmt.train:
         raise ValueError(f"{fmt.name} is a rollout-only format")
     keep: set[int] = set()
@@ -310,7 +315,47 @@ def prepare_train(model: nn.Module, fmt: Format, device: str = "cpu") -> nn.Modu
     emb = model.get_input_embeddings()
     if emb is not None and emb.weight.dtype != fmt.dtype:       # tied to an fp32 head
         emb.register_forward_hook(partial(_cast_output, fmt.dtype))
-    if should_upcast(fmt.dtype_name, device):
-        upcast_matmuls(model)          # the remaining 16-bit linear layers (patched ones are skipped)
-        upcast_attention(model)
+    if kernels.should_upcast(fmt.dtype_name, device):
+        kernels.upcast_matmuls(model)          # the remaining 16-bit linear layers (patched ones are skipped)
+        kernels.upcast_attention(model)
     return model
+
+
+def prepare_compute_model(model: nn.Module, dtype: str, device: str = "cpu") -> nn.Module:
+    """The training engine's copy of `model` in format `dtype`: parameters cast (buffers stay
+    fp32); where the CPU lacks 16-bit GEMM, 16-bit matmuls upcast (bench/kernels.py); fp8
+    quantizes in the forward with a straight-through backward; bf16+head32 keeps an fp32
+    lm_head (`prepare_train`). A rollout-only format is refused (PrecisionError). Parameters
+    keep their order."""
+    return prepare_train(model, formats.get(canon(dtype, "train")), device)
+
+
+# ------------------------------------------------------------------ the rollout engine's kernels
+
+NO_KERNELS = {"split_k_linear": 0, "upcast_attention": 0, "fused_mlp": 0}
+
+
+def split_k_matmuls(model: nn.Module, sixteen_bit: bool = True) -> int:
+    """Every quantized layer's scaled GEMM reduces in kernels.SPLIT_K slices; with `sixteen_bit`,
+    every 16-bit nn.Linear computes as a split-K decode GEMM too (kernels.split_k_linears).
+    Returns how many layers changed."""
+    n = 0
+    for mod in model.modules():
+        if isinstance(mod, QuantLinear):
+            mod.split_k = kernels.SPLIT_K
+            n += 1
+    return n + (kernels.split_k_linears(model) if sixteen_bit else 0)
+
+
+def apply_rollout_kernels(model: nn.Module, fmt: Format, device) -> dict[str, int]:
+    """Apply the rollout engine's kernels (bench/kernels.py) to `model`, already prepared in the
+    format `fmt` (`RolloutWeights`): fused SiluAndMul for every format with 16-bit activations;
+    split-K GEMMs for the quantized layers (every device) and, where the CPU lacks the format's
+    16-bit instructions, for the 16-bit layers, with attention upcast. fp32: nothing. Returns
+    {"split_k_linear": n, "upcast_attention": 0 or 1, "fused_mlp": m}."""
+    if fmt.dtype not in (torch.float16, torch.bfloat16):
+        return dict(NO_KERNELS)
+    emulate = torch.device(device).type == "cpu" and not kernels.cpu_has_native(fmt.name)
+    attention = int(emulate and kernels.upcast_attention(model))
+    return {"split_k_linear": split_k_matmuls(model, sixteen_bit=emulate), "upcast_attention": attention,
+            "fused_mlp": kernels.fuse_silu_mul(model)}

@@ -17,7 +17,6 @@ import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from bench.errors import BenchError
 
@@ -414,10 +413,3 @@ def _checked(problems: list[Problem], limit: int | None, where: str) -> tuple[li
         groups = [g for g in groups if g["id"] in kept]
     return unique, {"rows": n_rows, "problems": len(unique), "repeated": len(groups),
                     "extra_rows": sum(g["rows"] - 1 for g in groups), "groups": groups}
-
-
-def iter_jsonl(path: Path) -> Iterator[dict]:
-    with Path(path).open(encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                yield json.loads(line)

@@ -66,7 +66,7 @@ def cpu_name() -> str:
 
 def device_facts(device: str = "cpu") -> dict:
     """The device's name and, on a CPU, whether it has native bf16 / fp16 GEMM instructions."""
-    from .precision import cpu_has_native, cpu_kernel_path
+    from .kernels import cpu_has_native, cpu_kernel_path
 
     if str(device).startswith("cuda"):
         import torch
@@ -81,7 +81,7 @@ def device_facts(device: str = "cpu") -> dict:
 def collect(device: str = "cpu", train_dtype: str | None = None, **extra) -> dict:
     """The provenance object of one run; `extra` adds trainer-specific facts (e.g. the
     split-accuracy estimator, verl's version in verl's own environment)."""
-    from .precision import should_upcast
+    from .kernels import should_upcast
 
     facts = {"versions": package_versions(), "python": platform.python_version(), "platform": platform.platform(),
              "bench": git_commit(), **device_facts(device),

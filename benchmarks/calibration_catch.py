@@ -51,7 +51,8 @@ def main() -> None:
     from bench import calibration
     from bench.engines import Sampling
     from bench.models import load_model, load_tokenizer, render_prompt, resolve_model
-    from bench.precision import cpu_kernel_path, parse_list
+    from bench.kernels import cpu_kernel_path
+    from bench.precision import parse_list
     from bench.problems import synthetic_examples
     from runners.algos import get_loss
     from runners.presets import get_preset

@@ -26,12 +26,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    from bench import precision
+    from bench import kernels, precision
     from runners.offline_mismatch import step0_pairs
 
     pairs = precision.parse_list(args.pairs)
-    flags = sorted(precision._cpu_flags() & {"amx_bf16", "amx_fp16", "avx512_bf16", "avx512_fp16", "avx2"})
-    print(f"CPU flags: {', '.join(flags) or 'none'}; kernel path (BENCH_CPU_16BIT): {precision.cpu_kernel_path()}; "
+    flags = sorted(kernels._cpu_flags() & {"amx_bf16", "amx_fp16", "avx512_bf16", "avx512_fp16", "avx2"})
+    print(f"CPU flags: {', '.join(flags) or 'none'}; kernel path (BENCH_CPU_16BIT): {kernels.cpu_kernel_path()}; "
           f"torch {torch.__version__}; {args.prompts} prompts x {args.n}")
     t = time.perf_counter()
     rows = step0_pairs(pairs, args.prompts, args.n)

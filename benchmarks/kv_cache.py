@@ -55,7 +55,7 @@ def main() -> None:
 
     from bench.engines.torch_engine import TorchEngine
     from bench.models import TINY_MATH_DIR
-    from bench.precision import _cpu_flags
+    from bench.kernels import _cpu_flags
 
     flags = sorted(_cpu_flags() & {"amx_bf16", "amx_fp16", "avx512_bf16", "avx512_fp16", "avx2"})
     print(f"CPU flags: {', '.join(flags) or 'none'}; torch {torch.__version__}; {args.threads} thread(s); "

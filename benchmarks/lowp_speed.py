@@ -34,7 +34,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from bench import formats, precision
+    from bench import format_modules, formats, kernels
     from bench.engines import Sampling
     from bench.engines.torch_engine import TorchEngine
     from bench.mismatch import mismatch_metrics
@@ -48,7 +48,7 @@ def main() -> None:
     probs = load_problems(SourceSpec("synthetic", limit=args.prompts))
     prompts = [render_prompt(ref, tok, p.problem) for p in probs]
     pids = [tok.encode(p, add_special_tokens=False) for p in prompts]
-    flags = sorted(precision._cpu_flags() & {"amx_bf16", "amx_fp16", "avx512_bf16", "avx512_fp16", "avx2"})
+    flags = sorted(kernels._cpu_flags() & {"amx_bf16", "amx_fp16", "avx512_bf16", "avx512_fp16", "avx2"})
     print(f"CPU 16-bit flags: {', '.join(flags) or 'none'}; torch {torch.__version__}; {args.threads} thread(s)")
     rows, base = [], {}
     for spec in args.formats.split(","):
@@ -64,7 +64,7 @@ def main() -> None:
         for i, s in enumerate(flat):
             mu[i, :len(s.logprobs)] = torch.tensor(s.logprobs)
         train_fmt = fmt if fmt in formats.TRAIN_FORMATS else args.train_for
-        compute = precision.prepare_compute_model(load_model(ref, torch.float32), train_fmt)
+        compute = format_modules.prepare_compute_model(load_model(ref, torch.float32), train_fmt)
         compute.train()
         for timed in (False, True):                                                    # warm-up, then timed
             t = time.perf_counter()
@@ -75,7 +75,7 @@ def main() -> None:
         k3 = mismatch_metrics(mu, lp.detach() * batch.mask, batch.mask)["kl_k3"]
         base.setdefault("roll", t_roll)
         base.setdefault("train", t_train)
-        train_mm = "upcast" if train_fmt != "fp32" and precision.should_upcast(train_fmt) else "native"
+        train_mm = "upcast" if train_fmt != "fp32" and kernels.should_upcast(train_fmt) else "native"
         if train_fmt != fmt:
             train_mm += f" ({train_fmt})"
         rows.append((spec, t_roll, t_roll / base["roll"], t_train, t_train / base["train"], eng.kernels, train_mm, k3))

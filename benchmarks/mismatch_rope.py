@@ -19,9 +19,10 @@ from bench.engines import Sampling
 from bench.engines.torch_engine import TorchEngine
 from bench.mismatch import mismatch_metrics
 from bench.models import load_model, load_tokenizer, render_prompt, resolve_model
-from bench.precision import prepare_compute_model, torch_dtype
+from bench.format_modules import prepare_compute_model
+from bench.precision import torch_dtype
 from bench.problems import synthetic_examples
-from runners.trainer import pack, response_logprobs
+from runners.logprobs import pack, response_logprobs
 
 
 def measure(master, tok, prompts, n, dtype, legacy: bool) -> dict:

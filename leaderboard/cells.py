@@ -26,88 +26,11 @@ from collections import Counter
 import pandas as pd
 
 from bench.fingerprint import fingerprint
+from bench.stats import t_interval
 
 CELL_KEY = ["model", "build", "algo", "precision", "trainer", "engine", "staleness", "config_fp"]
 LEVEL = 0.95
 INTERVAL = "95% Student-t interval over seeds (mean ± t(0.975, n−1)·s/√n)"
-
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the incomplete beta function (modified Lentz)."""
-    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 400):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < 1e-15:
-            break
-    return h
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """Regularized incomplete beta I_x(a, b)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    lbeta = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(lbeta) * _betacf(a, b, x) / a
-    return 1.0 - math.exp(lbeta) * _betacf(b, a, 1.0 - x) / b
-
-
-def t_cdf(t: float, df: float) -> float:
-    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t >= 0 else tail
-
-
-def t_quantile(p: float, df: float) -> float:
-    """Inverse CDF of Student's t with `df` degrees of freedom (0 < p < 1), by bisection."""
-    if not 0.0 < p < 1.0 or df <= 0:
-        raise ValueError("t_quantile needs 0 < p < 1 and df > 0")
-    if p < 0.5:
-        return -t_quantile(1.0 - p, df)
-    lo, hi = 0.0, 1.0
-    while t_cdf(hi, df) < p:
-        hi *= 2.0
-    for _ in range(200):
-        mid = (lo + hi) / 2.0
-        if t_cdf(mid, df) < p:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo < 1e-13 * max(1.0, hi):
-            break
-    return (lo + hi) / 2.0
-
-
-def t_interval(values, level: float = LEVEL) -> tuple[float, float, float]:
-    """(mean, lower, upper): the two-sided Student-t interval for the mean of `values`
-    (NaN bounds for fewer than two values; NaN everything for none)."""
-    xs = [float(v) for v in values if v is not None and v == v]
-    n = len(xs)
-    if n == 0:
-        return math.nan, math.nan, math.nan
-    mean = sum(xs) / n
-    if n < 2:
-        return mean, math.nan, math.nan
-    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
-    half = t_quantile(0.5 + level / 2.0, n - 1) * sd / math.sqrt(n)
-    return mean, mean - half, mean + half
 
 
 def _median(xs: list[float]) -> float:
@@ -176,7 +99,7 @@ def cells_frame(runs: pd.DataFrame) -> pd.DataFrame:
         g = g.assign(_s=g.seed.map(lambda x: math.inf if x is None or x != x else x)).sort_values("_s", kind="stable")
         sanities = list(g.sanity)
         k, n = sanities.count("PASS"), len(sanities)
-        mean, lo, hi = t_interval(g.peak_accuracy)
+        mean, lo, hi = t_interval(g.peak_accuracy, LEVEL)
         peaks = _present(g.peak_accuracy)
         sd = (math.sqrt(sum((x - mean) ** 2 for x in peaks) / (len(peaks) - 1)) if len(peaks) > 1 else math.nan)
         steps = _present(g.steps_to_target[g.sanity == "PASS"])

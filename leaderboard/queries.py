@@ -7,7 +7,9 @@ import pandas as pd
 from sqlalchemy import event, func, select
 from sqlalchemy.engine import Engine
 
+from bench import statuses
 from bench.fingerprint import fingerprint
+from bench.precision import pair_name
 from bench.store import Build, BuildProblem, Eval, MismatchReport, Model, Run, RunStep, RunVerification
 
 
@@ -15,8 +17,8 @@ def sanity(status: str | None) -> str:
     """The sanity verdict is the stop rule's: PASS only for a run the rule called converged
     (a confidence bound on the split accuracy pooled over its last evaluations reached the
     target, runners/stop.py), never on one noisy reading; RUNNING while the run goes on;
-    FAIL for every other end (max_steps, plateaued, collapsed, diverged, failed)."""
-    return {"converged": "PASS", "running": "RUNNING"}.get(status, "FAIL")
+    FAIL for every other end (max_steps, plateaued, collapsed, diverged, failed): bench/statuses.py."""
+    return statuses.verdict(status)
 
 
 # split accuracy as training sees it (rollout format) and as the trained policy answers (train format)
@@ -82,7 +84,7 @@ def runs_frame(engine: Engine, build_id: str | None = None) -> pd.DataFrame:
                   .join(last_eval, (last_eval.c.run_id == Eval.run_id) & (last_eval.c.s == Eval.step))
                   .where(Eval.benchmark.notin_(SPLIT_EVALS)).group_by(Eval.run_id))
     runs = runs.merge(best, on="run", how="left").merge(lastv, on="run", how="left")
-    runs["precision"] = [r if r == t else f"{r}→{t}" for r, t in zip(runs.rollout_dtype, runs.train_dtype)]
+    runs["precision"] = [pair_name(r, t) for r, t in zip(runs.rollout_dtype, runs.train_dtype)]
     runs["sanity"] = [sanity(st) for st in runs.status]
     runs["config_fp"] = [fingerprint(c) for c in runs.config]
     return runs

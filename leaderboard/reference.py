@@ -15,13 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from bench.precision import pair_name
+
 ALL_FIVE = ("grpo", "grpo-token-tis", "grpo-seq-mis", "gspo", "pg-seq-is")
 COLUMNS = ["algo", "precision", "source", "peak_train_acc", "aime24", "outcome", "note"]
-
-
-def precision_name(rollout: str, train: str) -> str:
-    """As the leaderboard names a pair (leaderboard.queries.runs_frame)."""
-    return rollout if rollout == train else f"{rollout}→{train}"
 
 
 def _aime(run: dict) -> str | None:
@@ -52,7 +49,7 @@ def reference_rows(ref: dict | None = None) -> list[dict]:
             algos = [name]
         framework = run.get("framework")
         for algo in algos:
-            rows.append({"algo": algo, "precision": precision_name(run["rollout"], run["train"]),
+            rows.append({"algo": algo, "precision": pair_name(run["rollout"], run["train"]),
                          "source": f"paper ({framework})" if framework else "paper",
                          "peak_train_acc": run.get("peak_train_acc"), "aime24": _aime(run),
                          "outcome": run.get("outcome"), "note": note})

@@ -13,8 +13,8 @@ only, r = π_θ/π_old carries the staleness, and w = r·ρ both.
 
 Every loss but GSPO is the mean over sequences of a per-sequence surrogate whose token sum is
 divided by the fixed max response length L (Dr.GRPO's "seq-mean-token-sum-norm"); GSPO keeps
-its plain mean over sequences. Sequence log-ratios are clamped to ±20 before exp (as verl's
-SAFETY_BOUND): a weight of e^20 is already a diverged run, and inf would poison the batch.
+its plain mean over sequences. Sequence log-ratios are clamped to ±20 before exp (bench.mismatch.SAFETY_BOUND,
+as verl's): a weight of e^20 is already a diverged run, and inf would poison the batch.
 """
 
 from __future__ import annotations
@@ -24,10 +24,9 @@ from typing import Callable
 
 import torch
 
+from bench.algorithms import SPECS
 from bench.errors import ConfigError
-from bench.mismatch import ratio_stats
-
-SAFETY_BOUND = 20.0
+from bench.mismatch import SAFETY_BOUND, ratio_stats
 
 
 @dataclass
@@ -54,16 +53,16 @@ class AlgoConfig:
 
 
 LossFn = Callable[[LossInputs, AlgoConfig], tuple[torch.Tensor, dict[str, float]]]
-REGISTRY: dict[str, LossFn] = {}
-DESCRIPTIONS: dict[str, str] = {}
-MEAN_OVER: dict[str, str] = {}     # what the loss averages over: "sequences" (all) or "nonempty" (≥ 1 token)
+REGISTRY: dict[str, LossFn] = {}     # name → loss; the names, descriptions and mean-over: bench/algorithms.py
 
 
-def register_loss(name: str, description: str, mean_over: str = "sequences"):
+def register_loss(name: str):
+    """Register the loss of the algorithm `name`, which bench.algorithms.SPECS must declare."""
+    if name not in SPECS:
+        raise KeyError(f"{name!r} is not in bench.algorithms.SPECS; declare it there first")
+
     def deco(fn: LossFn) -> LossFn:
         REGISTRY[name] = fn
-        DESCRIPTIONS[name] = description
-        MEAN_OVER[name] = mean_over
         return fn
     return deco
 
@@ -72,7 +71,8 @@ def sequences_in_mean(name: str, mask: torch.Tensor) -> int:
     """How many of the sequences of `mask` [B, T] the loss `name` averages over: all B, or for
     GSPO those with at least one token. A loss over a batch split in parts equals the sum of
     the parts' losses each weighted by its share of this count (the trainer's micro-batches)."""
-    if MEAN_OVER.get(name, "sequences") == "nonempty":
+    spec = SPECS.get(name)
+    if spec is not None and spec.mean_over == "nonempty":
         return int((mask.sum(-1) > 0).sum().item())
     return int(mask.shape[0])
 
@@ -125,14 +125,14 @@ def _pg_seq(x: LossInputs, cfg: AlgoConfig, weight: torch.Tensor) -> torch.Tenso
 
 # ------------------------------------------------------------------ the seven losses
 
-@register_loss("pg-seq-is", "REINFORCE with the sequence IS weight w = π_θ/μ, unclipped (unbiased; Eq. 5)")
+@register_loss("pg-seq-is")
 def pg_seq_is(x: LossInputs, cfg: AlgoConfig):
     """L = mean_i [ −sg(w_i) · A_i · Σ_t logp_it ] / L_max."""
     lw = _seq_log_ratio(x.logp, x.logp_rollout, x.mask)
     return _pg_seq(x, cfg, lw.exp()), ratio_stats(lw.detach(), "is_weight")
 
 
-@register_loss("pg-seq-tis", "REINFORCE with the sequence IS weight truncated at C: min(w, C) (Eq. 6)")
+@register_loss("pg-seq-tis")
 def pg_seq_tis(x: LossInputs, cfg: AlgoConfig):
     """L = mean_i [ −sg(min(w_i, C)) · A_i · Σ_t logp_it ] / L_max."""
     lw = _seq_log_ratio(x.logp, x.logp_rollout, x.mask)
@@ -141,7 +141,7 @@ def pg_seq_tis(x: LossInputs, cfg: AlgoConfig):
                                                  "truncated_frac": _frac(w > cfg.C)}
 
 
-@register_loss("pg-seq-mis", "REINFORCE with the sequence IS weight masked above C: w·1{w ≤ C} (Eq. 7)")
+@register_loss("pg-seq-mis")
 def pg_seq_mis(x: LossInputs, cfg: AlgoConfig):
     """L = mean_i [ −sg(w_i · 1{w_i ≤ C}) · A_i · Σ_t logp_it ] / L_max  (masking, not clamping)."""
     lw = _seq_log_ratio(x.logp, x.logp_rollout, x.mask)
@@ -150,7 +150,7 @@ def pg_seq_mis(x: LossInputs, cfg: AlgoConfig):
     return _pg_seq(x, cfg, w * keep), {**ratio_stats(lw.detach(), "is_weight"), "masked_frac": _frac(~keep)}
 
 
-@register_loss("grpo", "Dr.GRPO: token PPO-clip (ε 0.2 / clip-higher 0.28) against π_old; ignores μ (Eq. 8)")
+@register_loss("grpo")
 def grpo(x: LossInputs, cfg: AlgoConfig):
     """L = mean_i [ −Σ_t min(r_t A_i, clip(r_t, 1−ε_lo, 1+ε_hi) A_i) ] / L_max."""
     obj, clipped = _ppo_token_objective(x, cfg)
@@ -158,7 +158,7 @@ def grpo(x: LossInputs, cfg: AlgoConfig):
     return loss, {"clip_frac": _frac(clipped, x.mask)}
 
 
-@register_loss("grpo-token-tis", "Dr.GRPO with per-token IS truncation: sg(min(ρ_t, C)) · PPO-clip (Eq. 9)")
+@register_loss("grpo-token-tis")
 def grpo_token_tis(x: LossInputs, cfg: AlgoConfig):
     """L = mean_i [ −Σ_t sg(min(ρ_t, C)) · min(r_t A_i, clip(r_t, …) A_i) ] / L_max."""
     obj, clipped = _ppo_token_objective(x, cfg)
@@ -169,7 +169,7 @@ def grpo_token_tis(x: LossInputs, cfg: AlgoConfig):
                   **ratio_stats(lrho[x.mask.bool()], "is_weight")}
 
 
-@register_loss("grpo-seq-mis", "Dr.GRPO with the sequence IS weight ρ masked above C (Eq. 10)")
+@register_loss("grpo-seq-mis")
 def grpo_seq_mis(x: LossInputs, cfg: AlgoConfig):
     """L = mean_i [ −sg(ρ_i · 1{ρ_i ≤ C}) · Σ_t min(r_t A_i, clip(r_t, …) A_i) ] / L_max."""
     obj, clipped = _ppo_token_objective(x, cfg)
@@ -181,8 +181,7 @@ def grpo_seq_mis(x: LossInputs, cfg: AlgoConfig):
                   **ratio_stats(lrho, "is_weight")}
 
 
-@register_loss("gspo", "GSPO: sequence ratio s = geometric mean of r_t, clipped to [1−3e-4, 1+4e-4]",
-               mean_over="nonempty")
+@register_loss("gspo")
 def gspo(x: LossInputs, cfg: AlgoConfig):
     """L = mean_i [ −min(s_i A_i, clip(s_i, 1−lo, 1+hi) A_i) ] over sequences with ≥ 1 token,
     s_i = exp(mean_t (logp_t − logp_old_t))."""

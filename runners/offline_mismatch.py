@@ -16,7 +16,9 @@ from bench.engines import Sampling, make_engine
 from bench.knobs import check
 from bench.mismatch import mismatch_metrics
 from bench.models import load_model, load_tokenizer, render_prompt, resolve_model, weights_hash
-from bench.precision import Precision, cpu_kernel_path, prepare_compute_model
+from bench.kernels import cpu_kernel_path
+from bench.format_modules import prepare_compute_model
+from bench.precision import Precision
 from bench.problems import SourceSpec, load_problems
 from bench.store import MismatchReport, bench_home, get_or_create_model, session
 

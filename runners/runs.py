@@ -1,5 +1,7 @@
-"""Run bookkeeping for the native trainer: the build and split a run trains on, and the entry
-points that create, resume and end a run (its row in the store, checkpoint directory and
+"""Run bookkeeping: the build and split a run trains on; a run's row in the store, created
+(`add_run_row`), failed (`record_failure`) and ended (`record_end`, both through `run_to_end`)
+the same way for the native trainer and the verl runner (runners/verl_follow.py); and the
+native entry points that create, resume and end a run (its row, checkpoint directory and
 provenance) around `NativeTrainer` (runners/trainer.py)."""
 
 from __future__ import annotations
@@ -7,16 +9,18 @@ from __future__ import annotations
 import uuid
 from dataclasses import asdict
 from pathlib import Path
+from typing import Callable
 
 from sqlalchemy import select
 
 from bench import provenance
-from bench.device import resolve_device
+from bench.device import device_supports, resolve_device
 from bench.engines import resolve_engine
 from bench.errors import BenchError
 from bench.models import ModelRef, resolve_model
-from bench.precision import Precision, device_supports
+from bench.precision import Precision
 from bench.problems import Problem
+from bench.statuses import FAILED, RESUMABLE, RUNNING
 from bench.store import Build, Model, Run, bench_home, session
 from bench.store.schema import BuildProblem, utcnow
 
@@ -109,9 +113,7 @@ def start_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: 
         config = {"preset": preset, **asdict(cfg)}
         facts = provenance.collect(device, precision.train, split_accuracy_estimator=SPLIT_ESTIMATOR.format(
             m=cfg.eval_split_m), preset_defaults=preset_defaults(preset) if preset in PRESETS else None)
-        s.add(Run(id=run_id, model_id=m.id, build_id=build.id, algo=algo, rollout_dtype=precision.rollout,
-                  train_dtype=precision.train, trainer="native", engine=engine, config=config, status="running",
-                  checkpoint_dir=str(ckpt_dir), provenance=facts))
+        add_run_row(s, run_id, m.id, build.id, algo, precision, "native", engine, config, ckpt_dir, facts)
     _train(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress, rollout_engine, device)
     return run_id
 
@@ -128,23 +130,43 @@ def resumable_run(s, run_id: str) -> Run:
     run = s.get(Run, run_id)
     if run is None:
         raise RunError(f"no run {run_id!r}; `bench runs` lists them")
-    if run.status not in ("running", "failed"):
+    if run.status not in RESUMABLE:
         raise RunError(f"run {run_id} already ended ({run.status}: {run.stop_reason})")
     return run
+
+
+def add_run_row(s, run_id: str, model_id, build_id: str, algo: str, precision: Precision, trainer: str, engine: str,
+                config: dict, checkpoint_dir: Path | str, provenance: dict) -> None:
+    """Add the new run's row (status running) in the open session `s`."""
+    s.add(Run(id=run_id, model_id=model_id, build_id=build_id, algo=algo, rollout_dtype=precision.rollout,
+              train_dtype=precision.train, trainer=trainer, engine=engine, config=config, status=RUNNING,
+              checkpoint_dir=str(checkpoint_dir), provenance=provenance))
 
 
 def record_failure(store, run_id: str, e: BaseException) -> None:
     """Mark a run failed (resumable) by the exception that stopped it."""
     with session(store) as s:
         run = s.get(Run, run_id)
-        run.status = stop_rules.FAILED
+        run.status = FAILED
         run.stop_reason = "interrupted" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"[:1000]
 
 
 def record_end(store, run_id: str, status: str, reason: str) -> None:
+    """The run's end: its status (a stop rule's verdict) and the reason, as the run left it."""
     with session(store) as s:
         run = s.get(Run, run_id)
         run.status, run.stop_reason, run.updated_at = status, reason[:4000], utcnow()
+
+
+def run_to_end(store, run_id: str, train: Callable[[], tuple[str, str]]) -> None:
+    """Call `train` (returns (status, reason)) and record its end; any exception (Ctrl-C
+    included) marks the run failed, resumable, and is raised again."""
+    try:
+        status, reason = train()
+    except BaseException as e:
+        record_failure(store, run_id, e)
+        raise
+    record_end(store, run_id, status, reason)
 
 
 def resume_run(store, run_id: str, progress=None, device: str | None = None) -> str:
@@ -172,18 +194,17 @@ def resume_run(store, run_id: str, progress=None, device: str | None = None) -> 
 
 def _train(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress, rollout_engine=None,
            device: str = "cpu") -> None:
-    from .trainer import NativeTrainer     # runners/trainer.py re-exports this module's names
+    from .trainer import NativeTrainer     # here: torch and the engines, which the verl runner does not need
 
-    trainer = None
-    try:
-        trainer = NativeTrainer(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress,
-                                rollout_engine, device)
-        trainer.load_checkpoint()
-        status, reason = trainer.fit()
-    except BaseException as e:
-        record_failure(store, run_id, e)
-        raise
-    finally:
-        if trainer is not None:
-            trainer.close()
-    record_end(store, run_id, status, reason)
+    def fit() -> tuple[str, str]:
+        trainer = None
+        try:
+            trainer = NativeTrainer(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress,
+                                    rollout_engine, device)
+            trainer.load_checkpoint()
+            return trainer.fit()
+        finally:
+            if trainer is not None:
+                trainer.close()
+
+    run_to_end(store, run_id, fit)

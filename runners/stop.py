@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields
-from statistics import NormalDist
 
-CONVERGED, PLATEAUED, COLLAPSED, DIVERGED, MAX_STEPS, FAILED = (
-    "converged", "plateaued", "collapsed", "diverged", "max_steps", "failed")
-STATUSES = ("running", CONVERGED, PLATEAUED, COLLAPSED, DIVERGED, MAX_STEPS, FAILED)
+from bench.stats import wilson_lower
+from bench.statuses import COLLAPSED, CONVERGED, PLATEAUED
 
 
 @dataclass
@@ -42,19 +40,6 @@ class StopConfig:
     min_delta: float = 0.01     # the peak moves only when a reading exceeds it by at least this
     collapse_drop: float = 0.3  # collapsed: accuracy fell this far below the peak
     kl_window: int = 20         # early warning: KL (k3) rising steadily over this many steps
-
-
-def wilson_lower(successes: float, n: float, confidence: float) -> float:
-    """One-sided Wilson score lower bound at `confidence` on a binomial proportion:
-    (p̂ + z²/2n − z·√(p̂(1−p̂)/n + z²/4n²)) / (1 + z²/n), z = Φ⁻¹(confidence). `successes` may be
-    fractional (an average of 0/1 rewards times n). 0.0 when n <= 0 (nothing is known)."""
-    if n <= 0:
-        return 0.0
-    z = NormalDist().inv_cdf(confidence)
-    p = min(max(successes / n, 0.0), 1.0)
-    z2n = z * z / n
-    rad = math.sqrt(max(p * (1 - p) / n + z2n / (4 * n), 0.0))
-    return (p + z2n / 2 - z * rad) / (1 + z2n)
 
 
 @dataclass
@@ -120,10 +105,6 @@ def after_eval(state: StopState, cfg: StopConfig, step: int, accuracy: float, n:
         return PLATEAUED, (f"no gain of {cfg.min_delta} over {cfg.patience} evaluations "
                            f"(peak {state.peak:.3f} at step {state.peak_step})")
     return None
-
-
-def non_finite(*values: float) -> bool:
-    return any(not math.isfinite(v) for v in values)
 
 
 def kl_rising(series: list[float], window: int) -> bool:

@@ -27,12 +27,12 @@ from bench.engines import resolve_engine
 from bench.errors import ConfigError
 from bench.fingerprint import fingerprint
 from bench.precision import Precision
+from bench.statuses import FAILED, FINISHED
 from bench.store import Run, session
 
-from .trainer import latest_build, resolve_inputs, start_run
+from .runs import latest_build, resolve_inputs, start_run
 from .presets import get_preset
 
-FINISHED = ("converged", "plateaued", "collapsed", "diverged", "max_steps")
 PROGRESS_PREFIX = "progress: "     # a step line on a subprocess cell's stderr (`bench run --progress-lines`)
 
 
@@ -56,7 +56,7 @@ def step_line(step: int, total: int | None, m: dict) -> str:
 def _ended_line(s, run_id: str | None) -> str:
     r = s.get(Run, run_id) if run_id else None
     if r is None:
-        return "failed"
+        return FAILED
     peak = "-" if r.peak_accuracy is None else f"{r.peak_accuracy:.3f}"
     return f"{r.status} after {r.step} steps, peak split {peak}"
 
@@ -150,7 +150,7 @@ def _summary(s, run_id: str | None, algo: str, p: Precision, status: str | None 
     r = s.get(Run, run_id) if run_id else None
     return {"algo": algo, "precision": p.name, **({} if staleness is None else {"staleness": staleness}),
             **({} if seed is None else {"seed": seed}), "run": run_id,
-            "status": status or (r.status if r else "failed"), "peak": r.peak_accuracy if r else None,
+            "status": status or (r.status if r else FAILED), "peak": r.peak_accuracy if r else None,
             "steps": r.step if r else 0}
 
 
@@ -229,7 +229,7 @@ def run_grid(store, db_url: str | None, algos: list[str], pairs: list[Precision]
             except Exception as e:  # the failed run is recorded in the store; go on with the grid
                 log(f"  {label} failed: {e}")
                 return None
-        cmd = [sys.executable, "-m", "bench.cli", "run", "--algo", a, "--dtype", p.name, "--build", build_id,
+        cmd = [sys.executable, "-m", "bench.cli", "run", "--algo", a, "--dtype", p.spec, "--build", build_id,
                "--engine", engine, "--preset", preset, "--json"]
         if verl_args is not None:
             cmd += ["--trainer", "verl", *verl_args]

@@ -21,10 +21,11 @@ from dataclasses import dataclass
 
 import torch
 
-from bench.precision import LossScaler, prepare_compute_model
+from bench.format_modules import prepare_compute_model
 
 from .algos import LossInputs, sequences_in_mean
 from .logprobs import pack, response_logprobs, response_logprobs_entropy
+from .loss_scaler import LossScaler
 from .presets import RunConfig
 
 

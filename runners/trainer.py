@@ -28,12 +28,13 @@ import math
 import os
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from sqlalchemy import delete
 
-from bench import calibration
+from bench import calibration, statuses
 from bench.device import peak_memory_mb, reset_peak_memory, synchronize
 from bench.engines import Sampling, make_engine
 from bench.engines.torch_engine import TorchEngine
@@ -47,16 +48,10 @@ from bench.store import Eval, Run, RunStep, session
 from . import stop as stop_rules
 from .algos import LossInputs, get_loss, leave_one_out_advantages
 from .draws import BENCHMARK_EVAL, SPLIT_EVAL, eval_seed
-from .logprobs import pack, response_logprobs  # noqa: F401  (importable from here as before)
+from .logprobs import response_logprobs
 from .presets import RunConfig
-from .train_engine import Batch, TrainingEngine
-
-# The run bookkeeping lives in runners/runs.py, the tensors in runners/logprobs.py; their names
-# stay importable from here (`from runners.trainer import start_run`, ...).
 from .staleness import NO_STALENESS, WeightQueue, staleness_metrics
-from .runs import (SPLIT_ESTIMATOR, RunError, _check_ckpt_dir, _train, config_from_dict,  # noqa: F401
-                   latest_build, load_split, record_end, record_failure, resolve_inputs, resumable_run,
-                   resume_run, start_run)
+from .train_engine import Batch, TrainingEngine
 
 
 def _norm_order(x: float) -> float:
@@ -90,6 +85,51 @@ def step0_gate(learner: TrainingEngine, engine, precision: Precision, batch: Bat
                              buffers=buffers)
 
 
+@dataclass
+class PiOld:
+    """π_old of one step's batch and how it was had (`pi_old`)."""
+
+    case: str                        # STALE, REUSE_UPDATE, FILLED_BY_UPDATE or EXTRA_FORWARD
+    logp_old: torch.Tensor           # [N, T] log π_old of the response tokens (zeros until filled in)
+    first: torch.Tensor | None       # [N, T] the update's own forward with grad (π_θ now), when it is reused
+    fill_old: bool                   # the update fills logp_old in, one micro-batch forward at a time
+    logp_cur: torch.Tensor | None    # [N, T] π_θ now, detached: only under staleness (its metrics)
+
+
+STALE, REUSE_UPDATE, FILLED_BY_UPDATE, EXTRA_FORWARD = "stale", "reuse-update", "filled-by-update", "extra-forward"
+
+
+def pi_old(learner: TrainingEngine, stale: WeightQueue, batch: Batch, updates_per_batch: int,
+           microbatched: bool) -> PiOld:
+    """π_old, the training engine's log-probs of the sampled tokens at the sampling weights θ',
+    in the cheapest way the step allows (the compute copy synced to the master first):
+
+    1. STALE (K_eff = `stale.effective` > 0): θ' = θ_{t−K}, so π_old is a forward of the stale
+       snapshot (`stale.old_logprobs`); π_θ now (`logp_cur`, for the staleness metrics) is the
+       update's forward when case 2's condition holds, else one more forward.
+    2. REUSE_UPDATE (on-policy, one update per batch, no micro-batches): θ' = θ, so π_old is
+       the update's own forward with grad, detached (`first`): no extra forward.
+    3. FILLED_BY_UPDATE (on-policy, one update, micro-batches): the same, one micro-batch at a
+       time: `logp_old` starts at 0 and the update fills it in (`fill_old`).
+    4. EXTRA_FORWARD (on-policy, several updates per batch): θ moves between the updates, so
+       π_old is one forward before the first (`learner.logprobs`).
+    Every forward counts in `learner.passes`."""
+    mask = batch.mask
+    first = None
+    if updates_per_batch == 1 and not microbatched:
+        learner.passes += 1
+        first = response_logprobs(learner.compute, *batch.tensors)
+    if stale.effective:
+        logp_old = stale.old_logprobs(batch)
+        logp_cur = first.detach() * mask if first is not None else learner.logprobs(batch)
+        return PiOld(STALE, logp_old, first, False, logp_cur)
+    if first is not None:
+        return PiOld(REUSE_UPDATE, first.detach() * mask, first, False, None)
+    if updates_per_batch == 1:
+        return PiOld(FILLED_BY_UPDATE, torch.zeros_like(mask), None, True, None)
+    return PiOld(EXTRA_FORWARD, learner.logprobs(batch), None, False, None)
+
+
 # ------------------------------------------------------------------ the trainer
 
 class NativeTrainer:
@@ -115,15 +155,15 @@ class NativeTrainer:
         self.benchmarks = [(b, load_problems(SourceSpec(b.source, limit=b.limit))) for b in cfg.benchmarks]
         self.own_engine = rollout_engine is None
         if rollout_engine is None:
-            kw = ({"model": copy.deepcopy(self.master), "tokenizer": self.tok, "track_updates": True,
+            kw = ({"model": copy.deepcopy(self.learner.master), "tokenizer": self.tok, "track_updates": True,
                    "device": str(self.device), **self._engine_batch}
                   if engine == "torch" else {"gpu_memory_utilization": cfg.gpu_memory_utilization})
             rollout_engine = make_engine(engine, ref.path, precision.rollout, **kw)
         else:   # a running engine of the rollout dtype (tests share one vLLM engine): start it at our weights
-            rollout_engine.update_weights(self.master.named_parameters())
+            rollout_engine.update_weights(self.learner.master.named_parameters())
         self.engine = rollout_engine
         # split accuracy of the training-precision policy too, where it differs from the rollout format
-        self.train_sampler = (TorchEngine(ref.path, precision.train, model=self.compute, tokenizer=self.tok,
+        self.train_sampler = (TorchEngine(ref.path, precision.train, model=self.learner.compute, tokenizer=self.tok,
                                           prepared=True, device=str(self.device), **self._engine_batch)
                               if precision.rollout != precision.train else None)
         self.grader = Grader()
@@ -131,23 +171,6 @@ class NativeTrainer:
     @property
     def _engine_batch(self) -> dict:
         return {"max_batch": self.cfg.rollout_max_batch} if self.cfg.rollout_max_batch else {}
-
-    # the training engine's state, by the names the checkpoint code has always used
-    @property
-    def master(self):
-        return self.learner.master
-
-    @property
-    def compute(self):
-        return self.learner.compute
-
-    @property
-    def opt(self):
-        return self.learner.opt
-
-    @property
-    def scaler(self):
-        return self.learner.scaler
 
     def close(self) -> None:
         if self.own_engine:
@@ -160,8 +183,8 @@ class NativeTrainer:
         return self.ckpt_dir / "checkpoint.pt"
 
     def save_checkpoint(self) -> None:
-        state = {"step": self.step, "wall": self.wall, "model": self.master.state_dict(),
-                 "optimizer": self.opt.state_dict(), "scaler": self.scaler.state_dict(),
+        state = {"step": self.step, "wall": self.wall, "model": self.learner.master.state_dict(),
+                 "optimizer": self.learner.opt.state_dict(), "scaler": self.learner.scaler.state_dict(),
                  "stop": self.stop_state.to_dict(), "rng_torch": torch.get_rng_state(),
                  "rng_python": random.getstate()}
         if self.cfg.staleness:
@@ -175,27 +198,24 @@ class NativeTrainer:
         if self.ckpt_path.exists():
             # state dicts copy to the device
             state = torch.load(self.ckpt_path, weights_only=False, map_location="cpu")
-            self.master.load_state_dict(state["model"])
-            self.opt.load_state_dict(state["optimizer"])
+            self.learner.master.load_state_dict(state["model"])
+            self.learner.opt.load_state_dict(state["optimizer"])
             for k, v in state["scaler"].items():
-                setattr(self.scaler, k, v)
+                setattr(self.learner.scaler, k, v)
             self.stop_state = stop_rules.StopState.from_dict(state["stop"])
             self.step, self.wall = state["step"], state["wall"]
             torch.set_rng_state(state["rng_torch"])
             random.setstate(state["rng_python"])
             self.stale.load_state(state.get("staleness", []))
-            self._sync_compute()
-            self.engine.update_weights(self.stale.rollout_weights(self.master))
+            self.learner.sync_compute()
+            self.engine.update_weights(self.stale.rollout_weights(self.learner.master))
         with session(self.store) as s:
             s.execute(delete(RunStep).where(RunStep.run_id == self.run_id, RunStep.step > self.step))
             s.execute(delete(Eval).where(Eval.run_id == self.run_id, Eval.step > self.step))
             run = s.get(Run, self.run_id)
-            run.step, run.status, run.stop_reason = self.step, "running", None
+            run.step, run.status, run.stop_reason = self.step, statuses.RUNNING, None
 
     # ---------------------------------------------------------- pieces
-    def _sync_compute(self) -> None:
-        self.learner.sync_compute()
-
     def _step_prompts(self, step: int) -> list[int]:
         """Indices of the B prompts of `step`: epochs over a seeded shuffle of the split."""
         b, n = self.cfg.prompts_per_step, len(self.split)
@@ -234,7 +254,7 @@ class NativeTrainer:
         seeded by the run's seed and the step (runners/draws.py): seeds never share them. The
         stop rules, peak and final accuracy read `split` (what training sees, as before). With staleness
         the rollout engine holds the current weights for the evaluation (runners/staleness.py)."""
-        with self.stale.current_weights(self.engine, self.master):
+        with self.stale.current_weights(self.engine, self.learner.master):
             return self._evaluate()
 
     def _evaluate(self) -> dict[str, float]:
@@ -243,7 +263,7 @@ class NativeTrainer:
         scores = {"split": (cfg.eval_split_m,
                             self._score(self.split, self.engine.generate(self.prompts, cfg.eval_split_m, sp)))}
         if self.train_sampler is not None:
-            self._sync_compute()
+            self.learner.sync_compute()
             with torch.no_grad():
                 samples = self.train_sampler.generate(self.prompts, cfg.eval_split_m, sp)
             scores["split@train"] = (cfg.eval_split_m, self._score(self.split, samples))
@@ -271,30 +291,17 @@ class NativeTrainer:
         mask = batch.mask
         logp_rollout = logp_rollout.to(dev)
         tt = time.time()
-        self._sync_compute()
-        first, fill_old, k_eff, logp_cur = None, False, self.stale.effective, None
-        if cfg.updates_per_batch == 1 and not cfg.max_tokens_per_microbatch:
-            # one update per rollout batch: the update's forward (with grad) gives π_θ at this very point
-            learner.passes += 1
-            first = response_logprobs(self.compute, *batch.tensors)
-        if k_eff:
-            # stale rollouts: π_old at the sampling weights θ_{t−K}, π_θ (current) for the staleness metrics
-            logp_old = self.stale.old_logprobs(batch)
-            logp_cur = first.detach() * mask if first is not None else learner.logprobs(batch)
-        elif first is not None:
-            logp_old = first.detach() * mask        # on-policy: π_old is π_θ, no extra forward
-        elif cfg.updates_per_batch == 1:
-            # the same in micro-batches: each one's forward with grad gives its π_old (filled in by the update)
-            logp_old, fill_old = torch.zeros_like(mask), True
-        else:
-            logp_old = learner.logprobs(batch)
+        learner.sync_compute()
+        k_eff = self.stale.effective
+        old = pi_old(learner, self.stale, batch, cfg.updates_per_batch, bool(cfg.max_tokens_per_microbatch))
+        first, logp_old, fill_old, logp_cur = old.first, old.logp_old, old.fill_old, old.logp_cur
         adv = leave_one_out_advantages(rewards.view(-1, g)).view(-1).to(dev)
         x = LossInputs(None, logp_old, logp_rollout, mask, adv)  # type: ignore[arg-type]
         synchronize(dev)
         t2 = time.time()
         gen = torch.Generator().manual_seed(cfg.seed * 7_919 + self.step)
         order = torch.randperm(len(flat), generator=gen)
-        self.stale.record(self.master)          # θ_t, before the update (K = 0: nothing)
+        self.stale.record(learner.master)          # θ_t, before the update (K = 0: nothing)
         losses, norms, loss_metrics, applied = [], [], {}, 0
         for chunk in order.chunk(cfg.updates_per_batch):
             loss, norm, m, ok = learner.update(x, chunk, batch, None if first is None else first[chunk.to(dev)],
@@ -306,7 +313,7 @@ class NativeTrainer:
                 loss_metrics[k] = loss_metrics.get(k, 0.0) + v / cfg.updates_per_batch
         synchronize(dev)
         t_trained = time.time()
-        self.engine.update_weights(self.stale.rollout_weights(self.master))   # θ_{t+1−K}; the master at K = 0
+        self.engine.update_weights(self.stale.rollout_weights(learner.master))   # θ_{t+1−K}; the master at K = 0
         sync = dict(getattr(self.engine, "sync_stats", None) or {})   # rollout_weights_moved, rollout_update_to_step
         synchronize(dev)
         t3 = time.time()
@@ -319,7 +326,7 @@ class NativeTrainer:
             "response_len_max": lengths.max().item(),
             "truncated_frac": sum(s.finish_reason == "length" for s in flat) / len(flat),
             "loss": sum(losses) / len(losses), "grad_norm": max(norms, key=_norm_order) if norms else float("nan"),
-            "loss_scale": self.scaler.scale, "skipped_steps": self.scaler.skipped,
+            "loss_scale": learner.scaler.scale, "skipped_steps": learner.scaler.skipped,
             "updates_applied": applied, "updates_nonfinite": len(norms) - applied,
             **mismatch_metrics(logp_rollout_c, logp_old_c, mask_c), **sync, "staleness_k": k_eff,
             **(staleness_metrics(logp_old_c, logp_cur.cpu(), mask_c) if k_eff else NO_STALENESS),
@@ -338,23 +345,24 @@ class NativeTrainer:
         if self.step == 0:
             cal = self.calibrate()
             if not cal["ok"]:
-                return stop_rules.FAILED, cal["message"]
+                return statuses.FAILED, cal["message"]
             acc = self._eval_and_record()
             stop_rules.after_eval(self.stop_state, cfg.stop, 0, acc["split"], len(self.split) * cfg.eval_split_m)
         while True:
             if self.step >= cfg.max_steps:
-                return stop_rules.MAX_STEPS, f"reached max_steps={cfg.max_steps}"
+                return statuses.MAX_STEPS, f"reached max_steps={cfg.max_steps}"
             t0 = time.time()
             metrics = self.train_step()
             self.step += 1
-            if self.scaler.skipped_in_a_row >= cfg.max_nonfinite_in_a_row:
+            in_a_row = self.learner.scaler.skipped_in_a_row
+            if in_a_row >= cfg.max_nonfinite_in_a_row:
                 self._record(metrics, time.time() - t0)
-                return stop_rules.DIVERGED, (f"{self.scaler.skipped_in_a_row} optimizer steps in a row skipped for a "
+                return statuses.DIVERGED, (f"{in_a_row} optimizer steps in a row skipped for a "
                                              f"non-finite loss or gradient (loss {metrics['loss']:.4g}, grad norm "
                                              f"{metrics['grad_norm']:.4g} at step {self.step})")
-            if any(not torch.isfinite(p).all() for p in self.master.parameters()):
+            if any(not torch.isfinite(p).all() for p in self.learner.master.parameters()):
                 self._record(metrics, time.time() - t0)
-                return stop_rules.DIVERGED, f"non-finite weights at step {self.step}"
+                return statuses.DIVERGED, f"non-finite weights at step {self.step}"
             if stop_rules.after_step(self.stop_state, cfg.stop, self.step, metrics["kl_k3"]):
                 metrics["kl_warning"] = 1.0
             verdict = None
@@ -365,7 +373,7 @@ class NativeTrainer:
                 metrics["time_eval"] = time.time() - te
                 verdict = stop_rules.after_eval(self.stop_state, cfg.stop, self.step, acc["split"],
                                                 len(self.split) * cfg.eval_split_m)
-            self._record(metrics, time.time() - t0, converged=bool(verdict) and verdict[0] == stop_rules.CONVERGED)
+            self._record(metrics, time.time() - t0, converged=bool(verdict) and verdict[0] == statuses.CONVERGED)
             if self.step % cfg.checkpoint_every == 0 or verdict:
                 self.save_checkpoint()
             if self.progress:
@@ -381,7 +389,7 @@ class NativeTrainer:
         cfg = self.cfg
         sp = Sampling(cfg.temperature, cfg.top_p, cfg.max_tokens, seed=30_000_001 + cfg.seed)
         _, batch, logp_mu = self._rollouts(self._step_prompts(0), sp)
-        self._sync_compute()
+        self.learner.sync_compute()
         result = step0_gate(self.learner, self.engine, self.precision, batch, logp_mu)
         with session(self.store) as s:
             s.get(Run, self.run_id).calibration = result

@@ -32,7 +32,8 @@ from bench.errors import BenchError
 from bench.device import resolve_device
 from bench.engines import resolve_engine
 from bench.models import ModelRef, resolve_model, weights_hash
-from bench.precision import Precision, cpu_kernel_path
+from bench.kernels import cpu_kernel_path
+from bench.precision import Precision
 from bench.problems import split_hash
 from bench.store import Build, Eval, Model, Run, RunStep, RunVerification, open_store, session
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from sqlalchemy import delete
 
+from bench import statuses
 from bench.store import Eval, Run, RunStep, session
 
 from . import stop as stop_rules
@@ -145,7 +146,7 @@ class Follower:
         if step > 0 and verdict is None:
             if "actor/pg_loss" in data and _finite(data["actor/pg_loss"]) is None:
                 self.track(step, m, may_eval=False)
-                verdict = (stop_rules.DIVERGED, f"non-finite loss at step {step}")
+                verdict = (statuses.DIVERGED, f"non-finite loss at step {step}")
             else:
                 verdict = self.track(step, m)
         m["wall_s"] = self.wall
@@ -155,7 +156,7 @@ class Follower:
                 evals[key[0]] = (int(key[1]), v)
         if "eval/split" in m:
             evals["split"] = (self.split_n, m["eval/split"])
-        self._write(step, m, evals, converged=bool(verdict) and verdict[0] == stop_rules.CONVERGED)
+        self._write(step, m, evals, converged=bool(verdict) and verdict[0] == statuses.CONVERGED)
         return verdict
 
     def calibrate(self, step: int, m: dict) -> tuple[str, str] | None:
@@ -180,7 +181,7 @@ class Follower:
                                                                           "prob_abs_diff_mean", "prob_abs_diff_max")}},
                                        run.rollout_dtype, run.train_dtype)
             run.calibration = result
-        return None if result["ok"] else (stop_rules.FAILED, result["message"])
+        return None if result["ok"] else (statuses.FAILED, result["message"])
 
     def _write(self, step: int, m: dict, evals: dict[str, tuple[int, float]], converged: bool = False) -> None:
         clean = {k: _finite(v) for k, v in m.items()}
@@ -269,8 +270,8 @@ def launch_and_follow(follower: Follower, argv: list[str], env: dict, metrics: P
             _stop(proc, grace=10.0)
             raise
     if proc.returncode == 0:
-        return stop_rules.MAX_STEPS, f"verl finished after {last} steps (max_steps={follower.cfg.max_steps})"
-    return stop_rules.FAILED, f"verl exited with code {proc.returncode} at step {last}; {log}:\n{_log_tail(log)}"
+        return statuses.MAX_STEPS, f"verl finished after {last} steps (max_steps={follower.cfg.max_steps})"
+    return statuses.FAILED, f"verl exited with code {proc.returncode} at step {last}; {log}:\n{_log_tail(log)}"
 
 
 def latest_checkpoint(ckpt_dir: Path) -> int:
@@ -311,7 +312,7 @@ def prepare(store, algo: str, precision, cfg: RunConfig, build_id: str | None, m
     from bench.problems import SourceSpec, load_problems
 
     from . import verl_reward
-    from .trainer import RunError, load_split, resolve_inputs
+    from .runs import RunError, load_split, resolve_inputs
     from .verl_runner import VerlJob, export_parquet, verl_command
 
     with session(store) as s:
@@ -339,16 +340,11 @@ def prepare(store, algo: str, precision, cfg: RunConfig, build_id: str | None, m
 
 
 def _follow(store, run_id: str, job: dict, follower: Follower, progress=None) -> None:
-    from .trainer import record_end, record_failure
+    from .runs import run_to_end
 
     root = Path(job["root"])
-    try:
-        status, reason = launch_and_follow(follower, job["argv"], job["env"], root / "metrics.jsonl",
-                                           root / "verl.log", progress=progress)
-    except BaseException as e:
-        record_failure(store, run_id, e)
-        raise
-    record_end(store, run_id, status, reason)
+    run_to_end(store, run_id, lambda: launch_and_follow(follower, job["argv"], job["env"], root / "metrics.jsonl",
+                                                        root / "verl.log", progress=progress))
 
 
 def start_verl_run(store, algo: str, precision, cfg: RunConfig, preset: str, job: dict, progress=None) -> str:
@@ -359,6 +355,7 @@ def start_verl_run(store, algo: str, precision, cfg: RunConfig, preset: str, job
     from bench import provenance
 
     from .algos import get_loss
+    from .runs import add_run_row
 
     get_loss(algo)
     run_id = job["run_id"]
@@ -369,10 +366,8 @@ def start_verl_run(store, algo: str, precision, cfg: RunConfig, preset: str, job
                                          f"{opts.get('trainer.nnodes')} node(s)",
                                preset_defaults=preset_defaults(preset) if preset in PRESETS else None)
     with session(store) as s:
-        s.add(Run(id=run_id, model_id=job["model_id"], build_id=job["build_id"], algo=algo,
-                  rollout_dtype=precision.rollout, train_dtype=precision.train, trainer="verl", engine="vllm",
-                  config={"preset": preset, **asdict(cfg), "verl": job}, status="running",
-                  checkpoint_dir=str(Path(job["root"]) / "checkpoints"), provenance=facts))
+        add_run_row(s, run_id, job["model_id"], job["build_id"], algo, precision, "verl", "vllm",
+                    {"preset": preset, **asdict(cfg), "verl": job}, Path(job["root"]) / "checkpoints", facts)
     _follow(store, run_id, job, Follower(store, run_id, cfg, job["split_size"]), progress)
     return run_id
 
@@ -381,7 +376,7 @@ def resume_verl_run(store, run_id: str, progress=None) -> str:
     """Relaunch verl with the run's command (`trainer.resume_mode=auto`: it continues from its
     latest checkpoint); steps logged after that checkpoint are replaced. verl truncates its
     metrics file on start, so the previous one is kept as metrics.<n>.jsonl."""
-    from .trainer import config_from_dict, resumable_run
+    from .runs import config_from_dict, resumable_run
 
     with session(store) as s:
         run = resumable_run(s, run_id)
@@ -395,6 +390,6 @@ def resume_verl_run(store, run_id: str, progress=None) -> str:
     replay_for_resume(follower, latest_checkpoint(root / "checkpoints"))
     with session(store) as s:
         run = s.get(Run, run_id)
-        run.status, run.stop_reason = "running", None
+        run.status, run.stop_reason = statuses.RUNNING, None
     _follow(store, run_id, job, follower, progress)
     return run_id

@@ -55,7 +55,7 @@ FP32_TOLERANCE = {"rel": 1e-3, "noise_abs": 1e-3}
 
 def cpu_kind() -> str:
     """The CPU kind an fp32 GEMM's rounding order depends on: avx512 or avx2."""
-    from bench.precision import _cpu_flags
+    from bench.kernels import _cpu_flags
 
     return "avx512" if "avx512f" in _cpu_flags() else "avx2"
 
@@ -112,7 +112,7 @@ def run_case(url: str, build: str, config: dict, algo: str, dtype: str, ckpt_roo
 
     from bench.precision import Precision
     from bench.store import Eval, Run, RunStep, open_store, session
-    from runners.trainer import config_from_dict, start_run
+    from runners.runs import config_from_dict, start_run
 
     store = open_store(url)
     run_id = start_run(store, algo, Precision.parse(dtype), config_from_dict(config), build_id=build,

@@ -6,16 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from bench.cli import app
-from datasets_build.adaptive import decided, wilson
-
-
-def test_wilson_by_hand():
-    lo, hi = wilson(0, 16, 0.9)                      # z = 1.6449: upper = z²/(n + z²)
-    z2 = 1.6448536269514722 ** 2
-    assert lo == 0 and hi == pytest.approx(z2 / (16 + z2))
-    lo, hi = wilson(5, 10, 0.95)
-    assert (lo, hi) == pytest.approx((0.2366, 0.7634), abs=1e-4)
-    assert wilson(0, 0, 0.9) == (0.0, 1.0)
+from datasets_build.adaptive import decided
 
 
 def test_decisions():

@@ -165,6 +165,15 @@ def test_the_apps_algorithm_list_is_the_registry():
     assert not offenders, f"the app imports the trainer's modules: {offenders}"
 
 
+def test_a_loss_needs_its_spec():
+    from bench.algorithms import SPECS
+    from runners.algos import register_loss
+
+    with pytest.raises(KeyError, match="SPECS"):
+        register_loss("ppo")
+    assert [n for n, s in SPECS.items() if s.mean_over == "nonempty"] == ["gspo"]
+
+
 def test_gspo_clips_below_for_a_negative_advantage():
     """s = e^−0.001 = 0.9990 < 1 − 3e-4 with A = −1: the clipped term (1 − 3e-4)·A is the smaller, a
     constant: no gradient; the second sequence, s = e^0.00005 inside the range, keeps its own."""

@@ -20,7 +20,7 @@ from bench.models import load_model, load_tokenizer, resolve_model
 from bench.precision import Precision
 from bench.store import Run, open_store, session
 from runners.presets import get_preset, preset_defaults
-from runners.trainer import start_run
+from runners.runs import start_run
 
 
 def test_calibration_metrics_by_hand():

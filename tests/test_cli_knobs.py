@@ -172,7 +172,7 @@ def test_preset_enum_matches_presets():
 def captured(monkeypatch):
     """start_run and run_grid replaced by recorders: what `bench run` / `bench sweep` pass on."""
     import runners.sweep
-    import runners.trainer
+    import runners.runs
 
     calls = {}
 
@@ -184,7 +184,7 @@ def captured(monkeypatch):
         calls["sweep"] = (preset, overrides, kw)
         return []
 
-    monkeypatch.setattr(runners.trainer, "start_run", start_run)
+    monkeypatch.setattr(runners.runs, "start_run", start_run)
     monkeypatch.setattr(runners.sweep, "run_grid", run_grid)
     return calls
 
@@ -214,10 +214,9 @@ def test_dtype_lists_take_comma_or_semicolon():
 
     names = lambda text: [p.name for p in parse_list(text)]   # noqa: E731
     assert names("fp16;bf16") == names("fp16,bf16") == ["fp16", "bf16"]
-    assert names("fp16;rollout=fp8,train=fp16") == names("fp16,rollout=fp8,train=fp16") == \
-        ["fp16", "rollout=fp8,train=fp16"]
-    assert names("rollout=fp8,train=fp16;rollout=int8,train=bf16") == ["rollout=fp8,train=fp16",
-                                                                        "rollout=int8,train=bf16"]
+    assert names("fp16;rollout=fp8,train=fp16") == names("fp16,rollout=fp8,train=fp16") == ["fp16", "fp8→fp16"]
+    assert names("rollout=fp8,train=fp16;rollout=int8,train=bf16") == ["fp8→fp16", "int8→bf16"]
+    assert names("fp16,fp8→fp16") == ["fp16", "fp8→fp16"]              # the display name reads back
     from bench.precision import PrecisionError
 
     with pytest.raises(PrecisionError, match="other half"):
@@ -244,25 +243,25 @@ def test_every_user_error_class_is_a_bench_error():
 def test_a_bug_shows_its_traceback_and_exits_1(monkeypatch, store_with_build):
     """A ValueError from deep inside (torch, transformers) is no user error: exit 1 with the
     exception, not one red line with exit 2."""
-    import runners.trainer
+    import runners.runs
 
     def boom(*a, **kw):
         raise ValueError("Invalid learning rate: deep inside torch")
 
-    monkeypatch.setattr(runners.trainer, "start_run", boom)
+    monkeypatch.setattr(runners.runs, "start_run", boom)
     r = CliRunner().invoke(app, ["run", "--algo", "grpo", "--device", "cpu", "--db", store_with_build])
     assert r.exit_code == 1 and isinstance(r.exception, ValueError), r.output
     assert "error:" not in r.output
 
 
 def test_a_bench_error_from_deep_inside_is_one_line_exit_2(monkeypatch, store_with_build):
-    import runners.trainer
+    import runners.runs
     from runners.runs import RunError
 
     def refuse(*a, **kw):
         raise RunError("no such thing; do this instead")
 
-    monkeypatch.setattr(runners.trainer, "start_run", refuse)
+    monkeypatch.setattr(runners.runs, "start_run", refuse)
     r = CliRunner().invoke(app, ["run", "--algo", "grpo", "--device", "cpu", "--db", store_with_build])
     assert r.exit_code == 2 and r.output.strip().splitlines()[-1] == "error: no such thing; do this instead", \
         r.output

@@ -11,9 +11,9 @@ from torch import nn
 
 from bench import formats
 from bench.calibration import BANDS
-from bench.format_modules import QuantLinear, RolloutWeights, W8A8STE
+from bench.format_modules import QuantLinear, RolloutWeights, W8A8STE, prepare_compute_model
 from bench.formats import FORMATS, PrecisionError, e2m1_round, float_step, w8a8_matmul
-from bench.precision import ALL_PAIRS, Precision, parse_list, prepare_compute_model
+from bench.precision import ALL_PAIRS, Precision, parse_list
 
 FP8, INT8, NVFP4 = FORMATS["fp8"], FORMATS["int8"], FORMATS["nvfp4"]
 ONE = torch.ones(1, 1)
@@ -213,12 +213,12 @@ def test_every_pair_parses_and_names_itself():
     assert ({p.train for p in ALL_PAIRS} == set(formats.TRAIN_FORMATS)
             and not {"int8", "nvfp4"} & set(formats.TRAIN_FORMATS))
     for p in ALL_PAIRS:
-        assert Precision.parse(p.name) == p
+        assert Precision.parse(p.name) == p and Precision.parse(p.spec) == p
         assert Precision.parse(f"train={p.train},rollout={p.rollout}") == p
         assert p.rollout in BANDS and p.train in BANDS
     assert Precision.parse("fp8") == Precision("fp8", "fp8")
     assert Precision.parse("BF16+head32").name == "bf16+head32"
-    assert Precision.parse("rollout=int8,train=fp32").name == "rollout=int8,train=fp32"
+    assert Precision.parse("rollout=int8,train=fp32").name == "int8→fp32"
     assert parse_list("bf16+head32,fp8") == [Precision("bf16+head32", "bf16+head32"), Precision("fp8", "fp8")]
     assert parse_list("rollout=int8,train=bf16;rollout=fp8,train=fp16") == [Precision("int8", "bf16"),
                                                                             Precision("fp8", "fp16")]

@@ -14,7 +14,7 @@ from bench.precision import ALL_PAIRS, CLASSIC_PAIRS, Precision
 from bench.store import Eval, Run, RunStep, open_store, session
 from runners.algos import REGISTRY
 from runners.presets import get_preset
-from runners.trainer import start_run
+from runners.runs import start_run
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,10 @@ def test_parse_pairs():
     assert Precision.parse("fp16") == Precision("fp16", "fp16")
     assert Precision.parse("rollout=fp32,train=bf16") == Precision("fp32", "bf16")
     assert Precision.parse("train=bf16,rollout=float32") == Precision("fp32", "bf16")
-    assert Precision.parse("rollout=fp32,train=bf16").name == "rollout=fp32,train=bf16"
+    assert Precision.parse("rollout=fp32,train=bf16").name == "fp32→bf16"       # one display name
+    assert Precision.parse("rollout=fp32,train=bf16").spec == "rollout=fp32,train=bf16"
+    assert Precision.parse("fp32→bf16") == Precision.parse(" fp32 → bfloat16 ") == Precision("fp32", "bf16")
+    assert Precision("fp16", "fp16").name == Precision("fp16", "fp16").spec == "fp16"
     assert Precision.parse("bfloat16").name == "bf16"
     assert len(ALL_PAIRS) == 35 and len(set(ALL_PAIRS)) == 35          # 7 rollout × 5 training formats
     assert parse_list("bf16,fp16") == [Precision("bf16", "bf16"), Precision("fp16", "fp16")]
@@ -53,7 +56,8 @@ def test_upcast_matmul_rounds_like_a_16bit_gemm(dt_name, ulp):
     of the format at 1.0), and the product itself runs in fp32."""
     import torch
 
-    from bench.precision import torch_dtype, upcast_matmuls
+    from bench.kernels import upcast_matmuls
+    from bench.precision import torch_dtype
 
     dt = torch_dtype(dt_name)
     lin = torch.nn.Linear(8, 4).to(dt)
@@ -91,17 +95,6 @@ def test_upcast_matmul_rounds_like_a_16bit_gemm(dt_name, ulp):
     assert lin.weight.grad.dtype == dt and torch.isfinite(lin.weight.grad.float()).all()
 
 
-def test_loss_scaler_grows_and_backs_off():
-    from bench.precision import LossScaler
-
-    s = LossScaler(True, scale=8.0, growth_interval=2)
-    s.update(True), s.update(True)
-    assert s.scale == 16.0
-    s.update(False)
-    assert s.scale == 8.0 and s.skipped == 1
-    assert LossScaler(False).scale == 1.0
-
-
 def _rope_buffers(model):
     return {n: b for n, b in model.named_buffers() if "inv_freq" in n}
 
@@ -116,7 +109,8 @@ def test_casting_keeps_rope_buffers_fp32(dtype):
 
     from bench.engines.torch_engine import TorchEngine
     from bench.models import load_model, load_tokenizer, resolve_model
-    from bench.precision import prepare_compute_model, torch_dtype
+    from bench.format_modules import prepare_compute_model
+    from bench.precision import torch_dtype
 
     ref = resolve_model("tiny-math")
     master = load_model(ref, torch.float32)
@@ -130,15 +124,3 @@ def test_casting_keeps_rope_buffers_fp32(dtype):
             assert b.dtype == torch.float32 and torch.equal(b, before[n]), n
     # tied embeddings stay tied
     assert compute.lm_head.weight is compute.model.embed_tokens.weight
-
-
-def test_non_finite_steps_are_counted_for_every_dtype():
-    from bench.precision import LossScaler
-
-    for enabled in (False, True):
-        s = LossScaler(enabled, scale=8.0)
-        s.update(False), s.update(False)
-        assert (s.skipped, s.skipped_in_a_row) == (2, 2)
-        s.update(True)
-        assert (s.skipped, s.skipped_in_a_row) == (2, 0)
-        assert s.scale == (2.0 if enabled else 1.0)

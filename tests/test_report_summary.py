@@ -11,10 +11,10 @@ from typer.testing import CliRunner
 
 from bench.cli import app
 from bench.problems import paper_reference
+from bench.precision import pair_name
 from bench.store import MismatchReport, Run, RunStep, open_store, session
 from conftest import add_model_and_build
-from leaderboard.reference import (ALL_FIVE, COLUMNS, matching_rows, paper_offline_mismatch, precision_name,
-                                   reference_rows)
+from leaderboard.reference import ALL_FIVE, COLUMNS, matching_rows, paper_offline_mismatch, reference_rows
 
 
 def test_reference_rows_load_from_the_packaged_file():
@@ -39,7 +39,7 @@ def test_reference_rows_load_from_the_packaged_file():
     # every algorithm named is one of ours
     from bench.algorithms import ALGORITHMS
     assert {r["algo"] for r in rows} - {None} <= set(ALGORITHMS)
-    assert precision_name("fp32", "bf16") == "fp32→bf16" and precision_name("fp16", "fp16") == "fp16"
+    assert pair_name("fp32", "bf16") == "fp32→bf16" and pair_name("fp16", "fp16") == "fp16"
 
 
 def test_reference_rows_match_our_cells_and_count_the_others():
@@ -222,7 +222,7 @@ def test_bench_mismatch_stores_its_conditions_and_the_report_pairs_by_them(tmp_p
     second = CliRunner().invoke(app, ["mismatch", "--dtype", "fp16", "--limit", "2", "--n", "2", "--device", "cpu",
                                       "--db", url, "--json", "--out", str(tmp_path / "b")])
     assert second.exit_code == 0, second.output
-    from bench.precision import cpu_kernel_path
+    from bench.kernels import cpu_kernel_path
     from leaderboard.queries import mismatch_frame
 
     frame = mismatch_frame(open_store(url))

@@ -1,4 +1,4 @@
-"""The built-in rollout engine's kernels (bench/rollout_kernels.py): vLLM's fused SiluAndMul
+"""The built-in rollout engine's kernels (bench/kernels.py, chosen by bench/format_modules.py): vLLM's fused SiluAndMul
 rounds once where transformers' MLP rounds twice, for every format with 16-bit activations;
 split-K GEMMs (a hand-computed fp32 order) in the quantized layers everywhere and in the 16-bit
 layers where the CPU lacks the instructions (BENCH_CPU_16BIT); FlashAttention-2's arithmetic
@@ -7,8 +7,8 @@ layers where the CPU lacks the instructions (BENCH_CPU_16BIT); FlashAttention-2'
 import pytest
 import torch
 
-from bench import formats, rollout_kernels
-from bench.format_modules import QuantLinear, RolloutWeights
+from bench import formats, kernels
+from bench.format_modules import NO_KERNELS, QuantLinear, RolloutWeights, apply_rollout_kernels, split_k_matmuls
 
 
 def _mlp(dtype):
@@ -28,7 +28,7 @@ def test_fused_silu_mul_rounds_once():
         once = mlp.down_proj((torch.nn.functional.silu(g.float()) * u.float()).to(torch.float16))
         twice = mlp.down_proj(torch.nn.functional.silu(g) * u)
         assert torch.equal(unfused, twice)
-        assert rollout_kernels.fuse_silu_mul(mlp) == 1 and rollout_kernels.fuse_silu_mul(mlp) == 0
+        assert kernels.fuse_silu_mul(mlp) == 1 and kernels.fuse_silu_mul(mlp) == 0
         fused = mlp(x)
     assert torch.equal(fused, once)
     assert not torch.equal(fused, unfused)       # one rounding fewer shows in the output
@@ -37,7 +37,7 @@ def test_fused_silu_mul_rounds_once():
 
 def test_apply_leaves_fp32_alone():
     mlp = _mlp(torch.float32)
-    assert rollout_kernels.apply(mlp, formats.get("fp32"), "cpu") == rollout_kernels.NO_KERNELS
+    assert apply_rollout_kernels(mlp, formats.get("fp32"), "cpu") == NO_KERNELS
     assert "forward" not in mlp.__dict__ and all("forward" not in m.__dict__ for m in mlp.modules())
 
 
@@ -48,31 +48,29 @@ def test_quantized_formats_get_the_fused_activation_and_split_k(name, cpu, monke
     reduce in split-K order on either CPU path."""
     monkeypatch.setenv("BENCH_CPU_16BIT", cpu)
     model = RolloutWeights(_tiny_llama(torch.float32), formats.get(name)).model
-    got = rollout_kernels.apply(model, formats.get(name), "cpu")
+    got = apply_rollout_kernels(model, formats.get(name), "cpu")
     # 2 layers × 7 projections + lm_head; attention upcast only where bf16 is emulated
     assert got == {"split_k_linear": 15, "upcast_attention": int(cpu == "none"), "fused_mlp": 2}
-    assert all(m.split_k == rollout_kernels.SPLIT_K for m in model.modules() if isinstance(m, QuantLinear))
+    assert all(m.split_k == kernels.SPLIT_K for m in model.modules() if isinstance(m, QuantLinear))
 
 
 @pytest.mark.parametrize("cpu,split", [("none", 3), ("fp16", 0), ("bf16", 3), ("all", 0)])
 def test_16_bit_layers_split_only_without_native_instructions(cpu, split, monkeypatch):
     monkeypatch.setenv("BENCH_CPU_16BIT", cpu)
     mlp = _mlp(torch.float16)
-    got = rollout_kernels.apply(mlp, formats.get("fp16"), "cpu")
+    got = apply_rollout_kernels(mlp, formats.get("fp16"), "cpu")
     assert got == {"split_k_linear": split, "upcast_attention": 0, "fused_mlp": 1}   # no attention in an MLP
 
 
 def test_cpu_16bit_override_and_bad_value(monkeypatch):
-    from bench import precision
-
     for value, want in (("none", set()), ("bf16", {"bf16"}), ("fp16", {"fp16"}), ("all", {"bf16", "fp16"})):
         monkeypatch.setenv("BENCH_CPU_16BIT", value)
-        assert precision.cpu_16bit() == want and precision.cpu_kernel_path() == value
-        assert precision.cpu_has_native("bf16") == ("bf16" in want)
-        assert precision.should_upcast("fp16") == ("fp16" not in want)
+        assert kernels.cpu_16bit() == want and kernels.cpu_kernel_path() == value
+        assert kernels.cpu_has_native("bf16") == ("bf16" in want)
+        assert kernels.should_upcast("fp16") == ("fp16" not in want)
     monkeypatch.setenv("BENCH_CPU_16BIT", "avx2")
-    with pytest.raises(precision.PrecisionError, match="BENCH_CPU_16BIT='avx2'"):
-        precision.cpu_16bit()
+    with pytest.raises(kernels.PrecisionError, match="BENCH_CPU_16BIT='avx2'"):
+        kernels.cpu_16bit()
 
 
 def test_split_k_sums_its_slices_in_order():
@@ -95,13 +93,12 @@ def test_split_k_linear_flips_some_roundings_by_one_ulp(dtype):
     real sum in another fp32 order, so a few outputs round to the neighbouring 16-bit value and
     none further (bar the fp32 sum's own error on outputs that cancel to near 0)."""
     from bench.formats import FLOAT_GRIDS, float_step
-    from bench.precision import upcast_matmuls
 
     torch.manual_seed(0)
     a, b = torch.nn.Linear(384, 384).to(dtype), torch.nn.Linear(384, 384).to(dtype)
     b.load_state_dict(a.state_dict())
-    upcast_matmuls(a)
-    assert rollout_kernels.split_k_matmuls(b) == 1
+    kernels.upcast_matmuls(a)
+    assert split_k_matmuls(b) == 1
     x = torch.randn(512, 384).to(dtype)
     with torch.no_grad():
         ya, yb = a(x), b(x)
@@ -127,7 +124,7 @@ def test_upcast_attention_matches_sdpa_in_fp32_with_padding_and_a_kv_cache():
     the same logits as transformers' sdpa up to fp32 rounding; the pads' own rows stay finite."""
     from transformers import DynamicCache
 
-    from bench.precision import UPCAST_ATTENTION, upcast_attention
+    from bench.kernels import UPCAST_ATTENTION, upcast_attention
 
     ref, ours = _tiny_llama(torch.float32), _tiny_llama(torch.float32)
     assert upcast_attention(ours) and ours.config._attn_implementation == UPCAST_ATTENTION
@@ -157,7 +154,7 @@ def test_upcast_attention_rounds_like_flash_attention():
     """fp16 q, k, v: S in fp32, E = exp(S − rowmax) rounded to fp16, E·V accumulated in fp32,
     divided by the fp32 row sum of the unrounded E, rounded once (hand-computed here); a fully
     masked row gives 0."""
-    from bench.precision import _upcast_attention_forward
+    from bench.kernels import _upcast_attention_forward
 
     torch.manual_seed(1)
     q, k, v = (torch.randn(1, 2, 3, 8).to(torch.float16) for _ in range(3))
@@ -198,7 +195,7 @@ def test_flash_arithmetic_on_a_long_diffuse_row_matches_the_blockwise_kernel():
     the fp32 sum: within an fp16 ulp or two. Every 128-key block holds a 0 score, so the
     blockwise kernel's running max is the row max from the first block on: it gives the same
     bits. Random scores at the same length: as close to the exact result as the blockwise kernel."""
-    from bench.precision import flash_attention_arithmetic
+    from bench.kernels import flash_attention_arithmetic
 
     n = 8192
     s = torch.where(torch.arange(n) % 2 == 0, 0.0, -8.0).view(1, 1, n)
@@ -222,7 +219,7 @@ def test_flash_arithmetic_on_a_long_diffuse_row_matches_the_blockwise_kernel():
 
 def test_upcast_attention_honours_softcap():
     """Gemma 2: S = softcap · tanh(S / softcap) before the mask and softmax."""
-    from bench.precision import _upcast_attention_forward, flash_attention_arithmetic
+    from bench.kernels import _upcast_attention_forward, flash_attention_arithmetic
 
     torch.manual_seed(2)
     q, k, v = (torch.randn(1, 2, 4, 8).to(torch.bfloat16) * 4 for _ in range(3))

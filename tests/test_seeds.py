@@ -12,31 +12,7 @@ from typer.testing import CliRunner
 from bench.cli import app
 from bench.store import Run, RunStep, open_store, session
 from conftest import add_model_and_build
-from leaderboard.cells import t_interval, t_quantile
 from runners.sweep import parse_seeds
-
-T_0975 = {1: 12.706204736174707, 2: 4.302652729911275, 4: 2.7764451051977987, 9: 2.2621571627409915,
-          29: 2.045229642132703}       # Student t, 0.975 quantile (statistical tables)
-
-
-def test_t_quantile_matches_the_tables():
-    for df, t in T_0975.items():
-        assert t_quantile(0.975, df) == pytest.approx(t, rel=1e-9)
-    assert t_quantile(0.025, 4) == pytest.approx(-T_0975[4], rel=1e-9)
-
-
-def test_t_interval_by_hand():
-    mean, lo, hi = t_interval([0.96, 0.98, 0.90])
-    # mean 0.94666…; deviations 0.01333…, 0.03333…, −0.04666…; s² = (0.000177… + 0.001111… + 0.002177…)/2
-    s = math.sqrt((0.04 / 3) ** 2 / 2 + (0.1 / 3) ** 2 / 2 + (0.14 / 3) ** 2 / 2)
-    half = 4.302652729911275 * s / math.sqrt(3)
-    assert mean == pytest.approx(2.84 / 3)
-    assert s == pytest.approx(0.0416333199893, rel=1e-9)
-    assert (lo, hi) == (pytest.approx(2.84 / 3 - half), pytest.approx(2.84 / 3 + half))
-    assert lo == pytest.approx(0.843243, abs=1e-6) and hi == pytest.approx(1.050090, abs=1e-6)
-    m1, lo1, hi1 = t_interval([0.7])
-    assert m1 == 0.7 and math.isnan(lo1) and math.isnan(hi1)
-    assert all(math.isnan(x) for x in t_interval([None, float("nan")]))
 
 
 def test_parse_seeds():
@@ -176,7 +152,7 @@ def test_seeds_draw_their_own_evaluations(tmp_path, monkeypatch):
     seed 0's; seed 0 twice draws the same."""
     from bench.precision import Precision
     from runners import trainer
-    from runners.trainer import start_run
+    from runners.runs import start_run
     from staleness_golden import base_config, make_build
 
     url = f"sqlite:///{tmp_path / 's.db'}"

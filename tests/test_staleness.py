@@ -16,7 +16,8 @@ from sqlalchemy import select
 from bench.precision import Precision
 from bench.store import Eval, Run, RunStep, open_store, session
 from runners.algos import REGISTRY
-from runners.trainer import NativeTrainer, config_from_dict, start_run
+from runners.runs import config_from_dict, start_run
+from runners.trainer import NativeTrainer
 
 import staleness_golden as golden
 
@@ -122,7 +123,7 @@ class Recorder(NativeTrainer):
         self.seen = []
 
     def _params(self):
-        return {n: p.detach().clone() for n, p in self.master.named_parameters()}
+        return {n: p.detach().clone() for n, p in self.learner.master.named_parameters()}
 
     def _rollouts(self, idx, sp):
         engine_weights = {n: p.detach().float().clone() for n, p in self.engine.model.named_parameters()}
@@ -175,7 +176,7 @@ def test_rollouts_use_the_weights_of_k_updates_ago(built, tmp_path, k):
             assert torch.equal(rec["engine"][n], src[n]), (step, n)
         if step >= 2:                        # ... which is not the master's θ_t
             assert not all(torch.equal(rec["engine"][n], t.masters[step][n]) for n in names)
-        model = copy.deepcopy(t.master)
+        model = copy.deepcopy(t.learner.master)
         with torch.no_grad():
             for n, p in model.named_parameters():
                 p.copy_(src[n])
@@ -238,7 +239,7 @@ def test_checkpoint_and_resume_with_k2_give_the_steps_of_an_uninterrupted_run(bu
     assert [st for st, _ in steps_of(url, part)] == [1, 2, 3]
     ckpt = torch.load(tmp_path / "b" / part / "checkpoint.pt", weights_only=False)
     assert ckpt["step"] == 2 and len(ckpt["staleness"]) == 2
-    from runners.trainer import resume_run
+    from runners.runs import resume_run
 
     resume_run(store, part)
     a, b = steps_of(url, full), steps_of(url, part)

@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 from typer.testing import CliRunner
 
 from bench.cli import app
-from bench.precision import cpu_kernel_path
+from bench.kernels import cpu_kernel_path
 from bench.store import Eval, Run, RunStep, RunVerification, open_store, session
 from runners import verify_compare as vc
 from runners.verify import kind_text, recorded_kind, same_kind

@@ -152,7 +152,7 @@ def test_empty_sequences_count_as_in_verls_trainer(verl_out):
     by global_batch_size = ppo_mini_batch_size · rollout.n, every sequence, as bench does (Dr.GRPO
     family). Only the bare `agg_loss`, without the trainer's global batch info, falls back to the
     batch's non-empty sequences (B/(B−1) here): a harness artefact, not a difference.
-    GSPO is the exception: bench averages over non-empty sequences (runners/algos.py MEAN_OVER),
+    GSPO is the exception: bench averages over non-empty sequences (bench/algorithms.py SPECS: mean_over),
     verl's trainer over all of them, (B−1)/B of bench's loss here."""
     x, v = verl_out["empty"]
     B = P * G

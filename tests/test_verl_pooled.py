@@ -9,7 +9,7 @@ from statistics import NormalDist
 import pytest
 
 from runners.presets import get_preset
-from runners.stop import wilson_lower
+from bench.stats import wilson_lower
 from runners.verl_follow import Follower, pooled_steps
 
 Z = NormalDist().inv_cdf(0.9)           # the stop rule's one-sided 90% bound

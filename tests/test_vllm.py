@@ -101,7 +101,7 @@ def test_build_on_vllm(vllm_engine, tmp_path):
 def test_short_run_on_vllm(vllm_engine, tmp_path):
     from datasets_build.builder import BuildConfig, run_build
     from runners.presets import get_preset
-    from runners.trainer import start_run
+    from runners.runs import start_run
 
     store = open_store(f"sqlite:///{tmp_path / 's.db'}")
     m = run_build(store, BuildConfig(limit=48, k=8, engine="vllm", dtype="fp32", lo=0.1, hi=0.9),

@@ -38,6 +38,7 @@ MODULES: dict[str, list[str]] = {
     "bench/mismatch.py": ["tests/test_mismatch.py"],
     "bench/formats.py": ["tests/test_formats.py", "-m", "not vllm"],
     "runners/stop.py": ["tests/test_stop.py"],
+    "bench/stats.py": ["tests/test_stats.py"],
     "bench/calibration.py": ["tests/test_calibration.py", "-m", "not integration"],
     "runners/staleness.py": ["tests/test_staleness_metrics.py",
                              "tests/test_staleness.py::test_rollouts_use_the_weights_of_k_updates_ago"],

@@ -134,12 +134,12 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
     collapses, diverges or reaches max steps."""
     from bench.device import resolve_device
     from bench.precision import Precision
-    from runners.algos import DESCRIPTIONS
-    from runners.trainer import resume_run, start_run
+    from bench.algorithms import SPECS
+    from runners.runs import resume_run, start_run
 
     if algo == "list":
-        for name, desc in DESCRIPTIONS.items():
-            out.print(f"{name:16s} {desc}", highlight=False)
+        for spec in SPECS.values():
+            out.print(f"{spec.name:16s} {spec.description}", highlight=False)
         return
     # every input checked here, before the store is opened or a bar drawn
     _check_algo(algo)
@@ -178,9 +178,9 @@ def _check_inputs(store, cfg, precision, build_id, model, engine, device) -> Non
     """What start_run would refuse, read before the progress bar is drawn: the engine, the
     formats on the device, the build (start_run checks them all again)."""
     from bench.engines import resolve_engine
-    from bench.precision import device_supports
+    from bench.device import device_supports
     from bench.store import session
-    from runners.trainer import RunError, resolve_inputs
+    from runners.runs import RunError, resolve_inputs
 
     resolve_engine(engine)
     for d in {precision.rollout, precision.train}:
@@ -195,7 +195,7 @@ def _seeded_run(algo, dtype, build_id, model, engine, trainer, preset, overrides
     """`bench run --seeds`: the one cell once per seed, as a one-cell sweep."""
     from bench.precision import Precision
     from runners.sweep import parse_seeds, run_grid
-    from runners.trainer import RunError, resolve_inputs
+    from runners.runs import RunError, resolve_inputs
 
     if resume:
         fail("--seeds starts runs; resume one run with --resume RUN_ID alone")
@@ -249,7 +249,7 @@ def _print_grid(results: list[dict], as_json: bool = False) -> None:
 def _resume_verl(run_id, db, as_json, progress_lines: bool = False) -> bool:
     """Resume `run_id` if verl ran it (False for a native run)."""
     from bench.store import Run, session
-    from runners.trainer import RunError
+    from runners.runs import RunError
     from runners.verl_follow import resume_verl_run
 
     store = _store(db)
@@ -279,7 +279,7 @@ def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, 
     from bench.precision import Precision
     from bench.store import bench_home
     from runners.presets import get_preset
-    from runners.trainer import RunError
+    from runners.runs import RunError
     from runners.verl_follow import prepare, start_verl_run
     from runners.verl_runner import (VerlError, check_staleness, check_verl_version, installed_verl_version,
                                      missing_launch_modules, shell_line, validate_cells)

@@ -13,8 +13,8 @@ from typing import Iterable, Sequence
 
 import torch
 
-from .. import formats, rollout_kernels
-from ..format_modules import RolloutWeights
+from .. import formats
+from ..format_modules import NO_KERNELS, RolloutWeights, apply_rollout_kernels
 from . import Sample, Sampling, row_seed
 
 
@@ -52,7 +52,7 @@ class TorchEngine:
         `model` exactly as given (e.g. the training engine's compute copy); update_weights is
         then refused. `device`: cpu or cuda[:i] (bench/device.py); the per-row uniforms are
         drawn on the CPU either way, so a sample's randomness does not depend on the device.
-        `vllm_kernels`: 16-bit formats compute as vLLM does (bench/rollout_kernels.py); False
+        `vllm_kernels`: 16-bit formats compute as vLLM does (bench/kernels.py); False
         keeps torch's own kernels (the baseline of benchmarks/lowp_speed.py). `preallocated_cache`:
         decode into a KV cache sized once per batch (bench/engines/kv_cache.py; the same numbers);
         False: transformers' DynamicCache, which copies the cache at every token (the baseline of
@@ -74,11 +74,11 @@ class TorchEngine:
             self.model, self.weights = model, None
         else:
             # parameters only (RoPE buffers stay fp32); W8A8 formats quantize every linear layer, lm_head
-            # included (untied from the embedding); 16-bit formats compute as vLLM does (bench/rollout_kernels.py)
+            # included (untied from the embedding); 16-bit formats compute as vLLM does (bench/kernels.py)
             self.weights = RolloutWeights(model, self.format, track=track_updates)
             self.model = self.weights.model.eval()
-            self.kernels = (rollout_kernels.apply(self.model, self.format, self.device) if vllm_kernels
-                            else dict(rollout_kernels.NO_KERNELS))
+            self.kernels = (apply_rollout_kernels(self.model, self.format, self.device) if vllm_kernels
+                            else dict(NO_KERNELS))
         self.max_batch = max_batch
         self.preallocated_cache = preallocated_cache
         self.eos = self.tokenizer.eos_token_id

@@ -100,7 +100,7 @@ class Run(Base):
     trainer: Mapped[str] = mapped_column(String(20))
     engine: Mapped[str] = mapped_column(String(20))
     config: Mapped[dict] = mapped_column(JSON)
-    status: Mapped[str] = mapped_column(String(20), default="running")
+    status: Mapped[str] = mapped_column(String(20), default="running")    # bench/statuses.py
     stop_reason: Mapped[str | None] = mapped_column(Text)
     step: Mapped[int] = mapped_column(Integer, default=0)
     peak_accuracy: Mapped[float | None] = mapped_column(Float)

@@ -1,0 +1,271 @@
+"""The CPU 16-bit kernels of both engines, and the arithmetic the built-in rollout engine shares
+with an inference engine (vLLM). Which of them a model gets is bench/format_modules.py's choice
+(`prepare_train` for the training engine, `apply_rollout_kernels` for the rollout engine).
+
+**The training engine on CPUs without 16-bit GEMM.** On a CPU with no bf16/fp16 GEMM (no AMX or
+AVX512-BF16/FP16, e.g. AVX2-only EPYC) torch falls back to a scalar kernel about 13x slower than
+fp32 (backward: 6.5 s vs 0.76 s per tiny-math step). A GPU trainer's 16-bit GEMM (cuBLAS) reads
+16-bit operands, accumulates in fp32 and rounds the output once; `upcast_matmuls` does exactly
+that on the CPU, at fp32 speed. Attention's two products get the same treatment
+(`upcast_attention`, FlashAttention-2's arithmetic): torch's CPU 16-bit flash attention is ~6×
+its fp32 there. Setting, for the training engine: BENCH_LOWP_MATMUL = auto (upcast only where
+the CPU lacks the instructions) | native | upcast. `cpu_16bit` detects the instructions
+(BENCH_CPU_16BIT = none | bf16 | fp16 | all overrides it, so either CPU's path runs anywhere).
+
+**The rollout engine.** A training engine (transformers modules under FSDP) and an inference
+engine run the same model with different kernels, and that difference is the
+training–inference mismatch the sanity test measures. On a GPU the causes are (FP16 paper §2;
+vLLM, FlashAttention-2): fused activations, other reduction orders in the GEMMs (decode GEMMs
+split the reduction dimension, a training prefill GEMM does not) and FlashAttention's rounding
+of P. The built-in engine reproduces each of them for every rollout format but fp32, so no pair
+but fp32/fp32 ever computes identically, on any CPU:
+
+1. **Fused activation** (vLLM `SiluAndMul`, every 16-bit activation dtype: bf16, fp16,
+   bf16+head32 and the bf16 activations of fp8, int8, nvfp4): silu(gate) · up in fp32 from the
+   projections and rounded once,
+       h = round16( silu(g) · u ),
+   where transformers' `LlamaMLP` (and Qwen2's, Mistral's) rounds twice:
+       h = round16( round16(silu(g)) · u ).
+   A difference of the format's unit roundoff (2^-8 bf16, 2^-11 fp16) in every layer and token.
+2. **Split-K reduction** where the engine emulates a GEMM (16-bit GEMMs on CPUs without the
+   instructions; the W8A8 / W4A4 scaled GEMMs on every device): the reduction dimension in
+   SPLIT_K equal slices whose fp32 partial sums are added in order
+       y = round( ((P_0 + P_1) + P_2) + P_3 ),  P_s = x[:, K_s] W[:, K_s]ᵀ   (fp32)
+   (bench.formats.split_k_matmul), where the trainer's GEMM reduces K in one pass: the same
+   real sum in another fp32 order, so fp32-level differences (~2^-24 relative) reach the final
+   rounding as they do between a GPU's decode and prefill kernels. Where the CPU has the
+   16-bit instructions, torch's own kernels run in both engines, and their blocking differs
+   between a decode GEMM (a few rows) and a training GEMM (all rows).
+3. **GEMMs and attention read 16-bit operands and accumulate in fp32** with one rounding
+   (cuBLAS, FlashAttention; `upcast_matmuls` / `upcast_attention`) — the same contract in both
+   engines; torch's own CPU 16-bit GEMM on CPUs without the instructions (no
+   AVX512-FP16/AMX-FP16 for fp16, no AVX512-BF16/AMX for bf16) is a scalar kernel 2–4× slower
+   than fp32, so both engines upcast there (BENCH_CPU_16BIT overrides the detection).
+4. **Decode with a KV cache** against the trainer's single prefill: other GEMM shapes.
+
+What is modelled is these rounding differences, at the rates the format's unit roundoff and
+the split-K order give; their size against real vLLM is measured (docs/precision.md, "How the
+engines differ"), not assumed. fp32 rollouts are left alone (fp32/fp32 differs only by kernel
+order, k3 ~1e-13).
+"""
+
+from __future__ import annotations
+
+import os
+import types
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import formats
+from .formats import PrecisionError, split_k_matmul
+
+# ------------------------------------------------------------ which 16-bit instructions the CPU has
+
+_NATIVE_FLAGS = {"bf16": ("amx_bf16", "avx512_bf16"), "fp16": ("amx_fp16", "avx512_fp16")}
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+CPU_16BIT_CHOICES = ("none", "bf16", "fp16", "all")
+
+
+def cpu_16bit() -> frozenset[str]:
+    """The 16-bit dtypes ("bf16", "fp16") whose instructions the kernels take as present: the
+    CPU's own (AMX / AVX512-BF16 for bf16, AMX-FP16 / AVX512-FP16 for fp16), or what
+    BENCH_CPU_16BIT = none | bf16 | fp16 | all says, so either kind of CPU's path runs on any
+    machine (tests, benchmarks). A bad value is bad input (PrecisionError)."""
+    mode = os.environ.get("BENCH_CPU_16BIT", "").strip()
+    if not mode:
+        flags = _cpu_flags()
+        return frozenset(d for d, f in _NATIVE_FLAGS.items() if flags & set(f))
+    if mode not in CPU_16BIT_CHOICES:
+        raise PrecisionError(f"BENCH_CPU_16BIT={mode!r}; choose one of {', '.join(CPU_16BIT_CHOICES)} "
+                             "(unset: what the CPU has)")
+    return frozenset({"none": (), "all": ("bf16", "fp16")}.get(mode, (mode,)))
+
+
+def cpu_kernel_path() -> str:
+    """The CPU 16-bit kernel path in one word, as stored with results: none, bf16, fp16 or all."""
+    have = cpu_16bit()
+    return "all" if len(have) == 2 else next(iter(have), "none")
+
+
+def cpu_has_native(dtype: str) -> bool:
+    """Whether the CPU (or BENCH_CPU_16BIT) has the 16-bit instructions of the format's dtype."""
+    return formats.get(dtype).dtype_name in cpu_16bit()
+
+
+def should_upcast(dtype: str, device: str = "cpu") -> bool:
+    mode = os.environ.get("BENCH_LOWP_MATMUL", "auto")
+    if mode not in ("auto", "native", "upcast"):
+        raise PrecisionError(f"BENCH_LOWP_MATMUL={mode!r}; choose auto, native or upcast")
+    if formats.get(dtype).dtype_name == "fp32" or not str(device).startswith("cpu") or mode == "native":
+        return False
+    return mode == "upcast" or not cpu_has_native(dtype)
+
+
+# ------------------------------------------------------------ 16-bit GEMMs and attention upcast (both engines)
+
+def _upcast_linear_forward(self, x):
+    w = self.weight
+    if w.element_size() == 4:        # fp32 layer: nothing to emulate
+        return F.linear(x, w, self.bias)
+    y = F.linear(x.float(), w.float(), None if self.bias is None else self.bias.float())
+    return y.to(w.dtype)
+
+
+def upcast_matmuls(model) -> int:
+    """Make every nn.Linear of `model` compute in fp32 from its 16-bit operands and round the
+    output to the weight dtype (see above). Returns how many layers it changed."""
+    n = 0
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.Linear) and "forward" not in mod.__dict__:
+            mod.forward = types.MethodType(_upcast_linear_forward, mod)
+            n += 1
+    return n
+
+
+UPCAST_ATTENTION = "bench_upcast"      # the attention implementation name `upcast_attention` registers
+
+
+def flash_attention_arithmetic(s: torch.Tensor, v: torch.Tensor, dtype: torch.dtype,
+                               dropout: float = 0.0) -> torch.Tensor:
+    """FlashAttention-2's arithmetic from fp32 scores `s` [..., Lq, Lk] (scaled, masked: −inf
+    where not attended) and fp32 values `v` [..., Lk, D] (16-bit values upcast):
+        m = max_k S,   E = exp(S − m) (fp32),   l = Σ_k E (fp32, before any rounding),
+        O = round16( (round16(E) · V)_fp32 / l )
+    — the unnormalised exp(S − m) ∈ (0, 1] is rounded to 16 bits for the P·V product and the
+    fp32 row sum divides at the end, so a long diffuse row keeps normal 16-bit numbers where
+    rounding the normalised probabilities (≈ 1/Lk each) would fall into subnormals. One block
+    holds every key here; the blockwise kernel rescales its running max in fp32 and rounds
+    exp(S − m_running) instead, a difference of the same unit roundoff. Fully masked rows
+    (left padding) give 0. `dropout` drops entries of E for the product, not of l (as FA does)."""
+    m = s.amax(dim=-1, keepdim=True)
+    e = torch.exp(s - torch.where(torch.isfinite(m), m, torch.zeros_like(m)))
+    l = e.sum(dim=-1, keepdim=True)
+    p = torch.nn.functional.dropout(e, dropout) if dropout else e
+    o = torch.matmul(p.to(dtype).float(), v) / torch.where(l > 0, l, torch.ones_like(l))
+    return o.to(dtype)
+
+
+def _upcast_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                              is_causal=None, softcap=None, **kwargs):
+    """Attention with FlashAttention-2's arithmetic from 16-bit q, k, v (torch's own CPU kernel
+    follows the same contract, slowly where the CPU lacks the instructions):
+        S = softcap · tanh((Q Kᵀ)_fp32 · scale / softcap) + mask   (softcap: Gemma 2; else no tanh)
+    then `flash_attention_arithmetic`. Shapes as transformers' attention functions: q
+    [B, H, Lq, D], k/v [B, H_kv, Lk, D], a bool (True = attend) or additive mask
+    [B, 1, Lq, Lk] or None (causal when Lq > 1); returns ([B, Lq, H, D], None). Attention sinks
+    (`s_aux`, gpt-oss) are refused: this arithmetic does not model them."""
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    if kwargs.get("s_aux") is not None:
+        raise PrecisionError("the upcast attention does not model attention sinks (s_aux); "
+                             "set BENCH_LOWP_MATMUL=native or run on a CPU with the 16-bit instructions")
+    dt = query.dtype
+    rep = query.shape[1] // key.shape[1]
+    k, v = repeat_kv(key, rep).float(), repeat_kv(value, rep).float()
+    s = torch.matmul(query.float(), k.transpose(-1, -2)) * (query.shape[-1] ** -0.5 if scaling is None else scaling)
+    if softcap:
+        s = torch.tanh(s / softcap) * softcap
+    lq, lk = s.shape[-2:]
+    causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    if attention_mask is None and lq > 1 and causal:
+        attention_mask = torch.ones(lq, lk, dtype=torch.bool, device=s.device).tril(lk - lq)
+    if attention_mask is not None:
+        m = attention_mask[..., :lk]
+        s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.float()
+    out = flash_attention_arithmetic(s, v, dt, dropout if module.training else 0.0)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def upcast_attention(model) -> bool:
+    """Give a transformers `model` `_upcast_attention_forward` as its attention (registered with
+    transformers as `bench_upcast`, with sdpa's masks): on a CPU without 16-bit instructions,
+    torch's 16-bit flash attention is ~6× its fp32 (tiny-math fp16: 1.56 s of a 3.75 s training
+    step against 0.25 s in fp32). False when the model takes no attention implementation."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(UPCAST_ATTENTION, _upcast_attention_forward)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(UPCAST_ATTENTION, sdpa_mask)
+    if not hasattr(model, "set_attn_implementation"):
+        return False
+    model.set_attn_implementation(UPCAST_ATTENTION)
+    return True
+
+
+# ------------------------------------------------------------ the rollout engine's fused activation, split-K GEMMs
+
+SILU_MLP = ("gate_proj", "up_proj", "down_proj", "act_fn")
+SPLIT_K = 4          # slices of the reduction dimension in the rollout engine's emulated GEMMs
+
+
+def _is_silu(act) -> bool:
+    """nn.SiLU or transformers' SiLUActivation (ACT2FN["silu"])."""
+    return isinstance(act, nn.SiLU) or type(act).__name__ == "SiLUActivation"
+
+
+def _fused_silu_mul_forward(self, x):
+    """down(round(silu(gate(x)) · up(x))) with silu and the product in fp32 (one rounding)."""
+    g, u = self.gate_proj(x), self.up_proj(x)
+    h = (torch.nn.functional.silu(g.float()) * u.float()).to(g.dtype)
+    return self.down_proj(h)
+
+
+def fuse_silu_mul(model: nn.Module) -> int:
+    """Give every gated-SiLU MLP of `model` (Llama/Qwen2/Mistral: gate_proj, up_proj, down_proj
+    and a SiLU act_fn) vLLM's fused SiluAndMul. Returns how many modules it changed; MLPs with
+    another activation are left as they are."""
+    n = 0
+    for mod in model.modules():
+        if (all(hasattr(mod, a) for a in SILU_MLP) and _is_silu(mod.act_fn)
+                and "forward" not in mod.__dict__):
+            mod.forward = types.MethodType(_fused_silu_mul_forward, mod)
+            n += 1
+    return n
+
+
+def _fp32_weight(linear: nn.Linear) -> torch.Tensor:
+    """The layer's 16-bit weight as fp32 (exact), made once per weight version: a sync writes
+    the weight in place (its `_version` moves), so the copy is remade then and only then."""
+    w = linear.weight
+    key = (w.data_ptr(), w._version)
+    cached = linear.__dict__.get("_w32")
+    if cached is None or cached[0] != key:
+        cached = linear.__dict__["_w32"] = (key, w.detach().float())
+    return cached[1]
+
+
+def _split_k_linear_forward(self, x):
+    """The 16-bit linear layer as a decode GEMM: fp32 from 16-bit operands, K in SPLIT_K slices
+    (split_k_matmul), bias in fp32, one rounding to the weight dtype."""
+    w = self.weight
+    y = split_k_matmul(x.float(), _fp32_weight(self), SPLIT_K)
+    if self.bias is not None:
+        y = y + self.bias.float()
+    return y.to(w.dtype)
+
+
+def split_k_linears(model: nn.Module) -> int:
+    """Every 16-bit nn.Linear of `model` computes as `_split_k_linear_forward` (a decode GEMM in
+    SPLIT_K slices). Returns how many layers changed; the quantized layers' scaled GEMMs get the
+    same order from bench/format_modules.split_k_matmuls."""
+    n = 0
+    for mod in model.modules():
+        if (isinstance(mod, nn.Linear) and mod.weight.element_size() == 2
+                and "forward" not in mod.__dict__):
+            mod.forward = types.MethodType(_split_k_linear_forward, mod)
+            n += 1
+    return n
