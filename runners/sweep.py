@@ -32,7 +32,7 @@ from bench.store import Run, session
 from .trainer import latest_build, resolve_inputs, start_run
 from .presets import get_preset
 
-FINISHED = ("converged", "plateaued", "collapsed", "diverged", "max_steps")
+FINISHED = ("converged", "plateaued", "collapsed", "futile", "diverged", "max_steps")
 PROGRESS_PREFIX = "progress: "     # a step line on a subprocess cell's stderr (`bench run --progress-lines`)
 
 

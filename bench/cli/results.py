@@ -242,6 +242,10 @@ def report(csv: Optional[Path] = typer.Option(None, "--csv", help="Also write th
                                         "--runs), the closing `summary` and the paper's `reference` rows."),
            build_id: Optional[str] = typer.Option(None, "--build"),
            runs: bool = typer.Option(False, "--runs", help="One row per run instead of one per cell."),
+           early: bool = typer.Option(False, "--early", help="Instead: each stop rule's shadow decisions over the "
+                                      "finished runs (agreement with their verdicts, steps it would have saved); "
+                                      "runs from before decisions were recorded are recomputed from their "
+                                      "evaluations."),
            db: Optional[str] = DB_OPT):
     """The leaderboard ranking in the terminal, one row per cell (algorithm × precision on a build, with
     one trainer, rollout engine, staleness K and settings fingerprint `config`) over its seeds: PASS only
@@ -257,6 +261,11 @@ def report(csv: Optional[Path] = typer.Option(None, "--csv", help="Also write th
     from leaderboard.summary import report_summary
 
     store = _store(db)
+    if early:
+        from bench.cli.early import print_early
+
+        print_early(store, build_id, as_json)
+        return
     frame = runs_frame(store, build_id)
     key = "runs" if runs else "cells"
     if frame.empty and not as_json:
