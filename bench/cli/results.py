@@ -328,7 +328,8 @@ def _report_cells(df, csv: Optional[Path], as_json: bool) -> list[dict] | None:
             f"{r.steps_to_pass_median:g}" + ("" if r.steps_to_pass_min == r.steps_to_pass_max
                                              else f" ({r.steps_to_pass_min:g}–{r.steps_to_pass_max:g})"))
         t.add_row(str(i), r.algo, r.precision, *([str(r.staleness)] if stale else []), _text(r.engine),
-                  short(r.config_fp), _SANITY.get(r.sanity, "[red]FAIL[/]"), r.passes, peak, steps,
+                  short(r.config_fp), _SANITY.get(r.sanity, "[red]FAIL[/]"),
+                  r.passes + (f" ({r.decided})" if isinstance(r.decided, str) else ""), peak, steps,
                   "-" if r.kl_k3_median != r.kl_k3_median else f"{r.kl_k3_median:.2e}",
                   " ".join("-" if x is None else str(x) for x in r.seeds),
                   r.runs[0] if len(r.runs) == 1 else f"{len(r.runs)} runs (--runs)")
@@ -407,8 +408,9 @@ def _print_summary(summary: dict) -> None:
     for c in summary["per_cell"]:
         endings = "; ".join(_ending(r) for r in c["runs"]) or c["status"]
         k = f" K={c.get('staleness', 0)}" if stale else ""
+        decided = f", {c['decided']}" if c.get("decided") else ""
         out.print(f"  {_SANITY.get(c['sanity'], '[red]FAIL[/]')} {escape(c['algo'])} {escape(c['precision'])}{k}"
-                  f"{escape(which(c))} ({c['passes']}): {escape(endings)}", highlight=False)
+                  f"{escape(which(c))} ({c['passes']}{decided}): {escape(endings)}", highlight=False)
     ratios = summary["mismatch_ratios"]
     if ratios:
         out.print("Mismatch, bf16 ÷ fp16 (median over seeds of each run's mean KL k3 over its last tenth):",
