@@ -134,7 +134,7 @@ def verdict(sanities: list[str]) -> str:
 def cell_columns() -> list[str]:
     return [*CELL_KEY, "sanity", "passes", "seeds", "status", "pass_rate", "peak_mean", "peak_ci_lo", "peak_ci_hi",
             "peak_sd", "steps_to_pass_median", "steps_to_pass_min", "steps_to_pass_max", "kl_k3_median", "n_seeds",
-            "runs", "decided"]
+            "runs", "decided", "early"]
 
 
 def with_staleness(runs: pd.DataFrame) -> pd.DataFrame:
@@ -169,6 +169,17 @@ def seed_runs(runs: pd.DataFrame) -> pd.DataFrame:
     return r.drop(columns=["_seed"])
 
 
+def _early(g: pd.DataFrame) -> str | None:
+    """The seeds' verdicts given early by a stop rule, with the rule and step ("seed 0: FAIL by
+    futile at step 95; ..."), or None when no seed ended so."""
+    from leaderboard.queries import early_verdict
+
+    steps = g.steps if "steps" in g.columns else [None] * len(g)
+    texts = [(seed, early_verdict(st, step)) for seed, st, step in zip(g.seed, g.status, steps)]
+    parts = [("" if seed is None or seed != seed else f"seed {int(seed)}: ") + t for seed, t in texts if t]
+    return "; ".join(parts) or None
+
+
 def cells_frame(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per cell (see the module docstring), in no particular order (`ranked_cells`)."""
     if runs.empty:
@@ -195,7 +206,8 @@ def cells_frame(runs: pd.DataFrame) -> pd.DataFrame:
                      "steps_to_pass_median": _median(steps), "steps_to_pass_min": min(steps) if steps else math.nan,
                      "steps_to_pass_max": max(steps) if steps else math.nan,
                      "kl_k3_median": _median(_present(g.mean_kl)) if "mean_kl" in g else math.nan,
-                     "n_seeds": n, "runs": list(g.run), "decided": decided})
+                     "n_seeds": n, "runs": list(g.run), "decided": decided,
+                     "early": _early(g)})
     return pd.DataFrame(rows, columns=cell_columns())
 
 

@@ -91,3 +91,43 @@ def test_recorded_decisions_agree_with_the_recomputed_ones(tmp_path):
     assert drop(after["rules"]) == drop(before["rules"]) and after["rules"][0]["recomputed"] == 1
     r = CliRunner().invoke(app, ["report", "--early", "--db", url])
     assert r.exit_code == 0 and "plateaued" in r.stdout and "recomputed" in r.stdout, r.output
+
+
+def test_runs_from_before_the_table_are_back_filled(tmp_path):
+    """A store at migration 0007 (no run_decisions) holding a finished run and its split
+    evaluations: after the upgrade the run has no recorded decisions, and `bench report --early`
+    recomputes them from the evaluations with the run's stored stop config (an old config: no
+    futility keys, so futility is off and measured, plateau on)."""
+    import sqlalchemy as sa
+
+    from conftest import store_at_revision
+    from runners.presets import tiny
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = store_at_revision(url, "0007")
+    config = {"preset": "tiny", **json.loads(json.dumps(__import__("dataclasses").asdict(tiny())))}
+    for k in ("futility", "futility_window", "futility_confidence", "plateau", "collapse"):
+        config["stop"].pop(k)                       # what a run stored before those knobs existed
+    with engine.begin() as c:
+        c.execute(sa.text("UPDATE builds SET n_kept = 100 WHERE id = 'b1'"))
+        c.execute(sa.text("INSERT INTO runs (id, model_id, build_id, algo, rollout_dtype, train_dtype, trainer, engine, "
+                          "config, status, step, wall_s, staleness, created_at, updated_at) VALUES ('r1', 1, 'b1', "
+                          "'pg-seq-is', 'fp16', 'fp16', 'native', 'torch', :c, 'plateaued', 55, 0, 0, '2026-01-01', "
+                          "'2026-01-01')"), {"c": json.dumps(config)})
+        # 0.5 at step 0, then flat at 0.80 (n = 100 problems × avg@4 = 400): the peak moves once (step 5),
+        # so plateaued decides 10 evaluations later, at step 55
+        for step in range(0, 60, 5):
+            c.execute(sa.text("INSERT INTO evals (run_id, step, benchmark, n, score) VALUES ('r1', :s, 'split', 4, "
+                              ":a)"), {"s": step, "a": 0.5 if step == 0 else 0.80})
+    r = CliRunner().invoke(app, ["report", "--early", "--json", "--db", url])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    (run,) = out["runs"]
+    assert run["source"] == "recomputed" and run["on"][FUTILE] is False and run["on"][PLATEAUED] is True
+    assert run["decisions"][PLATEAUED][:2] == [55, PLATEAUED]
+    # futile at step 50, the first window of 10 without the 0.5 of step 0 (at step 45 the rise from it
+    #   projects far up): steps 5–50 flat at 0.80 over 400 samples each, x̄ = 27.5, horizon 150,
+    #   se = √(0.16·(1/4,000 + 122.5²/(400·25·82.5))) = 0.054317, 0.80 + 1.644854·0.054317 = 0.889 < 0.95
+    assert run["decisions"][FUTILE][:2] == [50, FUTILE]
+    rules = {x["rule"]: x for x in out["rules"]}
+    assert rules[FUTILE]["runs"] == 1 and rules[FUTILE]["agree"] == 1 and rules[PLATEAUED]["runs"] == 0
