@@ -113,8 +113,8 @@ def test_runs_from_before_the_table_are_back_filled(tmp_path):
         c.execute(sa.text("UPDATE builds SET n_kept = 100 WHERE id = 'b1'"))
         c.execute(sa.text("INSERT INTO runs (id, model_id, build_id, algo, rollout_dtype, train_dtype, trainer, "
                           "engine, config, status, step, wall_s, staleness, created_at, updated_at) VALUES ('r1', 1, "
-                          "'b1', 'pg-seq-is', 'fp16', 'fp16', 'native', 'torch', :c, 'plateaued', 55, 0, 0, '2026-01-01', "
-                          "'2026-01-01')"), {"c": json.dumps(config)})
+                          "'b1', 'pg-seq-is', 'fp16', 'fp16', 'native', 'torch', :c, 'plateaued', 55, 0, 0, "
+                          "'2026-01-01', '2026-01-01')"), {"c": json.dumps(config)})
         # 0.5 at step 0, then flat at 0.80 (n = 100 problems × avg@4 = 400): the peak moves once (step 5),
         # so plateaued decides 10 evaluations later, at step 55
         for step in range(0, 60, 5):
