@@ -361,6 +361,11 @@ def run_grid(store, db_url: str | None, algos: list[str], pairs: list[Precision]
         with lock:
             running[key] = [x for x in running.get(key, []) if x.args is not cmd]
         if code != 0:
+            with lock:
+                why = decided.get(key) if decide else None
+            if why is not None:            # interrupted by us: `after` records it skipped (or finished)
+                log(f"  {label} interrupted: the cell was decided when {why}")
+                return None
             err = stderr[stderr.rfind("error:"):] if "error:" in stderr else stderr.strip()[-500:]
             log(f"  {label} failed: {' '.join(err.split()) or code}")
             return None
