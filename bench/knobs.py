@@ -13,7 +13,9 @@ metadata (as TRL's `GRPOConfig` does), and everything else reads them from there
 Metadata keys: help (one sentence or two), unit (what the number counts: "prompts", "steps"),
 ge / gt / le / lt (bounds; None values are always allowed where the field's type admits None),
 flag (the CLI name when it is not the field's), cli (False: not a command-line option, e.g.
-nested configs or knobs that must keep their default).
+nested configs or knobs that must keep their default), nested (True on a field holding a knob
+dataclass whose own CLI knobs are options of the verbs that read the outer config, under their
+own names: RunConfig.stop's `futility` is `bench run --futility`; `cli_knobs` lists them).
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ _BOUNDS = ("ge", "gt", "le", "lt")
 
 
 def knob(default=MISSING, *, help: str, unit: str | None = None, ge=None, gt=None, le=None, lt=None,
-         flag: str | None = None, cli: bool = True, default_factory=MISSING) -> Field:
+         flag: str | None = None, cli: bool = True, nested: bool = False, default_factory=MISSING) -> Field:
     """A dataclass field with its help, unit and bounds (see the module doc)."""
-    meta = {"help": help, "unit": unit, "ge": ge, "gt": gt, "le": le, "lt": lt, "flag": flag, "cli": cli}
+    meta = {"help": help, "unit": unit, "ge": ge, "gt": gt, "le": le, "lt": lt, "flag": flag, "cli": cli,
+            "nested": nested}
     if default_factory is not MISSING:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -85,6 +88,17 @@ def knob_fields(cls, cli_only: bool = True) -> list[Field]:
     """The declared knobs of `cls` (fields made with `knob`), in declaration order."""
     return [f for f in dataclasses.fields(cls)
             if "help" in f.metadata and (f.metadata.get("cli", True) or not cli_only)]
+
+
+def cli_knobs(cls) -> list[tuple[type, Field]]:
+    """(owner class, field) of every CLI knob of `cls` and of its `nested` knob dataclasses (their
+    defaults' classes), in declaration order: the options a verb reading `cls` offers."""
+    out = [(cls, f) for f in knob_fields(cls)]
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("nested"):
+            inner = type(f.default_factory()) if f.default_factory is not MISSING else type(f.default)
+            out += cli_knobs(inner)
+    return out
 
 
 def check_value(cls, name: str, value, where: str = ""):

@@ -27,13 +27,17 @@ STATUSES: dict[str, Status] = {s.name: s for s in (
     Status("converged", "the pooled lower bound of split accuracy reached the target", True, False, "PASS"),
     Status("plateaued", "the peak split accuracy stopped moving for `patience` evaluations", True, False, "FAIL"),
     Status("collapsed", "split accuracy fell far below its peak", True, False, "FAIL"),
+    Status("futile", "even an optimistic projection of split accuracy stays below the target at max_steps",
+           True, False, "FAIL"),
     Status("diverged", "non-finite loss, gradients or weights", True, False, "FAIL"),
     Status("max_steps", "reached max_steps without converging", True, False, "FAIL"),
     Status("failed", "stopped by an error, Ctrl-C or the step-0 calibration gate", True, True, "FAIL"),
+    Status("skipped", "not run, or interrupted: an earlier seed of its cell failed, which decides the cell",
+           True, False, "FAIL"),
 )}
 
-RUNNING, CONVERGED, PLATEAUED, COLLAPSED, DIVERGED, MAX_STEPS, FAILED = (
-    "running", "converged", "plateaued", "collapsed", "diverged", "max_steps", "failed")
+RUNNING, CONVERGED, PLATEAUED, COLLAPSED, FUTILE, DIVERGED, MAX_STEPS, FAILED, SKIPPED = (
+    "running", "converged", "plateaued", "collapsed", "futile", "diverged", "max_steps", "failed", "skipped")
 
 # ended for good: a stop rule's verdict (or max_steps), as opposed to running or failed
 FINISHED = tuple(s.name for s in STATUSES.values() if s.terminal and not s.resumable)

@@ -16,6 +16,8 @@ Student-t interval (mean ± t(0.975, n−1) · s/√n, s the sample standard dev
 seeds that have a peak; none for one seed); steps to pass as the median over the passing seeds
 with their min–max; the mismatch as the median over seeds of each run's mean KL k3 (last tenth
 of the run). A seed counts once: when it ran more than once, its newest run stands for it.
+A seed `skipped` because its cell was already decided by a failing seed (runners/sweep.py) is
+no seed of the cell's figures: `decided` then says "decided after k of N seeds" (k run, N asked).
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def verdict(sanities: list[str]) -> str:
 def cell_columns() -> list[str]:
     return [*CELL_KEY, "sanity", "passes", "seeds", "status", "pass_rate", "peak_mean", "peak_ci_lo", "peak_ci_hi",
             "peak_sd", "steps_to_pass_median", "steps_to_pass_min", "steps_to_pass_max", "kl_k3_median", "n_seeds",
-            "runs"]
+            "runs", "decided", "early"]
 
 
 def with_staleness(runs: pd.DataFrame) -> pd.DataFrame:
@@ -90,6 +92,17 @@ def seed_runs(runs: pd.DataFrame) -> pd.DataFrame:
     return r.drop(columns=["_seed"])
 
 
+def _early(g: pd.DataFrame) -> str | None:
+    """The seeds' verdicts given early by a stop rule, with the rule and step ("seed 0: FAIL by
+    futile at step 95; ..."), or None when no seed ended so."""
+    from leaderboard.queries import early_verdict
+
+    steps = g.steps if "steps" in g.columns else [None] * len(g)
+    texts = [(seed, early_verdict(st, step)) for seed, st, step in zip(g.seed, g.status, steps)]
+    parts = [("" if seed is None or seed != seed else f"seed {int(seed)}: ") + t for seed, t in texts if t]
+    return "; ".join(parts) or None
+
+
 def cells_frame(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per cell (see the module docstring), in no particular order (`ranked_cells`)."""
     if runs.empty:
@@ -97,6 +110,11 @@ def cells_frame(runs: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for key, g in seed_runs(runs).groupby(CELL_KEY, dropna=False, sort=False):
         g = g.assign(_s=g.seed.map(lambda x: math.inf if x is None or x != x else x)).sort_values("_s", kind="stable")
+        asked = len(g)
+        g = g[g.status != "skipped"]
+        if g.empty:
+            continue
+        decided = f"decided after {len(g)} of {asked} seeds" if len(g) < asked else None
         sanities = list(g.sanity)
         k, n = sanities.count("PASS"), len(sanities)
         mean, lo, hi = t_interval(g.peak_accuracy, LEVEL)
@@ -111,7 +129,8 @@ def cells_frame(runs: pd.DataFrame) -> pd.DataFrame:
                      "steps_to_pass_median": _median(steps), "steps_to_pass_min": min(steps) if steps else math.nan,
                      "steps_to_pass_max": max(steps) if steps else math.nan,
                      "kl_k3_median": _median(_present(g.mean_kl)) if "mean_kl" in g else math.nan,
-                     "n_seeds": n, "runs": list(g.run)})
+                     "n_seeds": n, "runs": list(g.run), "decided": decided,
+                     "early": _early(g)})
     return pd.DataFrame(rows, columns=cell_columns())
 
 

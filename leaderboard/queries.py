@@ -21,6 +21,17 @@ def sanity(status: str | None) -> str:
     return statuses.verdict(status)
 
 
+EARLY_RULES = ("converged", "futile", "plateaued", "collapsed")   # runners/stop.py: the rules a verdict comes from
+
+
+def early_verdict(status: str | None, step) -> str | None:
+    """A verdict a stop rule gave before max_steps, as such: "FAIL by futile at step 95",
+    "PASS by converged at step 60"; None for any other end (max_steps, diverged, ...)."""
+    if status not in EARLY_RULES or step is None or step != step:
+        return None
+    return f"{sanity(status)} by {status} at step {int(step)}"
+
+
 # split accuracy as training sees it (rollout format) and as the trained policy answers (train format)
 SPLIT_EVALS = ("split", "split@train")
 

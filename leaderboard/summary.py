@@ -121,6 +121,7 @@ def report_summary(cells: pd.DataFrame, runs: pd.DataFrame, mismatch: pd.DataFra
                          "engine": _text(getattr(c, "engine", None)), "config_fp": _text(getattr(c, "config_fp", None)),
                          "staleness": _int(getattr(c, "staleness", 0)) or 0,
                          "sanity": c.sanity, "passes": c.passes, "status": c.status,
+                         "decided": getattr(c, "decided", None),
                          "steps_to_pass_median": _num(c.steps_to_pass_median),
                          "kl_k3_median": _num(c.kl_k3_median), "runs": _ended(runs, list(c.runs))})
     verdicts = [c["sanity"] for c in per_cell]

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 from bench import configdiff
@@ -92,7 +92,8 @@ class RunConfig:
                           "precision metrics stay precision only and staleness_* measure π_θ vs π_old. 0: "
                           "on-policy. Native trainer only.", unit="steps", ge=0)
     algo: AlgoConfig = knob(help="The losses' hyper-parameters.", cli=False, default_factory=_algo_config)
-    stop: StopConfig = knob(help="When a run ends.", cli=False, default_factory=StopConfig)
+    stop: StopConfig = knob(help="When a run ends (its switches and the futility rule's settings are options).",
+                            cli=False, nested=True, default_factory=StopConfig)
 
 
 # what each preset sets of the CLI knobs (the rest keep RunConfig's defaults); their benchmarks
@@ -107,9 +108,9 @@ PRESET_KNOBS = {
 def preset_knobs(name: str) -> dict:
     """{field: value} of every CLI knob of RunConfig in preset `name`, read without building the
     config (no torch import: the CLI's help shows these as each option's default)."""
-    from bench.knobs import knob_fields
+    from bench.knobs import cli_knobs
 
-    return {f.name: PRESET_KNOBS[name].get(f.name, f.default) for f in knob_fields(RunConfig)}
+    return {f.name: PRESET_KNOBS[name].get(f.name, f.default) for _, f in cli_knobs(RunConfig)}
 
 
 def tiny() -> RunConfig:
@@ -135,6 +136,8 @@ def paper() -> RunConfig:
 
 
 PRESETS = {"tiny": tiny, "paper": paper}
+# the StopConfig fields a `get_preset` override (a flat CLI knob name) sets on cfg.stop
+STOP_KNOBS = frozenset(f.name for f in fields(StopConfig))
 
 
 def check_run_config(cfg: RunConfig) -> RunConfig:
@@ -162,7 +165,7 @@ def get_preset(name: str, benchmark: str | None = None, **overrides) -> RunConfi
         cfg.benchmarks[0] = replace(cfg.benchmarks[0], source=benchmark)
     for key, value in overrides.items():
         if value is not None:
-            setattr(cfg, key, value)
+            setattr(cfg.stop if key in STOP_KNOBS else cfg, key, value)
     cfg.algo.max_len = cfg.max_tokens
     return check_run_config(cfg)
 

@@ -8,6 +8,14 @@ the axis, the preset's K, 0), so on-policy and stale runs never stand in for eac
 With the verl trainer each cell is one `bench run --trainer verl` after another: verl takes
 the whole cluster.
 
+A cell passes only when every seed passes, so with seeds its first failing seed decides it
+(`decide_early`, on by default): once a seed of a cell ends in a FAIL status (FAIL_STATUSES: a
+finished run that did not converge; a crash, `failed`, decides nothing), the cell's seeds not
+started yet are not started, and its running ones (subprocess cells, `jobs` > 1) are
+interrupted; both are recorded as runs with status `skipped` and the reason. A finished failing
+seed from an earlier sweep decides the cell the same way. The report then says "decided after
+k of N seeds".
+
 Progress: one line per training step and cell (`log`), from the trainer's progress callback
 in process, or relayed from a subprocess cell's stderr, where `bench run --progress-lines`
 prints each step as a `progress: ` line; and one line when a cell ends."""
@@ -15,9 +23,11 @@ prints each step as a `progress: ` line; and one line when a cell ends."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import threading
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
@@ -27,12 +37,15 @@ from bench.engines import resolve_engine
 from bench.errors import ConfigError
 from bench.fingerprint import fingerprint
 from bench.precision import Precision
-from bench.statuses import FAILED, FINISHED
-from bench.store import Run, session
+from bench.statuses import FAILED, FINISHED, SKIPPED, verdict
+from bench.store import Build, Run, session
+from bench.store.schema import utcnow
 
 from .runs import latest_build, resolve_inputs, start_run
 from .presets import get_preset
 
+# a seed ending so decides its cell (a skipped seed was decided by another)
+FAIL_STATUSES = tuple(x for x in FINISHED if verdict(x) == "FAIL" and x != SKIPPED)
 PROGRESS_PREFIX = "progress: "     # a step line on a subprocess cell's stderr (`bench run --progress-lines`)
 
 
@@ -61,10 +74,13 @@ def _ended_line(s, run_id: str | None) -> str:
     return f"{r.status} after {r.step} steps, peak split {peak}"
 
 
-def _relay(cmd: list[str], on_line) -> tuple[int, str, str]:
-    """Run `cmd`; every `progress: ` line of its stderr goes to `on_line` as it arrives.
+def _relay(cmd: list[str], on_line, on_start=None) -> tuple[int, str, str]:
+    """Run `cmd`; every `progress: ` line of its stderr goes to `on_line` as it arrives;
+    `on_start(proc)` is called with the process once it runs (so it can be interrupted).
     Returns (exit code, stdout, the rest of stderr)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+    if on_start is not None:
+        on_start(proc)
     stdout: list[str] = []
     reader = threading.Thread(target=lambda: stdout.append(proc.stdout.read()), daemon=True)
     reader.start()
@@ -145,6 +161,35 @@ def parse_staleness(text: str) -> list[int]:
     return list(dict.fromkeys(ks))
 
 
+def _cell_runs(s, build_id: str, algo: str, p: Precision, seed: int | None, staleness: int, engine: str,
+               config_fp: str, statuses: tuple[str, ...], since=None) -> list[Run]:
+    """Native runs of the cell, seed and K in `statuses` (created at or after `since`), newest first."""
+    q = select(Run).where(Run.build_id == build_id, Run.algo == algo, Run.rollout_dtype == p.rollout,
+                          Run.train_dtype == p.train, Run.trainer == "native", Run.staleness == staleness,
+                          Run.engine == engine, Run.status.in_(statuses))
+    if seed is not None:
+        q = q.where(Run.seed == seed)
+    if since is not None:
+        q = q.where(Run.created_at >= since)
+    return [r for r in s.scalars(q.order_by(Run.created_at.desc())) if fingerprint(r.config) == config_fp]
+
+
+def record_skipped(store, build_id: str, algo: str, p: Precision, config: dict, engine: str, reason: str,
+                   run_id: str | None = None) -> str:
+    """Mark run `run_id` (one interrupted because its cell was decided) skipped with `reason`, or,
+    without it, add a run row of status `skipped` for a seed never started; returns its id."""
+    with session(store) as s:
+        if run_id is not None:
+            run = s.get(Run, run_id)
+            run.status, run.stop_reason = SKIPPED, reason
+            return run_id
+        rid = uuid.uuid4().hex[:12]
+        s.add(Run(id=rid, model_id=s.get(Build, build_id).model_id, build_id=build_id, algo=algo,
+                  rollout_dtype=p.rollout, train_dtype=p.train, trainer="native", engine=engine, config=config,
+                  status=SKIPPED, stop_reason=reason))
+        return rid
+
+
 def _summary(s, run_id: str | None, algo: str, p: Precision, status: str | None = None,
              seed: int | None = None, staleness: int | None = None) -> dict:
     r = s.get(Run, run_id) if run_id else None
@@ -158,7 +203,7 @@ def run_grid(store, db_url: str | None, algos: list[str], pairs: list[Precision]
              engine: str, preset: str, overrides: dict, jobs: int = 1, log=print,
              verl_args: list[str] | None = None, seeds: list[int] | None = None,
              ckpt_root=None, progress: bool = True, device: str = "cpu",
-             staleness: list[int] | None = None) -> list[dict]:
+             staleness: list[int] | None = None, decide_early: bool = True) -> list[dict]:
     """Run the grid; `verl_args` (e.g. ["--verl-python", PY, "--gpus", "8"]) runs every cell
     with the verl trainer, one at a time. `seeds` runs every cell once per seed (the run
     config's `seed`), skipping the (cell, seed) pairs that already finished; without it a cell
@@ -166,7 +211,8 @@ def run_grid(store, db_url: str | None, algos: list[str], pairs: list[Precision]
     `log` one line per step of every cell (`<algo> <precision>[ seed N] step …`) and one
     when it ends. `device`: where native cells train (bench/device.py). `staleness`: run every
     cell (and seed) once per K, skipping the finished (cell, K, seed) runs; without it every cell
-    runs at the K of the overrides or the preset, and only its runs at that K count as finished."""
+    runs at the K of the overrides or the preset, and only its runs at that K count as finished.
+    `decide_early` (with seeds, native): a cell's first failing seed decides it (module doc)."""
     from .verl_runner import check_staleness
 
     trainer = "native" if verl_args is None else "verl"
@@ -195,6 +241,8 @@ def run_grid(store, db_url: str | None, algos: list[str], pairs: list[Precision]
 
     todo, results = [], {}
     recorded_engine = run_engine(engine, trainer)
+    decide = decide_early and seeds is not None and trainer == "native"
+    decided: dict[tuple, str] = {}       # (algo, precision, K) → why the cell is decided
     with session(store) as s:
         for a, p, k, seed in cells:
             done = _finished_run(s, build_id, a, p, trainer, seed, default_k if k is None else k, recorded_engine,
@@ -202,14 +250,71 @@ def run_grid(store, db_url: str | None, algos: list[str], pairs: list[Precision]
             if done:
                 log(f"skip {a} {p.name}{where(k, seed)}: finished as run {done.id} ({done.status})")
                 results[(a, p, k, seed)] = _summary(s, done.id, a, p, f"{done.status} (earlier)", seed, k)
+                if decide and done.status in FAIL_STATUSES:
+                    decided.setdefault((a, p, k), f"seed {seed} ended {done.status} (run {done.id})")
             else:
                 todo.append((a, p, k, seed))
+    lock = threading.Lock()
+    running: dict[tuple, list] = {}      # (algo, precision, K) → the subprocesses of its running seeds
+
+    def skip_reason(why: str, at: int | None = None) -> str:
+        start = "not run" if at is None else f"interrupted at step {at}"
+        return f"{start}: the cell was decided when {why} (a cell passes only when every seed passes)"
+
+    def skip(cell, why: str) -> str:
+        a, p, k, seed = cell
+        cfg_fp = cell_fingerprint(preset, cell_args(k, seed))
+        with session(store) as s:
+            kk = default_k if k is None else k
+            earlier = _cell_runs(s, build_id, a, p, seed, kk, recorded_engine, cfg_fp, (SKIPPED,))
+        if earlier:
+            return earlier[0].id
+        config = {"preset": preset, **asdict(get_preset(preset, **cell_args(k, seed)))}
+        log(f"skip {a} {p.name}{where(k, seed)}: cell decided ({why})")
+        return record_skipped(store, build_id, a, p, config, recorded_engine, skip_reason(why))
+
+    def after(cell, rid: str | None, since) -> str | None:
+        """Decide the cell on a failing seed (interrupting its running seeds); mark this seed
+        skipped when it was interrupted for another seed's failure."""
+        a, p, k, seed = cell
+        key = (a, p, k)
+        with session(store) as s:
+            r = s.get(Run, rid) if rid else None
+            status = r.status if r else None
+        with lock:
+            why = decided.get(key)
+            if why is None and status in FAIL_STATUSES:
+                decided[key] = f"seed {seed} ended {status} (run {rid})"
+                for proc in running.get(key, []):
+                    if proc.poll() is None:
+                        proc.send_signal(signal.SIGINT)     # the run records itself failed, then is marked skipped
+                return rid
+        if why is None or status in FINISHED:
+            return rid
+        with session(store) as s:     # interrupted (or crashed while the cell was being decided)
+            kk = default_k if k is None else k
+            fp = cell_fingerprint(preset, cell_args(k, seed))
+            mine = _cell_runs(s, build_id, a, p, seed, kk, recorded_engine, fp, (*FINISHED, "failed", "running"), since)
+            mine_id, mine_status, at = (mine[0].id, mine[0].status, mine[0].step) if mine else (None, None, None)
+        if mine_status in FINISHED:   # it ended before the interruption reached it (its output was cut)
+            return mine_id
+        if mine_id is not None:
+            return record_skipped(store, build_id, a, p, {}, recorded_engine, skip_reason(why, at), mine_id)
+        return skip(cell, why)
 
     def one(cell) -> str | None:
         a, p, k, seed = cell
         at = where(k, seed)
+        if decide:
+            with lock:
+                why = decided.get((a, p, k))
+            if why is not None:
+                return skip(cell, why)
         log(f"run {a} {p.name}{at} on build {build_id}")
+        since = utcnow()
         rid = _one(cell)
+        if decide:
+            rid = after(cell, rid, since)
         if progress and rid is not None:
             with session(store) as s:
                 log(f"  {a} {p.name}{at}: {_ended_line(s, rid)}")
@@ -217,6 +322,7 @@ def run_grid(store, db_url: str | None, algos: list[str], pairs: list[Precision]
 
     def _one(cell) -> str | None:
         a, p, k, seed = cell
+        key = (a, p, k)
         at = where(k, seed)
         args = cell_args(k, seed)
         label = f"{a} {p.name}{at}"
@@ -244,8 +350,22 @@ def run_grid(store, db_url: str | None, algos: list[str], pairs: list[Precision]
             cmd += ["--db", db_url]
         if progress:
             cmd += ["--progress-lines"]
-        code, stdout, stderr = _relay(cmd, lambda line: log(f"  {label} {line}"))
+        def started(proc):
+            with lock:
+                running.setdefault(key, []).append(proc)
+                cancel = decide and key in decided
+            if cancel:                    # decided while this one was being launched
+                proc.send_signal(signal.SIGINT)
+
+        code, stdout, stderr = _relay(cmd, lambda line: log(f"  {label} {line}"), on_start=started)
+        with lock:
+            running[key] = [x for x in running.get(key, []) if x.args is not cmd]
         if code != 0:
+            with lock:
+                why = decided.get(key) if decide else None
+            if why is not None:            # interrupted by us: `after` records it skipped (or finished)
+                log(f"  {label} interrupted: the cell was decided when {why}")
+                return None
             err = stderr[stderr.rfind("error:"):] if "error:" in stderr else stderr.strip()[-500:]
             log(f"  {label} failed: {' '.join(err.split()) or code}")
             return None

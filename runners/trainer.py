@@ -43,7 +43,7 @@ from bench.mismatch import mismatch_metrics
 from bench.models import ModelRef, load_model, load_tokenizer, render_prompt
 from bench.precision import Precision
 from bench.problems import Problem, SourceSpec, load_problems
-from bench.store import Eval, Run, RunStep, session
+from bench.store import Eval, Run, RunDecision, RunStep, session
 
 from . import stop as stop_rules
 from .algos import LossInputs, get_loss, leave_one_out_advantages
@@ -212,6 +212,7 @@ class NativeTrainer:
         with session(self.store) as s:
             s.execute(delete(RunStep).where(RunStep.run_id == self.run_id, RunStep.step > self.step))
             s.execute(delete(Eval).where(Eval.run_id == self.run_id, Eval.step > self.step))
+            s.execute(delete(RunDecision).where(RunDecision.run_id == self.run_id, RunDecision.step > self.step))
             run = s.get(Run, self.run_id)
             run.step, run.status, run.stop_reason = self.step, statuses.RUNNING, None
 
@@ -347,7 +348,9 @@ class NativeTrainer:
             if not cal["ok"]:
                 return statuses.FAILED, cal["message"]
             acc = self._eval_and_record()
-            stop_rules.after_eval(self.stop_state, cfg.stop, 0, acc["split"], len(self.split) * cfg.eval_split_m)
+            stop_rules.after_eval(self.stop_state, cfg.stop, 0, acc["split"], len(self.split) * cfg.eval_split_m,
+                                  max_steps=cfg.max_steps)
+            self._record_decisions()
         while True:
             if self.step >= cfg.max_steps:
                 return statuses.MAX_STEPS, f"reached max_steps={cfg.max_steps}"
@@ -372,7 +375,8 @@ class NativeTrainer:
                 metrics.update({f"eval/{k}": v for k, v in acc.items()})
                 metrics["time_eval"] = time.time() - te
                 verdict = stop_rules.after_eval(self.stop_state, cfg.stop, self.step, acc["split"],
-                                                len(self.split) * cfg.eval_split_m)
+                                                len(self.split) * cfg.eval_split_m, max_steps=cfg.max_steps)
+                self._record_decisions()
             self._record(metrics, time.time() - t0, converged=bool(verdict) and verdict[0] == statuses.CONVERGED)
             if self.step % cfg.checkpoint_every == 0 or verdict:
                 self.save_checkpoint()
@@ -394,6 +398,13 @@ class NativeTrainer:
         with session(self.store) as s:
             s.get(Run, self.run_id).calibration = result
         return result
+
+    def _record_decisions(self) -> None:
+        """Store the stop rules' shadow decisions so far (runners/stop.py: every rule, on or off)."""
+        with session(self.store) as s:
+            for rule, (step, status, reason) in self.stop_state.shadow.items():
+                s.merge(RunDecision(run_id=self.run_id, rule=rule, step=step, status=status, reason=reason,
+                                    rule_on=self.cfg.stop.on(rule)))
 
     def _eval_and_record(self) -> dict[str, float]:
         acc = self.evaluate()

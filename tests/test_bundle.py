@@ -29,9 +29,9 @@ def source(tmp_path_factory):
         r = CliRunner().invoke(app, ["build", "--limit", "12", "--k", "4", "--engine", "torch", "--dtype", "fp32",
                                      "--band", "0", "1", "--db", url, "--json"])
         assert r.exit_code == 0, r.output
-        r = CliRunner().invoke(app, ["run", "--algo", "grpo", "--dtype", "fp32", "--seeds", "2", "--max-steps", "2",
-                                     "--eval-every", "2", "--prompts-per-step", "2", "--samples-per-prompt", "2",
-                                     "--db", url, "--json"])
+        r = CliRunner().invoke(app, ["run", "--algo", "grpo", "--dtype", "fp32", "--seeds", "2", "--all-seeds",
+                                     "--max-steps", "2", "--eval-every", "2", "--prompts-per-step", "2",
+                                     "--samples-per-prompt", "2", "--db", url, "--json"])
         assert r.exit_code == 0, r.output
         runs = [x["run"] for x in json.loads(r.stdout)]
         bundle = tmp / "bundle.tar.gz"

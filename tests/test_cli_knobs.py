@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from typer.testing import CliRunner
 
 from bench.cli import app
-from bench.knobs import base_type, flag_of, knob_fields, types_of
+from bench.knobs import base_type, cli_knobs, flag_of, knob_fields, types_of
 from bench.store import BuildProblem, Run, open_store, session
 from bench.grading import GradeConfig
 from datasets_build.config import BuildConfig
@@ -36,8 +36,15 @@ VERBS = {
 NO_STORE = {"grade"}
 
 
+def _type(cls, f):
+    """The knob's type, read from the class that declares it (RunConfig or its nested StopConfig)."""
+    owner = next(o for o, g in cli_knobs(cls) if g is f)
+    return base_type(types_of(owner)[f.name])[0]
+
+
 def _numeric(cls) -> list[dataclasses.Field]:
-    return [f for f in knob_fields(cls) if base_type(types_of(cls)[f.name])[0] in (int, float)]
+    """The numeric CLI knobs of `cls`, its nested configs' included (`bench run --futility-window`)."""
+    return [f for _, f in cli_knobs(cls) if _type(cls, f) in (int, float)]
 
 
 def _bad_values(f, typ) -> list[str]:
@@ -60,7 +67,7 @@ def _table():
     rows = []
     for verb, (cls, _) in VERBS.items():
         for f in _numeric(cls):
-            typ = base_type(types_of(cls)[f.name])[0]
+            typ = _type(cls, f)
             if verb == "sweep" and f.name == "staleness":
                 rows.append(pytest.param(verb, "staleness", "-1", id="sweep--staleness=-1"))
                 continue
@@ -111,7 +118,7 @@ def test_bad_value_is_refused_with_nothing_written(verb, name, value, store_with
     responses = tmp_path / "responses.jsonl"
     responses.write_text('{"response": "\\\\boxed{2}", "gold": "2"}\n')
     args = [str(responses) if a == "RESPONSES" else a for a in args]
-    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    f = next(f for _, f in cli_knobs(cls) if f.name == name)
     flag = f"--{flag_of(f)}"
     before = _files(bench_home)
     r = CliRunner().invoke(app, [*args, flag, value, *([] if verb in NO_STORE else ["--db", store_with_build])])
@@ -129,13 +136,14 @@ def _knob_options(command: str) -> dict[str, str]:
     """{flag: help} of the options `bench COMMAND` generates from RunConfig."""
     cmd = typer.main.get_command(app).commands[command]
     return {p.opts[0]: p.help for p in cmd.params if p.opts[0][2:].replace("-", "_") in
-            {f.name for f in knob_fields(RunConfig)}}
+            {f.name for _, f in cli_knobs(RunConfig)}}
 
 
 def test_run_and_sweep_offer_the_same_knobs_as_runconfig():
-    knobs = {f"--{flag_of(f)}" for f in knob_fields(RunConfig)}
+    knobs = {f"--{flag_of(f)}" for _, f in cli_knobs(RunConfig)}
     assert {"--max-tokens", "--lr", "--seed", "--updates-per-batch", "--eval-split-m", "--checkpoint-every",
-            "--max-steps", "--staleness"} <= knobs
+            "--max-steps", "--staleness", "--futility", "--futility-window", "--futility-confidence",
+            "--plateau", "--collapse"} <= knobs
     hidden = {f.name for f in dataclasses.fields(RunConfig)} - {f.name for f in knob_fields(RunConfig)}
     assert hidden == {"temperature", "top_p", "benchmarks", "algo", "stop"}     # fixed at 1 / nested configs
     for command in ("run", "sweep"):
@@ -148,7 +156,7 @@ def test_run_and_sweep_offer_the_same_knobs_as_runconfig():
     # the same words, but for sweep's staleness, which is an axis there (0,1,2,...)
     assert {k: v for k, v in run.items() if k != "--staleness"} == \
            {k: v for k, v in sweep.items() if k != "--staleness"}
-    for f in knob_fields(RunConfig):
+    for _, f in cli_knobs(RunConfig):
         assert run[f"--{flag_of(f)}"].startswith(f.metadata["help"].rstrip()), f.name
 
 
@@ -207,6 +215,24 @@ def test_explicit_flags_override_the_preset(captured, store_with_build):
     assert preset == "tiny" and overrides == {"lr": 0.002, "seed": 3, "updates_per_batch": 2, "eval_split_m": 2,
                                               "checkpoint_every": 7}
     assert kw["staleness"] is None
+
+
+def test_stop_rule_flags_reach_the_nested_stop_config(captured, store_with_build):
+    """The StopConfig knobs are flat options (`--futility-window`), set on cfg.stop; the rest of
+    the stop config keeps its defaults, and a sweep passes them on by name."""
+    from runners.stop import StopConfig
+
+    r = CliRunner().invoke(app, ["run", "--algo", "grpo", "--futility", "--futility-window", "6", "--no-plateau",
+                                 "--device", "cpu", "--db", store_with_build])
+    assert r.exit_code == 0, r.output
+    stop = captured["run"].stop
+    assert (stop.futility, stop.futility_window, stop.plateau, stop.collapse) == (True, 6, False, True)
+    assert stop.futility_confidence == StopConfig().futility_confidence and stop.patience == 10
+    assert not hasattr(captured["run"], "futility_window") or "futility_window" not in vars(captured["run"])
+    r = CliRunner().invoke(app, ["sweep", "--algo", "grpo", "--dtype", "fp16", "--futility-confidence", "0.9",
+                                 "--no-collapse", "--device", "cpu", "--db", store_with_build])
+    assert r.exit_code == 0, r.output
+    assert captured["sweep"][1] == {"futility_confidence": 0.9, "collapse": False}
 
 
 def test_dtype_lists_take_comma_or_semicolon():

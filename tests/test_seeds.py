@@ -106,7 +106,8 @@ def test_a_partly_finished_seeded_sweep_resumes_the_missing_pairs(tmp_path):
     r = CliRunner().invoke(app, ["build", "--limit", "12", "--k", "4", "--engine", "torch", "--dtype", "fp32",
                                  "--band", "0", "1", "--db", url, "--json"])
     assert r.exit_code == 0, r.output
-    r = CliRunner().invoke(app, ["sweep", "--algo", "pg-seq-is", "--dtype", "fp32", "--seeds", "2", *FAST, "--db", url])
+    r = CliRunner().invoke(app, ["sweep", "--algo", "pg-seq-is", "--dtype", "fp32", "--seeds", "2", "--all-seeds",
+                                 *FAST, "--db", url])
     assert r.exit_code == 0, r.output
     engine = open_store(url)
     with session(engine) as s:
@@ -114,7 +115,8 @@ def test_a_partly_finished_seeded_sweep_resumes_the_missing_pairs(tmp_path):
         assert sorted(first) == [0, 1]
         assert all(x.config["seed"] == x.seed for x in s.scalars(select(Run)))
         s.execute(update(Run).where(Run.id == first[1]).values(status="failed", stop_reason="interrupted"))
-    r = CliRunner().invoke(app, ["sweep", "--algo", "pg-seq-is", "--dtype", "fp32", "--seeds", "3", *FAST, "--db", url])
+    r = CliRunner().invoke(app, ["sweep", "--algo", "pg-seq-is", "--dtype", "fp32", "--seeds", "3", "--all-seeds",
+                                 *FAST, "--db", url])
     assert r.exit_code == 0, r.output
     assert f"skip pg-seq-is fp32 seed 0: finished as run {first[0]}" in r.stderr
     assert "run pg-seq-is fp32 seed 1 on build" in r.stderr and "run pg-seq-is fp32 seed 2 on build" in r.stderr
@@ -122,8 +124,8 @@ def test_a_partly_finished_seeded_sweep_resumes_the_missing_pairs(tmp_path):
         runs = s.scalars(select(Run).order_by(Run.created_at)).all()
         assert sorted((x.seed, x.status) for x in runs) == [(0, "max_steps"), (1, "failed"), (1, "max_steps"),
                                                              (2, "max_steps")]
-    r = CliRunner().invoke(app, ["run", "--algo", "pg-seq-is", "--dtype", "fp32", "--seeds", "0,2", *FAST,
-                                 "--db", url, "--json"])
+    r = CliRunner().invoke(app, ["run", "--algo", "pg-seq-is", "--dtype", "fp32", "--seeds", "0,2", "--all-seeds",
+                                 *FAST, "--db", url, "--json"])
     assert r.exit_code == 0, r.output
     assert [x["status"] for x in json.loads(r.stdout)] == ["max_steps (earlier)", "max_steps (earlier)"]
     with session(engine) as s:

@@ -219,3 +219,90 @@ def test_old_checkpoints_keep_their_best_and_find_it_by_accuracy():
     s = StopState.from_dict({"evals": evals, "best": 0.5, "best_step": 0})
     assert (s.best, s.best_step) == (0.5, 0)                           # a stored best is kept as it was
     assert StopState.from_dict({}) == StopState()
+
+
+# ------------------------------------------------------------------ futility and shadow decisions
+
+def test_futility_projection_by_hand():
+    # (0, 0.5), (10, 0.6), (20, 0.7), n = 100 each, to step 40 at 90%: x̄ = 10, ȳ = 0.6,
+    #   Sxx = 100·(100 + 0 + 100) = 20,000, b = 100·(1 + 0 + 1)/20,000 = 0.01, residuals 0 (φ = 1),
+    #   P = 0.6 + 0.01·30 = 0.9, se = √(0.24·(1/300 + 900/20,000)) = √0.0116 = 0.1077033,
+    #   P + z·se = 0.9 + 1.2815516·0.1077033 = 1.038028
+    from runners.stop import futility_projection
+
+    p, hi, b = futility_projection([(0, 0.5, 100), (10, 0.6, 100), (20, 0.7, 100)], 40, 0.9)
+    assert (p, hi, b) == pytest.approx((0.9, 1.038028, 0.01), abs=2e-6)
+    # a fall is projected flat: b = −0.01 reported, P = ȳ = 0.6, the same se
+    p, hi, b = futility_projection([(0, 0.7, 100), (10, 0.6, 100), (20, 0.5, 100)], 40, 0.9)
+    assert (p, hi, b) == pytest.approx((0.6, 0.738028, -0.01), abs=2e-6)
+    # readings that wobble more than sampling explains widen the bound: 0.5, 0.7, 0.6 give
+    #   b = 0.005, residuals −0.05, 0.1, −0.05, Σnr² = 1.5, φ = 1.5/(1·0.24) = 6.25,
+    #   P = 0.75, se = √(6.25·0.0116) = 0.269258, P + z·se = 1.095067
+    p, hi, b = futility_projection([(0, 0.5, 100), (10, 0.7, 100), (20, 0.6, 100)], 40, 0.9)
+    assert (p, hi, b) == pytest.approx((0.75, 1.095067, 0.005), abs=2e-6)
+    # unequal n weight the fit: the line through (0, 0.5)×300 and (10, 0.6)×100, (20, 0.7)×100
+    #   has x̄ = 6, ȳ = 0.56, Sxx = 300·36 + 100·16 + 100·196 = 32,000, b = (300·6·0.06 + 100·4·0.04
+    #   + 100·14·0.14)/32,000 = 0.01
+    assert futility_projection([(0, 0.5, 300), (10, 0.6, 100), (20, 0.7, 100)], 40, 0.9)[2] == pytest.approx(0.01)
+    # too few readings (n = 0 ones do not count), or all at one step: no projection
+    assert futility_projection([(0, 0.5, 100), (10, 0.6, 0), (20, 0.7, 100)], 40, 0.9) is None
+    assert futility_projection([(5, 0.5, 100)] * 3, 40, 0.9) is None
+
+
+def test_futility_needs_its_window_and_a_horizon_and_says_why():
+    from runners.stop import FUTILE
+
+    cfg = StopConfig(futility=True, futility_window=4)
+    flat = [(s, 0.80, 708) for s in (0, 5, 10, 15)]
+    state = StopState()
+    assert [after_eval(state, cfg, s, a, n, max_steps=30) for s, a, n in flat[:3]] == [None] * 3   # 3 < window
+    status, reason = after_eval(state, cfg, 15, 0.80, 708, max_steps=30)
+    assert status == FUTILE and "max_steps=30" in reason and "steps 0–15" in reason and "2832 graded" in reason
+    state = StopState()                                          # no horizon (verl): never futile
+    assert [after_eval(state, cfg, s, a, n) for s, a, n in flat] == [None] * 4 and FUTILE not in state.shadow
+    # the same readings with a long way to go: P + z·se at step 1,000 is far above 0.95
+    state = StopState()
+    assert [after_eval(state, cfg, s, a, n, max_steps=1000) for s, a, n in flat] == [None] * 4
+
+
+def test_a_rule_that_is_off_is_recorded_but_does_not_stop_the_run():
+    from runners.stop import FUTILE, first_decisions
+
+    history = [(s, 0.80, 708) for s in range(0, 80, 5)]         # flat at 0.80: futile, then plateaued
+    off = StopConfig(futility=False, plateau=False, futility_window=4, patience=5)
+    state = StopState()
+    assert [after_eval(state, off, s, a, n, max_steps=100) for s, a, n in history] == [None] * len(history)
+    # futile at step 40: window steps s−15..s, x̄ = s − 7.5, Sxx = 708·125 = 88,500, p̄q̄ = 0.16,
+    #   0.80 + 1.644854·√(0.16·(1/2,832 + (107.5 − s)²/88,500)) < 0.95 ⇔ 107.5 − s < 67.6 ⇔ s > 39.9;
+    #   plateaued at step 25: five evaluations after the peak at step 0
+    assert state.shadow[FUTILE][:2] == [40, FUTILE] and state.shadow[PLATEAUED][:2] == [25, PLATEAUED]
+    assert CONVERGED not in state.shadow and COLLAPSED not in state.shadow
+    # on, a rule stops the run at the step its shadow names; with both on, the sooner one
+    for cfg, index, status in ((replace(off, futility=True), 8, FUTILE), (replace(off, plateau=True), 5, PLATEAUED),
+                               (replace(off, futility=True, plateau=True), 5, PLATEAUED)):
+        state = StopState()
+        verdicts = [after_eval(state, cfg, s, a, n, max_steps=100) for s, a, n in history]
+        assert verdicts[index][0] == status and all(v is None for v in verdicts[:index]), (cfg, verdicts)
+    on = replace(off, futility=True, plateau=True)
+    # recomputed from the history, the shadow decisions are the recorded ones, rule on or off
+    assert first_decisions(history, off, 100) == first_decisions(history, on, 100)
+    recorded = StopState()
+    for s, a, n in history:
+        after_eval(recorded, off, s, a, n, max_steps=100)
+    assert first_decisions(history, off, 100) == recorded.shadow
+
+
+def test_futility_error_rates_on_simulated_runs():
+    """runners/stop_sim.py at a fixed seed, 400 runs per shape at the real n (708): no rising
+    run called futile (<= 1%), every clear plateau called futile by max_steps (>= 95%), and the
+    NVFP4-like plateau decided before the plateaued rule decides it."""
+    from runners.stop_sim import SHAPES, error_rates, simulate
+
+    cfg = replace(StopConfig(), futility=True)
+    results = [simulate(s, cfg, 400, seed=i) for i, s in enumerate(SHAPES)]
+    rates = error_rates(results)
+    assert rates["false_fail"] <= 0.01, rates
+    assert rates["false_continue"] <= 0.05, rates
+    nvfp4 = next(r for r in results if "0.89" in r["shape"])
+    assert nvfp4["futile_step_median"] <= 0.85 * nvfp4["plateaued_step_median"], nvfp4
+    assert all(r["converged"] >= 0.8 for r in results if r["passes"]), results

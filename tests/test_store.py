@@ -21,7 +21,7 @@ def test_migrations_create_every_table(db_url):
     engine = open_store(db_url)
     names = set(inspect(engine).get_table_names())
     assert {"models", "builds", "build_problems", "build_rollouts", "runs", "run_steps", "evals",
-            "mismatch_reports", "alembic_version"} <= names
+            "mismatch_reports", "run_decisions", "alembic_version"} <= names
     with engine.connect() as c:
         head = c.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
     assert len(head) == 1

@@ -5,7 +5,8 @@ the commands share as enums.
     @knob_options(RunConfig, defaults=preset_values)
     def run(..., knobs: dict = None): ...
 
-adds one option per knob of RunConfig (`--max-steps`, `--lr`, ...) to the command: the flag is
+adds one option per knob of RunConfig (`--max-steps`, `--lr`, ...; and of its nested StopConfig:
+`--futility`, ...) to the command: the flag is
 the field's name with dashes, the help its help with the unit, the bound and the default
 appended; a bool knob is a `--x/--no-x` switch. Every generated option defaults to None
 ("not given"), and the command receives them as one dict `knobs` {field: value or None}, so
@@ -23,7 +24,7 @@ from typing import Callable, Optional
 
 import typer
 
-from bench.knobs import base_type, bound_text, flag_of, knob_fields, types_of
+from bench.knobs import base_type, bound_text, cli_knobs, flag_of, types_of
 
 
 class Trainer(str, Enum):
@@ -100,15 +101,14 @@ def knob_options(cls, *, defaults: dict[str, dict] | None = None, exclude: tuple
         own = [p.replace(annotation=hints.get(p.name, p.annotation), kind=inspect.Parameter.KEYWORD_ONLY)
                for p in sig.parameters.values() if p.name != "knobs"]
         names, generated = [], []
-        types = types_of(cls)
-        for f in knob_fields(cls):
+        for owner, f in cli_knobs(cls):
             if f.name in exclude:
                 continue
             names.append(f.name)
             if f.name in replace:
                 annotation, option = replace[f.name]
             else:
-                typ, _ = base_type(types[f.name])
+                typ, _ = base_type(types_of(owner)[f.name])
                 decls = [f"--{flag_of(f)}/--no-{flag_of(f)}"] if typ is bool else [f"--{flag_of(f)}"]
                 option = typer.Option(None, *decls, help=knob_help(f, defaults), show_default=False,
                                       rich_help_panel=panel)

@@ -242,6 +242,10 @@ def report(csv: Optional[Path] = typer.Option(None, "--csv", help="Also write th
                                         "--runs), the closing `summary` and the paper's `reference` rows."),
            build_id: Optional[str] = typer.Option(None, "--build"),
            runs: bool = typer.Option(False, "--runs", help="One row per run instead of one per cell."),
+           early: bool = typer.Option(False, "--early", help="Instead: each stop rule's shadow decisions over the "
+                                      "finished runs (agreement with their verdicts, steps it would have saved); "
+                                      "runs from before decisions were recorded are recomputed from their "
+                                      "evaluations."),
            db: Optional[str] = DB_OPT):
     """The leaderboard ranking in the terminal, one row per cell (algorithm × precision on a build, with
     one trainer, rollout engine, staleness K and settings fingerprint `config`) over its seeds: PASS only
@@ -257,6 +261,11 @@ def report(csv: Optional[Path] = typer.Option(None, "--csv", help="Also write th
     from leaderboard.summary import report_summary
 
     store = _store(db)
+    if early:
+        from bench.cli.early import print_early
+
+        print_early(store, build_id, as_json)
+        return
     frame = runs_frame(store, build_id)
     key = "runs" if runs else "cells"
     if frame.empty and not as_json:
@@ -319,7 +328,8 @@ def _report_cells(df, csv: Optional[Path], as_json: bool) -> list[dict] | None:
             f"{r.steps_to_pass_median:g}" + ("" if r.steps_to_pass_min == r.steps_to_pass_max
                                              else f" ({r.steps_to_pass_min:g}–{r.steps_to_pass_max:g})"))
         t.add_row(str(i), r.algo, r.precision, *([str(r.staleness)] if stale else []), _text(r.engine),
-                  short(r.config_fp), _SANITY.get(r.sanity, "[red]FAIL[/]"), r.passes, peak, steps,
+                  short(r.config_fp), _SANITY.get(r.sanity, "[red]FAIL[/]"),
+                  r.passes + (f" ({r.decided})" if isinstance(r.decided, str) else ""), peak, steps,
                   "-" if r.kl_k3_median != r.kl_k3_median else f"{r.kl_k3_median:.2e}",
                   " ".join("-" if x is None else str(x) for x in r.seeds),
                   r.runs[0] if len(r.runs) == 1 else f"{len(r.runs)} runs (--runs)")
@@ -398,8 +408,9 @@ def _print_summary(summary: dict) -> None:
     for c in summary["per_cell"]:
         endings = "; ".join(_ending(r) for r in c["runs"]) or c["status"]
         k = f" K={c.get('staleness', 0)}" if stale else ""
+        decided = f", {c['decided']}" if c.get("decided") else ""
         out.print(f"  {_SANITY.get(c['sanity'], '[red]FAIL[/]')} {escape(c['algo'])} {escape(c['precision'])}{k}"
-                  f"{escape(which(c))} ({c['passes']}): {escape(endings)}", highlight=False)
+                  f"{escape(which(c))} ({c['passes']}{decided}): {escape(endings)}", highlight=False)
     ratios = summary["mismatch_ratios"]
     if ratios:
         out.print("Mismatch, bf16 ÷ fp16 (median over seeds of each run's mean KL k3 over its last tenth):",

@@ -118,7 +118,10 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
         benchmark: Optional[str] = typer.Option(None, help="Problem source of the preset's benchmark (paper: AIME24 "
                                                 "from the hub; offline, a .jsonl such as the paper's aime24.jsonl)."),
         seeds: Optional[str] = typer.Option(None, help="Run the cell once per seed: N for seeds 0..N-1, or a list "
-                                            "such as 0,3,5; (cell, seed) pairs already finished are skipped."),
+                                            "such as 0,3,5; (cell, seed) pairs already finished are skipped. The "
+                                            "first seed that fails decides the cell: the rest are recorded skipped."),
+        all_seeds: bool = typer.Option(False, "--all-seeds", help="With --seeds: run every seed, even once a "
+                                       "failing seed has decided the cell."),
         device: Optional[str] = typer.Option(None, parser=parse_device, metavar=DEVICE_METAVAR,
                                              help="Where the native trainer and the built-in engine run: auto "
                                              "(cuda when available; the default), cpu, cuda, cuda:i. With --resume: "
@@ -151,7 +154,7 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
         device = resolve_device(device)
     if seeds is not None:
         _seeded_run(algo, dtype, build_id, model, engine, trainer, preset.value, overrides, seeds, resume,
-                    checkpoint_dir, as_json, db, device)
+                    checkpoint_dir, as_json, db, device, decide_early=not all_seeds)
         return
     if resume and _resume_verl(resume, db, as_json, progress_lines):
         return
@@ -191,7 +194,7 @@ def _check_inputs(store, cfg, precision, build_id, model, engine, device) -> Non
 
 
 def _seeded_run(algo, dtype, build_id, model, engine, trainer, preset, overrides, seeds, resume, checkpoint_dir,
-                as_json, db, device: str = "cpu") -> None:
+                as_json, db, device: str = "cpu", decide_early: bool = True) -> None:
     """`bench run --seeds`: the one cell once per seed, as a one-cell sweep."""
     from bench.precision import Precision
     from runners.sweep import parse_seeds, run_grid
@@ -217,7 +220,7 @@ def _seeded_run(algo, dtype, build_id, model, engine, trainer, preset, overrides
         results = run_grid(store, db, [algo], pairs, build_id, engine, preset,
                            {k: v for k, v in overrides.items() if v is not None}, 1,
                            log=_log, seeds=seed_list,
-                           ckpt_root=checkpoint_dir, device=device)
+                           ckpt_root=checkpoint_dir, device=device, decide_early=decide_early)
     except (RunError, *_user_errors()) as e:
         fail(str(e))
     _print_grid(results, as_json)
@@ -364,7 +367,11 @@ def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or a
           gpus: int = typer.Option(1, min=1, help="With --trainer verl: GPUs per node."),
           nodes: int = typer.Option(1, min=1, help="With --trainer verl: nodes."),
           seeds: Optional[str] = typer.Option(None, help="Run every cell once per seed: N for seeds 0..N-1, or a list "
-                                              "such as 0,3,5; finished (cell, seed) pairs are skipped."),
+                                              "such as 0,3,5; finished (cell, seed) pairs are skipped. A cell's first "
+                                              "failing seed decides it: its other seeds are not started, or are "
+                                              "interrupted, and recorded skipped."),
+          all_seeds: bool = typer.Option(False, "--all-seeds", help="With --seeds: run every seed of every cell, "
+                                         "even once a failing seed has decided it."),
           checkpoint_dir: Optional[Path] = typer.Option(None, help="Default $BENCH_HOME/runs/<run id>."),
           db: Optional[str] = DB_OPT, knobs: dict = None):
     """Run the algorithm × precision grid on one build, skipping cells already finished (by the same
@@ -402,5 +409,5 @@ def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or a
     results = run_grid(store, db, algos, pairs, build_id, engine, preset.value,
                        {k: v for k, v in overrides.items() if v is not None}, jobs,
                        log=_log, verl_args=verl_args, seeds=seed_list, device=device, staleness=k_list,
-                       ckpt_root=checkpoint_dir)
+                       ckpt_root=checkpoint_dir, decide_early=not all_seeds)
     _print_grid(results)

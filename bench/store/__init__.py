@@ -20,12 +20,12 @@ from sqlalchemy.orm import Session
 
 from bench.errors import BenchError
 
-from .schema import (Base, Build, BuildProblem, BuildRollout, Eval, MismatchReport, Model, Run, RunStep,
-                     RunVerification)
+from .schema import (Base, Build, BuildProblem, BuildRollout, Eval, MismatchReport, Model, Run, RunDecision,
+                     RunStep, RunVerification)
 
 __all__ = ["Base", "Build", "BuildProblem", "BuildRollout", "Eval", "MismatchReport", "Model", "Run",
-           "RunStep", "RunVerification", "StoreError", "bench_home", "default_url", "open_store", "session",
-           "get_or_create_model"]
+           "RunDecision", "RunStep", "RunVerification", "StoreError", "bench_home", "default_url", "open_store",
+           "session", "get_or_create_model"]
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 BUSY_TIMEOUT_S = 60       # how long a SQLite writer waits for another process's write to end

@@ -170,6 +170,22 @@ class Eval(Base):
     score: Mapped[float] = mapped_column(Float)
 
 
+class RunDecision(Base):
+    """A stop rule's shadow decision on a run (runners/stop.py `StopState.shadow`): the first
+    split evaluation at which `rule` (converged, collapsed, futile, plateaued) would have ended
+    the run, and what it would have said, whether or not the rule was on (`rule_on`); no row
+    while a rule has not decided. Written by the native trainer after every evaluation."""
+
+    __tablename__ = "run_decisions"
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    rule: Mapped[str] = mapped_column(String(20), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(20))
+    reason: Mapped[str | None] = mapped_column(Text)
+    rule_on: Mapped[bool] = mapped_column(Boolean)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
 class RunVerification(Base):
     """One `bench runs verify` (runners/verify.py): the run's first `steps` steps re-run from its
     build, config and seed and every stored per-step metric, evaluation and the calibration

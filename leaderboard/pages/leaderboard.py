@@ -46,8 +46,8 @@ else:
     st.altair_chart(peak_chart(cells, TARGET), width="stretch")
 
 default = ["algo", "precision", *(["staleness"] if (cells.staleness > 0).any() else []), "engine", "config_fp",
-           "sanity", "passes",
-           "status", "peak_mean", "peak_ci_lo", "peak_ci_hi", "steps_to_pass_median", "steps_to_pass_min",
+           "sanity", "passes", "decided",
+           "status", "early", "peak_mean", "peak_ci_lo", "peak_ci_hi", "steps_to_pass_median", "steps_to_pass_min",
            "steps_to_pass_max", "kl_k3_median", "verified", "seeds", "build"]
 cols = st.multiselect("Columns", [*cell_columns(), "verified"], default=default)
 passed = int((cells.sanity == "PASS").sum()) if not cells.empty else 0
@@ -72,6 +72,10 @@ display.dataframe(
         "steps_to_pass_min": st.column_config.NumberColumn("min", format="%g"),
         "steps_to_pass_max": st.column_config.NumberColumn("max", format="%g"),
         "kl_k3_median": st.column_config.NumberColumn("KL k3 (median, last 10%)", format="%.2e"),
+        "early": st.column_config.TextColumn("early verdicts", help="Seeds whose verdict a stop rule gave before "
+                                             "max_steps: the rule and the step (runners/stop.py)"),
+        "decided": st.column_config.TextColumn("decided", help="A cell decided by its first failing seed: the "
+                                               "seeds run of those asked"),
         "verified": st.column_config.TextColumn("verified", help="`bench runs verify`: the latest re-run of each "
                                                 "run's first steps against its stored numbers"),
     })

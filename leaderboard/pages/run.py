@@ -10,6 +10,7 @@ import streamlit as st
 from bench.fingerprint import short
 from leaderboard import data, display, verified
 from leaderboard.cells import settings_spread, with_cell_key
+from leaderboard.queries import early_verdict
 
 st.title("Run")
 url, runs = data.runs_or_stop()
@@ -28,6 +29,9 @@ c[1].metric("sanity test", row.sanity)
 c[2].metric("peak split accuracy", "—" if pd.isna(row.peak_accuracy) else f"{row.peak_accuracy:.3f}")
 c[3].metric("steps", int(info["step"]))
 c[4].metric("steps to pass", "—" if pd.isna(row.steps_to_target) else int(row.steps_to_target))
+early = early_verdict(info["status"], info["step"])
+if early:
+    st.caption(f"early verdict: {early}")
 if info["stop_reason"]:
     st.caption(f"stop reason: {info['stop_reason']}")
 if info.get("staleness"):
