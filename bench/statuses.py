@@ -39,8 +39,9 @@ STATUSES: dict[str, Status] = {s.name: s for s in (
 RUNNING, CONVERGED, PLATEAUED, COLLAPSED, FUTILE, DIVERGED, MAX_STEPS, FAILED, SKIPPED = (
     "running", "converged", "plateaued", "collapsed", "futile", "diverged", "max_steps", "failed", "skipped")
 
-# ended for good: a stop rule's verdict (or max_steps), as opposed to running or failed
-FINISHED = tuple(s.name for s in STATUSES.values() if s.terminal and not s.resumable)
+# ended for good by a stop rule's verdict (or max_steps), as opposed to running, failed, or skipped
+# (a seed its cell's first failing seed made unnecessary: it has no verdict of its own)
+FINISHED = tuple(s.name for s in STATUSES.values() if s.terminal and not s.resumable and s.name != SKIPPED)
 RESUMABLE = tuple(s.name for s in STATUSES.values() if s.resumable)
 
 

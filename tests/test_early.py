@@ -60,7 +60,7 @@ def test_recorded_decisions_agree_with_the_recomputed_ones(tmp_path):
     from bench.precision import Precision
     from bench.store import Run, RunDecision, open_store, session
     from runners.early import recompute, recorded
-    from runners.trainer import start_run
+    from runners.runs import start_run
     from staleness_golden import base_config, make_build
 
     url = f"sqlite:///{tmp_path / 's.db'}"

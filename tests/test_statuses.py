@@ -6,17 +6,17 @@ from leaderboard.queries import sanity
 
 
 def test_every_named_status_is_a_row_and_every_row_a_verdict():
-    names = {statuses.RUNNING, statuses.CONVERGED, statuses.PLATEAUED, statuses.COLLAPSED, statuses.DIVERGED,
-             statuses.MAX_STEPS, statuses.FAILED}
+    names = {statuses.RUNNING, statuses.CONVERGED, statuses.PLATEAUED, statuses.COLLAPSED, statuses.FUTILE,
+             statuses.DIVERGED, statuses.MAX_STEPS, statuses.FAILED, statuses.SKIPPED}
     assert names <= set(statuses.STATUSES)
     assert all(s.verdict in ("PASS", "FAIL", "RUNNING") and s.name == k for k, s in statuses.STATUSES.items())
     assert [k for k, s in statuses.STATUSES.items() if s.verdict == "PASS"] == ["converged"]
 
 
 def test_finished_resumable_and_the_verdict():
-    assert set(statuses.FINISHED) == {"converged", "plateaued", "collapsed", "diverged", "max_steps"}
+    assert set(statuses.FINISHED) == {"converged", "plateaued", "collapsed", "futile", "diverged", "max_steps"}
     assert set(statuses.RESUMABLE) == {"running", "failed"}
     assert not set(statuses.FINISHED) & set(statuses.RESUMABLE)
     for status, want in (("converged", "PASS"), ("running", "RUNNING"), ("max_steps", "FAIL"), ("failed", "FAIL"),
-                         ("diverged", "FAIL"), (None, "FAIL"), ("no-such-status", "FAIL")):
+                         ("diverged", "FAIL"), ("futile", "FAIL"), (None, "FAIL"), ("no-such-status", "FAIL")):
         assert statuses.verdict(status) == want == sanity(status), status
