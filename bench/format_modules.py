@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import moe
 from .formats import Format, float_step, scaled_mm
 
 TRACK_SAMPLE = 2 ** 24      # weights behind rollout_update_to_step at most (see the module docstring)
@@ -154,6 +155,8 @@ class RolloutWeights:
                 owners.setdefault(id(p), []).append((mod_name, mod, attr))
         canonical = list(model.named_parameters())
         is_linear_weight = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+        is_linear_weight |= {id(p) for m in model.modules() for a, p in m.named_parameters(recurse=False)
+                             if moe.is_linear_weight(m, a)}          # MoE experts and routers (bench/moe.py)
         # the fp32 master of every linear weight as it was (for |Δw| at the first sync), or of a
         # fixed uniform sample of TRACK_SAMPLE positions when there are more
         self.sample: dict[str, torch.Tensor | None] = {}
@@ -182,17 +185,19 @@ class RolloutWeights:
                     replaced[id(mod)] = new
                     if fmt.quant is not None:
                         self.quant_modules[f"{mod_name}.weight"] = new
+        replaced.update(moe.prepare_rollout(model, fmt))
         fmt.cast(model)
         self.model = model
         self.loaders: dict[str, list] = {}
         self.linear_names: set[str] = set()
         for name, p in canonical:
             fns, copied = [], False
-            is_linear = any(isinstance(m, nn.Linear) and a == "weight" for _, m, a in owners[id(p)])
+            is_linear = id(p) in is_linear_weight
             for _, mod, attr in owners[id(p)]:
                 new = replaced.get(id(mod))
                 if new is not None:
-                    fns.append(new.load_weight if attr == "weight" else new.load_bias)
+                    fns.append(new.loader(attr) if hasattr(new, "loader")
+                               else new.load_weight if attr == "weight" else new.load_bias)
                 elif not copied:        # the surviving parameter (a tied pair's embedding, or any other)
                     still_linear = is_linear and not any(id(m) in replaced for _, m, _ in owners[id(p)])
                     fns.append(partial(_copy_param, p, fmt, still_linear))
@@ -306,6 +311,7 @@ def prepare_train(model: nn.Module, fmt: Format, device: str = "cpu") -> nn.Modu
             else:
                 keep.update(id(p) for p in mod.parameters(recurse=False))
                 mod.forward = types.MethodType(_head32_forward, mod)
+    keep |= moe.prepare_train(model, fmt, device)
     fmt.cast(model, keep)
     emb = model.get_input_embeddings()
     if emb is not None and emb.weight.dtype != fmt.dtype:       # tied to an fp32 head

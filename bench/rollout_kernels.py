@@ -118,5 +118,7 @@ def apply(model: nn.Module, fmt, device) -> dict[str, int]:
         return dict(NO_KERNELS)
     emulate = torch.device(device).type == "cpu" and not cpu_has_native(fmt.name)
     attention = int(emulate and upcast_attention(model))
+    from .moe import apply_rollout_kernels
+
     return {"split_k_linear": split_k_matmuls(model, sixteen_bit=emulate), "upcast_attention": attention,
-            "fused_mlp": fuse_silu_mul(model)}
+            "fused_mlp": fuse_silu_mul(model) + apply_rollout_kernels(model, emulate)}

@@ -100,6 +100,8 @@ def start_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: 
         raise RunError("samples per prompt must be >= 2 (leave-one-out advantages)")
     with session(store) as s:
         build, m, ref = resolve_inputs(s, build_id, model)
+        if cfg.router_replay:
+            check_router_replay(ref, engine)
         split = load_split(s, build.id)
         if not split:
             raise RunError(f"build {build.id} kept no problems; rebuild with another --band or model")
@@ -114,6 +116,17 @@ def start_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: 
                   checkpoint_dir=str(ckpt_dir), provenance=facts))
     _train(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress, rollout_engine, device)
     return run_id
+
+
+def check_router_replay(ref: ModelRef, engine: str) -> None:
+    """--router-replay needs an MoE model (bench/moe.py) and the built-in engine, which records routes."""
+    from bench.moe import config_is_moe
+
+    if engine != "torch":
+        raise RunError("--router-replay needs --engine torch: the built-in engine records the experts it routes "
+                       "each token to; vLLM 0.32 does not return them")
+    if not config_is_moe(ref.path):
+        raise RunError(f"--router-replay needs a mixture-of-experts model; {ref.name} has no router")
 
 
 def config_from_dict(c: dict) -> RunConfig:

@@ -40,7 +40,10 @@ from bench.engines.torch_engine import TorchEngine
 from bench.grading import Grader
 from bench.mismatch import mismatch_metrics
 from bench.models import ModelRef, load_model, load_tokenizer, render_prompt
+from bench.moe import is_moe
 from bench.precision import Precision
+from bench.router_metrics import at_positions, router_metrics
+from bench.routes import TrainRoutes, pad_routes, routed
 from bench.problems import Problem, SourceSpec, load_problems
 from bench.store import Eval, Run, RunStep, session
 
@@ -116,7 +119,7 @@ class NativeTrainer:
         self.own_engine = rollout_engine is None
         if rollout_engine is None:
             kw = ({"model": copy.deepcopy(self.master), "tokenizer": self.tok, "track_updates": True,
-                   "device": str(self.device), **self._engine_batch}
+                   "device": str(self.device), "record_routes": True, **self._engine_batch}
                   if engine == "torch" else {"gpu_memory_utilization": cfg.gpu_memory_utilization})
             rollout_engine = make_engine(engine, ref.path, precision.rollout, **kw)
         else:   # a running engine of the rollout dtype (tests share one vLLM engine): start it at our weights
@@ -127,6 +130,10 @@ class NativeTrainer:
                                           prepared=True, device=str(self.device), **self._engine_batch)
                               if precision.rollout != precision.train else None)
         self.grader = Grader()
+        self.moe = is_moe(self.master)
+        if cfg.router_replay and not getattr(self.engine, "record_routes", False):
+            raise RunError("--router-replay needs a mixture-of-experts model and the built-in rollout engine "
+                           "(--engine torch), which records the experts it chose")
 
     @property
     def _engine_batch(self) -> dict:
@@ -273,10 +280,12 @@ class NativeTrainer:
         tt = time.time()
         self._sync_compute()
         first, fill_old, k_eff, logp_cur = None, False, self.stale.effective, None
+        routes = learner.routes = self._train_routes(batch, flat) if not k_eff else None
         if cfg.updates_per_batch == 1 and not cfg.max_tokens_per_microbatch:
             # one update per rollout batch: the update's forward (with grad) gives π_θ at this very point
             learner.passes += 1
-            first = response_logprobs(self.compute, *batch.tensors)
+            with routed(routes):
+                first = response_logprobs(self.compute, *batch.tensors)
         if k_eff:
             # stale rollouts: π_old at the sampling weights θ_{t−K}, π_θ (current) for the staleness metrics
             logp_old = self.stale.old_logprobs(batch)
@@ -290,6 +299,8 @@ class NativeTrainer:
             logp_old = learner.logprobs(batch)
         adv = leave_one_out_advantages(rewards.view(-1, g)).view(-1).to(dev)
         x = LossInputs(None, logp_old, logp_rollout, mask, adv)  # type: ignore[arg-type]
+        if routes is not None:
+            routes.recording = fill_old          # the π_old forwards are done, but where the update makes them
         synchronize(dev)
         t2 = time.time()
         gen = torch.Generator().manual_seed(cfg.seed * 7_919 + self.step)
@@ -304,6 +315,7 @@ class NativeTrainer:
             applied += ok
             for k, v in m.items():
                 loss_metrics[k] = loss_metrics.get(k, 0.0) + v / cfg.updates_per_batch
+        learner.routes = None
         synchronize(dev)
         t_trained = time.time()
         self.engine.update_weights(self.stale.rollout_weights(self.master))   # θ_{t+1−K}; the master at K = 0
@@ -323,6 +335,7 @@ class NativeTrainer:
             "updates_applied": applied, "updates_nonfinite": len(norms) - applied,
             **mismatch_metrics(logp_rollout_c, logp_old_c, mask_c), **sync, "staleness_k": k_eff,
             **(staleness_metrics(logp_old_c, logp_cur.cpu(), mask_c) if k_eff else NO_STALENESS),
+            **(self._router_metrics(routes, flat, batch, logp_rollout_c, logp_old_c, mask_c) if routes else {}),
             **{f"loss/{k}": v for k, v in loss_metrics.items()},
             "time_rollout": t1 - t0, "time_scoring": t2 - t1, "time_update": t3 - t2,
             "tokens_per_s": n_tok / max(t1 - t0, 1e-9),
@@ -330,6 +343,27 @@ class NativeTrainer:
             "micro_batches": learner.passes, "peak_memory_mb": peak_memory_mb(dev),
         }
         return metrics
+
+    def _train_routes(self, batch: Batch, flat) -> TrainRoutes | None:
+        """The step's route session (bench/routes.py) on an MoE model whose rollout engine records
+        routes: the trainer's choice at every position, and the rollout's to replay with
+        --router-replay. None otherwise (dense model, vLLM, staleness)."""
+        if not self.moe or not getattr(self.engine, "record_routes", False):
+            return None
+        n, w = batch.ids.shape
+        session = TrainRoutes(self.compute, n, w)
+        if self.cfg.router_replay:
+            session.replay = pad_routes([s.routes for s in flat], w, len(session.gates), session.k)
+        return session
+
+    @staticmethod
+    def _router_metrics(routes: TrainRoutes, flat, batch: Batch, logp_mu, logp_pi, mask) -> dict[str, float]:
+        """router_* and the mismatch split by flipped tokens (bench/router_metrics.py) at the
+        positions scoring the response tokens."""
+        n, w = batch.ids.shape
+        rollout = pad_routes([s.routes for s in flat], w, len(routes.gates), routes.k)
+        pos = batch.pos.cpu()
+        return router_metrics(at_positions(rollout, pos), at_positions(routes.chosen, pos), logp_mu, logp_pi, mask)
 
     # ---------------------------------------------------------- the loop
     def fit(self) -> tuple[str, str]:

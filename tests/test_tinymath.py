@@ -34,4 +34,4 @@ def test_shipped_weights_are_small_and_resolvable():
 
 def test_unknown_trainable_model():
     r = CliRunner().invoke(app, ["model", "train", "gpt2"])
-    assert r.exit_code == 2 and "only 'tiny-math'" in r.output
+    assert r.exit_code == 2 and "only 'tiny-math' or 'tiny-math-moe'" in r.output
