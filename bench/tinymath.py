@@ -74,6 +74,9 @@ class TrainConfig:
         self.arch = self.arch or TinyConfig()
 
 
+MOE_STEPS = 1500     # tiny-math-moe's training steps: the shipped weights (docs/results.md, its band share)
+
+
 @dataclass
 class TinyMoeConfig:
     """Architecture of the embedded MoE model (Mixtral, tied embeddings): `num_experts` experts

@@ -16,7 +16,7 @@ from bench.engines import Sampling, make_engine
 from bench.errors import ConfigError
 from bench.knobs import check
 from bench.mismatch import mismatch_metrics
-from bench.moe import is_moe
+from bench.moe import config_is_moe, is_moe
 from bench.models import load_model, load_tokenizer, render_prompt, resolve_model, weights_hash
 from bench.precision import Precision, cpu_kernel_path, prepare_compute_model
 from bench.problems import SourceSpec, load_problems
@@ -146,6 +146,8 @@ def analyse(store, cfg: MismatchConfig, pairs: list[Precision], progress=None) -
     reports = []
     if cfg.router_replay and cfg.engine != "torch":
         raise ConfigError("--router-replay needs --engine torch: vLLM 0.32 does not return the experts it chose")
+    if cfg.router_replay and not config_is_moe(ref.path):
+        raise ConfigError(f"--router-replay needs a mixture-of-experts model; {ref.name} has no router")
     for pair, mu, pi, mask, router in _scored_pairs(ref, tok, prompts, base, pairs, cfg.engine, cfg.n, sampling,
                                                     cfg.batch, cfg.device, cfg.threads, cfg.router_replay):
         metrics = mismatch_metrics(mu, pi, mask)

@@ -15,7 +15,8 @@ from bench.cli import DB_OPT, _progress, _store, db_app, fail, model_app, out
 
 @model_app.command("train")
 def model_train(name: str = typer.Argument("tiny-math", help="'tiny-math' (Llama) or 'tiny-math-moe' (Mixtral)."),
-                steps: int = typer.Option(2500, help="Training steps (the band knob)."),
+                steps: Optional[int] = typer.Option(None, help="Training steps (the band knob; default 2500 for "
+                                                    "tiny-math, MOE_STEPS of bench/tinymath.py for tiny-math-moe)."),
                 batch_size: int = typer.Option(64), lr: float = typer.Option(3e-3),
                 seed: int = typer.Option(0), threads: int = typer.Option(1),
                 hidden: int = typer.Option(128), layers: int = typer.Option(3),
@@ -24,10 +25,11 @@ def model_train(name: str = typer.Argument("tiny-math", help="'tiny-math' (Llama
                 out_dir: Optional[Path] = typer.Option(None, "--out", help="Default: the package's embedded weights.")):
     """Train an embedded model from scratch on synthetic worked solutions."""
     from bench.models import TINY_MATH_MOE_DIR
-    from bench.tinymath import TinyConfig, TinyMoeConfig, TrainConfig, train
+    from bench.tinymath import MOE_STEPS, TinyConfig, TinyMoeConfig, TrainConfig, train
 
     if name not in ("tiny-math", "tiny-math-moe"):
         fail(f"unknown trainable model {name!r}; only 'tiny-math' or 'tiny-math-moe'")
+    steps = steps if steps is not None else (2500 if name == "tiny-math" else MOE_STEPS)
     if steps < 1 or batch_size < 1:
         fail("steps and batch size must be >= 1")
     if name == "tiny-math-moe" and not 1 <= top_k <= experts:
