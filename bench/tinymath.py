@@ -9,8 +9,11 @@ torch engine in bf16: 1,000 steps leave most problems too hard, 15% in band; 2,5
 `tiny-math-moe`: the same tokenizer, data and recipe on a Mixtral (transformers'
 MixtralForCausalLM, which vLLM also runs): hidden 128, 3 layers, 8 experts of width 192 per
 layer, top-2 routing (the two active experts together as wide as tiny-math's MLP, 384), ~1.9M
-parameters, tied embeddings. `bench model train tiny-math-moe` writes bench/assets/tiny-math-moe,
-stored in bf16 (as real MoE checkpoints ship; 3.8 MB instead of 7.6) and loaded as fp32 masters.
+parameters, tied embeddings. `bench model train tiny-math-moe` (MOE_STEPS = 1,500 steps) writes
+bench/assets/tiny-math-moe, stored in bf16 (as real MoE checkpoints ship; 3.8 MB instead of 7.6)
+and loaded as fp32 masters. The learning rate is constant after warm-up, so the weights after
+N steps of a longer run are those of `--steps N` (the shipped ones were saved at step 1,500 of a
+2,500-step run, the CPU being too busy to finish it).
 """
 
 from __future__ import annotations
