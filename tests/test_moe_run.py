@@ -82,3 +82,26 @@ def test_router_replay_needs_an_moe_model_and_the_builtin_engine(tmp_path):
     r = CliRunner().invoke(app, ["mismatch", "--model", "tiny-math", "--dtype", "fp32", "--limit", "2", "--n", "1",
                                  "--router-replay", "--device", "cpu", "--db", url])
     assert r.exit_code == 2 and "mixture-of-experts" in r.output
+
+
+def test_the_run_page_draws_the_router_curves(tmp_path, monkeypatch):
+    """Router metrics of an MoE run on the Run page, a step whose flipped group was empty
+    (stored null) included."""
+    import os
+
+    from conftest import add_model_and_build, app_page
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    with session(open_store(url)) as s:
+        model_id = add_model_and_build(s)
+        s.add(Run(id="moe", model_id=model_id, build_id="b0", algo="pg-seq-is", rollout_dtype="bf16",
+                  train_dtype="bf16", trainer="native", engine="torch", config={}, status="max_steps", step=2))
+        s.flush()
+        for step, flipped in ((1, None), (2, None)):          # all null: an object column
+            s.add(RunStep.from_metrics("moe", step, {"reward": 0.5, "kl_k3": 2e-5, "router_flip_frac": 1e-3,
+                                                     "router_token_flip_frac": 3e-3, "kl_k3_router_flipped": flipped,
+                                                     "kl_k3_router_unflipped": 2e-5}))
+    monkeypatch.setitem(os.environ, "BENCH_DB_URL", url)
+    at = app_page("pages/run.py", timeout=120, run="moe")
+    titles = {json.loads(c.proto.spec)["title"] for c in at.get("vega_lite_chart")}
+    assert {"router flips: (token, layer) pairs, tokens", "KL k3: flipped / unflipped tokens"} <= titles
