@@ -92,6 +92,28 @@ def is_linear_weight(mod: nn.Module, attr: str) -> bool:
     return (attr in EXPERT_WEIGHTS and is_experts(mod)) or (attr == "weight" and is_router(mod))
 
 
+def checkpoint_names(named_tensors):
+    """(name, tensor) pairs of a model's parameters as a Mixtral checkpoint names them, which is
+    what transformers 5 writes (it converts back on save) and what vLLM's weight loader reads:
+    `…mlp.gate.weight` → `…block_sparse_moe.gate.weight`; `…mlp.experts.gate_up_proj` [E, 2I, H]
+    → `…block_sparse_moe.experts.{e}.w1.weight` (gate, the first I rows) and `.w3.weight` (up);
+    `…mlp.experts.down_proj` [E, H, I] → `.w2.weight`. Other names pass unchanged."""
+    for name, t in named_tensors:
+        head, sep, tail = name.rpartition(".mlp.")
+        if not sep or tail not in ("gate.weight", "experts.gate_up_proj", "experts.down_proj") or t.dim() < 2:
+            yield name, t
+        elif tail == "gate.weight":
+            yield f"{head}.block_sparse_moe.gate.weight", t
+        elif tail == "experts.down_proj":
+            for e in range(t.shape[0]):
+                yield f"{head}.block_sparse_moe.experts.{e}.w2.weight", t[e]
+        else:
+            gate, up = t.chunk(2, dim=1)
+            for e in range(t.shape[0]):
+                yield f"{head}.block_sparse_moe.experts.{e}.w1.weight", gate[e]
+                yield f"{head}.block_sparse_moe.experts.{e}.w3.weight", up[e]
+
+
 # ------------------------------------------------------------------ one GEMM
 
 def linear_16(x: torch.Tensor, w: torch.Tensor, mode: str) -> torch.Tensor:

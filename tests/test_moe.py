@@ -408,3 +408,18 @@ def test_router_replay_refuses_staleness_and_recompute():
     with pytest.raises(ConfigError, match="router-replay"):
         get_preset("tiny", router_replay=True, gradient_checkpointing=True)
     assert get_preset("tiny", router_replay=True).router_replay
+
+
+def test_checkpoint_names_are_what_the_shipped_checkpoint_holds():
+    """vLLM's weight pushes write a Mixtral's parameters under the checkpoint's names: the same
+    keys and values as the safetensors file transformers saved for tiny-math-moe."""
+    from safetensors import safe_open
+
+    from bench.models import TINY_MATH_MOE_DIR, load_model, resolve_model
+
+    m = load_model(resolve_model("tiny-math-moe"))
+    got = dict(moe.checkpoint_names(m.named_parameters()))
+    f = safe_open(str(TINY_MATH_MOE_DIR / "model.safetensors"), "pt")
+    assert set(got) == set(f.keys())
+    assert all(torch.equal(got[k].detach().bfloat16(), f.get_tensor(k)) for k in f.keys())
+    assert "model.layers.2.block_sparse_moe.experts.7.w3.weight" in got
