@@ -49,8 +49,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import formats, kernels
-from .formats import Format, float_step, scaled_mm
+from . import formats, kernels, moe
+from .formats import Format, W8A8STE, float_step
 from .precision import canon
 
 TRACK_SAMPLE = 2 ** 24      # weights behind rollout_update_to_step at most (see the module docstring)
@@ -161,6 +161,8 @@ class RolloutWeights:
                 owners.setdefault(id(p), []).append((mod_name, mod, attr))
         canonical = list(model.named_parameters())
         is_linear_weight = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+        is_linear_weight |= {id(p) for m in model.modules() for a, p in m.named_parameters(recurse=False)
+                             if moe.is_linear_weight(m, a)}          # MoE experts and routers (bench/moe.py)
         # the fp32 master of every linear weight as it was (for |Δw| at the first sync), or of a
         # fixed uniform sample of TRACK_SAMPLE positions when there are more
         self.sample: dict[str, torch.Tensor | None] = {}
@@ -189,17 +191,19 @@ class RolloutWeights:
                     replaced[id(mod)] = new
                     if fmt.quant is not None:
                         self.quant_modules[f"{mod_name}.weight"] = new
+        replaced.update(moe.prepare_rollout(model, fmt))
         fmt.cast(model)
         self.model = model
         self.loaders: dict[str, list] = {}
         self.linear_names: set[str] = set()
         for name, p in canonical:
             fns, copied = [], False
-            is_linear = any(isinstance(m, nn.Linear) and a == "weight" for _, m, a in owners[id(p)])
+            is_linear = id(p) in is_linear_weight
             for _, mod, attr in owners[id(p)]:
                 new = replaced.get(id(mod))
                 if new is not None:
-                    fns.append(new.load_weight if attr == "weight" else new.load_bias)
+                    fns.append(new.loader(attr) if hasattr(new, "loader")
+                               else new.load_weight if attr == "weight" else new.load_bias)
                 elif not copied:        # the surviving parameter (a tied pair's embedding, or any other)
                     still_linear = is_linear and not any(id(m) in replaced for _, m, _ in owners[id(p)])
                     fns.append(partial(_copy_param, p, fmt, still_linear))
@@ -255,32 +259,6 @@ class RolloutWeights:
 
 # ------------------------------------------------------------------ training side
 
-class W8A8STE(torch.autograd.Function):
-    """Forward: the rollout engine's W8A8 arithmetic (same codes, same fp32 sum, same
-    rounding). Backward: straight through the quantizers, i.e. the gradient of
-    y = x̂ ŵᵀ + b at the dequantized operands x̂, ŵ: ∂x = g ŵ, ∂w = gᵀ x̂, ∂b = Σ g (fp32)."""
-
-    @staticmethod
-    def forward(ctx, x, w, bias, fmt):
-        q = fmt.quant
-        xc, xs = q.quantize(x)
-        wc, ws = q.quantize_weight(w)
-        ctx.save_for_backward(q.dequantize(xc, xs), q.dequantize(wc, ws))
-        ctx.dtypes = (x.dtype, w.dtype, None if bias is None else bias.dtype)
-        return scaled_mm(xc, xs, wc, ws, bias, fmt.dtype)
-
-    @staticmethod
-    def backward(ctx, gy):
-        xd, wd = ctx.saved_tensors
-        x_dt, w_dt, b_dt = ctx.dtypes
-        g = gy.float()
-        g2 = g.reshape(-1, g.shape[-1])
-        gx = (g @ wd).to(x_dt) if ctx.needs_input_grad[0] else None
-        gw = (g2.t() @ xd.reshape(-1, xd.shape[-1])).to(w_dt) if ctx.needs_input_grad[1] else None
-        gb = g2.sum(0).to(b_dt) if b_dt is not None and ctx.needs_input_grad[2] else None
-        return gx, gw, gb, None
-
-
 def _w8a8_forward(self, x):
     return W8A8STE.apply(x, self.weight, self.bias, self._bench_format)
 
@@ -311,6 +289,7 @@ def prepare_train(model: nn.Module, fmt: Format, device: str = "cpu") -> nn.Modu
             else:
                 keep.update(id(p) for p in mod.parameters(recurse=False))
                 mod.forward = types.MethodType(_head32_forward, mod)
+    keep |= moe.prepare_train(model, fmt, device)
     fmt.cast(model, keep)
     emb = model.get_input_embeddings()
     if emb is not None and emb.weight.dtype != fmt.dtype:       # tied to an fp32 head
@@ -358,4 +337,4 @@ def apply_rollout_kernels(model: nn.Module, fmt: Format, device) -> dict[str, in
     emulate = torch.device(device).type == "cpu" and not kernels.cpu_has_native(fmt.name)
     attention = int(emulate and kernels.upcast_attention(model))
     return {"split_k_linear": split_k_matmuls(model, sixteen_bit=emulate), "upcast_attention": attention,
-            "fused_mlp": kernels.fuse_silu_mul(model)}
+            "fused_mlp": kernels.fuse_silu_mul(model) + moe.apply_rollout_kernels(model, emulate)}

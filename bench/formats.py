@@ -10,6 +10,10 @@ are the three operations; bench/format_modules.py applies them to a model for ei
     bf16+head32        bf16, except an fp32 lm_head and fp32 logits (vLLM's
                        hf_overrides={"head_dtype": "float32"}, SGLang's enable_fp32_lm_head,
                        TRL's cast_lm_head_to_fp32); rollout or training
+    bf16+router32,     MoE models: bf16 / fp16, except every router (the gate's linear layer and
+    fp16+router32      its softmax) in fp32 from the 16-bit hidden state, as prime-rl ships;
+                       rollout or training; the built-in engine only. On a dense model the same
+                       as bf16 / fp16. Not in `all` (bench/moe.py has the router's arithmetic)
     fp8                W8A8 e4m3 as vLLM's online `fp8_per_channel` (llm-compressor's
                        FP8_DYNAMIC): weight scale per output channel amax/448, activation scale
                        per token at run time amax/448, codes = torch's float8_e4m3fn rounding
@@ -251,6 +255,33 @@ def scaled_mm(x_codes, x_scale, w_codes, w_scale, bias=None, out_dtype: torch.dt
     return y.to(out_dtype)
 
 
+class W8A8STE(torch.autograd.Function):
+    """The training side of a W8A8 format (bench/format_modules.py's compute copy, bench/moe.py's
+    experts). Forward: the rollout engine's W8A8 arithmetic (same codes, same fp32 sum, same
+    rounding). Backward: straight through the quantizers, i.e. the gradient of
+    y = x̂ ŵᵀ + b at the dequantized operands x̂, ŵ: ∂x = g ŵ, ∂w = gᵀ x̂, ∂b = Σ g (fp32)."""
+
+    @staticmethod
+    def forward(ctx, x, w, bias, fmt):
+        q = fmt.quant
+        xc, xs = q.quantize(x)
+        wc, ws = q.quantize_weight(w)
+        ctx.save_for_backward(q.dequantize(xc, xs), q.dequantize(wc, ws))
+        ctx.dtypes = (x.dtype, w.dtype, None if bias is None else bias.dtype)
+        return scaled_mm(xc, xs, wc, ws, bias, fmt.dtype)
+
+    @staticmethod
+    def backward(ctx, gy):
+        xd, wd = ctx.saved_tensors
+        x_dt, w_dt, b_dt = ctx.dtypes
+        g = gy.float()
+        g2 = g.reshape(-1, g.shape[-1])
+        gx = (g @ wd).to(x_dt) if ctx.needs_input_grad[0] else None
+        gw = (g2.t() @ xd.reshape(-1, xd.shape[-1])).to(w_dt) if ctx.needs_input_grad[1] else None
+        gb = g2.sum(0).to(b_dt) if b_dt is not None and ctx.needs_input_grad[2] else None
+        return gx, gw, gb, None
+
+
 # ------------------------------------------------------------------ formats
 
 @dataclass(frozen=True)
@@ -259,6 +290,7 @@ class Format:
     dtype: torch.dtype                       # storage of what is not quantized; activations
     quant: Quantizer | None = None           # W8A8 on every linear layer, lm_head included
     head32: bool = False                     # lm_head weight and logits in fp32
+    router32: bool = False                   # MoE routers (linear + softmax) in fp32 (bench/moe.py)
     train: bool = True                       # usable as the training format
     vllm: dict | None = None                 # vLLM LLM(...) kwargs; None: vLLM cannot run it
     vllm_refusal: str = ""
@@ -266,7 +298,7 @@ class Format:
 
     @property
     def plain(self) -> bool:
-        """Nothing but a parameter dtype."""
+        """Nothing but a parameter dtype for every dense layer (`router32` changes MoE routers only)."""
         return self.quant is None and not self.head32
 
     @property
@@ -297,6 +329,8 @@ class Format:
         return float_step(stored, *FLOAT_GRIDS[stored.dtype])
 
 
+_VLLM_NO_ROUTER32 = ("vLLM 0.32 has no switch for an fp32 router in a bf16/fp16 model; run +router32 rollouts with "
+                     "--engine torch")
 _VLLM_NO_INT8 = ("vLLM 0.32 has no W8A8 int8 for a bf16/fp16 checkpoint (its online `int8_per_channel_weight_only` "
                  "is weight-only and MoE-only); run int8 rollouts with --engine torch")
 _VLLM_NO_NVFP4 = ("vLLM 0.32 runs NVFP4 only from a pre-quantized checkpoint (`modelopt_fp4`, Blackwell GPUs): it has "
@@ -312,9 +346,14 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("int8", torch.bfloat16, quant=Int8(), train=False, vllm_refusal=_VLLM_NO_INT8, aliases=("w8a8-int8",)),
     Format("nvfp4", torch.bfloat16, quant=NVFP4(), train=False, vllm_refusal=_VLLM_NO_NVFP4,
            aliases=("fp4", "w4a4-nvfp4")),
+    Format("bf16+router32", torch.bfloat16, router32=True, vllm_refusal=_VLLM_NO_ROUTER32,
+           aliases=("bf16-router32",)),
+    Format("fp16+router32", torch.float16, router32=True, vllm_refusal=_VLLM_NO_ROUTER32,
+           aliases=("fp16-router32",)),
 )}
-ROLLOUT_FORMATS = tuple(FORMATS)
-TRAIN_FORMATS = tuple(n for n, f in FORMATS.items() if f.train)
+MOE_FORMATS = tuple(n for n, f in FORMATS.items() if f.router32)          # named, never in `all`
+ROLLOUT_FORMATS = tuple(n for n in FORMATS if n not in MOE_FORMATS)
+TRAIN_FORMATS = tuple(n for n, f in FORMATS.items() if f.train and n not in MOE_FORMATS)
 _ALIASES = {a: f.name for f in FORMATS.values() for a in (f.name, *f.aliases)}
 
 
@@ -322,7 +361,8 @@ def canonical(name: str) -> str:
     try:
         return _ALIASES[name.strip().lower()]
     except KeyError:
-        raise PrecisionError(f"unknown dtype {name!r}; choose one of {', '.join(ROLLOUT_FORMATS)}") from None
+        raise PrecisionError(f"unknown dtype {name!r}; choose one of "
+                             f"{', '.join(ROLLOUT_FORMATS + MOE_FORMATS)}") from None
 
 
 def get(name: str) -> Format:

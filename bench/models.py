@@ -1,8 +1,8 @@
 """Model registry and prompt templates.
 
-`--model` is the embedded name `tiny-math`, a local directory holding a Hugging Face causal
-LM, or a hub id. Prompts use the model's chat template when it has one, with the paper's
-instruction; the embedded model uses a plain template.
+`--model` is an embedded name (`tiny-math`, or its mixture-of-experts twin `tiny-math-moe`), a
+local directory holding a Hugging Face causal LM, or a hub id. Prompts use the model's chat
+template when it has one, with the paper's instruction; the embedded models use a plain template.
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ from bench.errors import BenchError
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 TINY_MATH = "tiny-math"
 TINY_MATH_DIR = Path(__file__).parent / "assets" / TINY_MATH
+TINY_MATH_MOE = "tiny-math-moe"
+TINY_MATH_MOE_DIR = Path(__file__).parent / "assets" / TINY_MATH_MOE
+EMBEDDED = {TINY_MATH: TINY_MATH_DIR, TINY_MATH_MOE: TINY_MATH_MOE_DIR}
 PLAIN_TEMPLATE = "Q: {problem}\nA: "
 
 
@@ -35,11 +38,12 @@ class ModelRef:
 
 
 def resolve_model(name: str) -> ModelRef:
-    """`tiny-math` → the shipped weights; an existing directory → itself; `owner/name` → hub id."""
-    if name == TINY_MATH:
-        if not (TINY_MATH_DIR / "model.safetensors").exists():
-            raise ModelError(f"embedded model missing at {TINY_MATH_DIR}; run `bench model train tiny-math`")
-        return ModelRef(name, str(TINY_MATH_DIR), True)
+    """`tiny-math` / `tiny-math-moe` → the shipped weights; an existing directory → itself;
+    `owner/name` → hub id."""
+    if name in EMBEDDED:
+        if not (EMBEDDED[name] / "model.safetensors").exists():
+            raise ModelError(f"embedded model missing at {EMBEDDED[name]}; run `bench model train {name}`")
+        return ModelRef(name, str(EMBEDDED[name]), True)
     p = Path(name).expanduser()
     if p.is_dir():
         if not (p / "config.json").exists():
@@ -47,7 +51,8 @@ def resolve_model(name: str) -> ModelRef:
         return ModelRef(name, str(p.resolve()), False)
     if "/" in name and not name.startswith((".", "/")) and name.count("/") == 1:
         return ModelRef(name, name, False)
-    raise ModelError(f"unknown model {name!r}: use 'tiny-math', a model directory, or a hub id owner/name")
+    raise ModelError(f"unknown model {name!r}: use 'tiny-math', 'tiny-math-moe', a model directory, "
+                     "or a hub id owner/name")
 
 
 def weights_hash(ref: ModelRef) -> str | None:

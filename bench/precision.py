@@ -36,7 +36,7 @@ def pair_name(rollout: str, train: str) -> str:
 def canon(d: str, side: str = "rollout") -> str:
     """The canonical format name; `side` "train" refuses rollout-only formats."""
     name = formats.canonical(d)
-    if side == "train" and name not in TRAIN_FORMATS:
+    if side == "train" and not formats.get(name).train:
         raise PrecisionError(f"{name} is a rollout-only format (there is no {name} training); write "
                              f"rollout={name},train=X with X one of {', '.join(TRAIN_FORMATS)}")
     return name

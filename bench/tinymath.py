@@ -1,10 +1,19 @@
-"""The embedded `tiny-math` model: a character-level tokenizer and a ~0.65M-parameter Llama
-causal LM trained by supervised learning on synthetic worked solutions.
+"""The embedded models: a character-level tokenizer and two small causal LMs trained by
+supervised learning on synthetic worked solutions.
 
-`bench model train tiny-math` runs `train()`; the default config writes the weights shipped
-in bench/assets/tiny-math. Training length is the knob that sets how many held-out problems
-fall in the [0.2, 0.8] band (measured here with the torch engine in bf16: 1,000 steps
-leave most problems too hard, 15% in band; 2,500 steps give 59%).
+`tiny-math`: a ~0.65M-parameter Llama. `bench model train tiny-math` runs `train()`; the
+default config writes the weights shipped in bench/assets/tiny-math. Training length is the
+knob that sets how many held-out problems fall in the [0.2, 0.8] band (measured here with the
+torch engine in bf16: 1,000 steps leave most problems too hard, 15% in band; 2,500 steps give 59%).
+
+`tiny-math-moe`: the same tokenizer, data and recipe on a Mixtral (transformers'
+MixtralForCausalLM, which vLLM also runs): hidden 128, 3 layers, 8 experts of width 192 per
+layer, top-2 routing (the two active experts together as wide as tiny-math's MLP, 384), ~1.9M
+parameters, tied embeddings. `bench model train tiny-math-moe` (MOE_STEPS = 1,500 steps) writes
+bench/assets/tiny-math-moe, stored in bf16 (as real MoE checkpoints ship; 3.8 MB instead of 7.6)
+and loaded as fp32 masters. The learning rate is constant after warm-up, so the weights after
+N steps of a longer run are those of `--steps N` (the shipped ones were saved at step 1,500 of a
+2,500-step run, the CPU being too busy to finish it).
 """
 
 from __future__ import annotations
@@ -62,16 +71,56 @@ class TrainConfig:
     seed: int = SFT_SEED
     threads: int = 1           # one thread is often faster on a busy 2-core machine
     out: Path = TINY_MATH_DIR
-    arch: TinyConfig = None  # type: ignore[assignment]
+    arch: TinyConfig | TinyMoeConfig = None  # type: ignore[assignment]
 
     def __post_init__(self):
         self.arch = self.arch or TinyConfig()
 
 
-def new_model(tokenizer, arch: TinyConfig, seed: int = 0):
+MOE_STEPS = 1500     # tiny-math-moe's training steps: the shipped weights (docs/results.md, its band share)
+
+
+@dataclass
+class TinyMoeConfig:
+    """Architecture of the embedded MoE model (Mixtral, tied embeddings): `num_experts` experts
+    of width `intermediate_size` per layer, `top_k` of them per token (renormalised softmax
+    weights, Mixtral's router); no load-balancing loss in training (router_aux_loss_coef 0:
+    supervised on a tiny task the router still spreads tokens, measured in docs/results.md)."""
+
+    hidden_size: int = 128
+    num_hidden_layers: int = 3
+    num_attention_heads: int = 4
+    intermediate_size: int = 192
+    num_experts: int = 8
+    top_k: int = 2
+    max_position_embeddings: int = 128
+
+
+def new_moe_model(tokenizer, arch: TinyMoeConfig, seed: int = 0):
+    import torch
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = MixtralConfig(vocab_size=len(tokenizer), hidden_size=arch.hidden_size,
+                        num_hidden_layers=arch.num_hidden_layers,
+                        num_attention_heads=arch.num_attention_heads,
+                        num_key_value_heads=arch.num_attention_heads,
+                        intermediate_size=arch.intermediate_size,
+                        num_local_experts=arch.num_experts, num_experts_per_tok=arch.top_k,
+                        max_position_embeddings=arch.max_position_embeddings, sliding_window=None,
+                        router_aux_loss_coef=0.0, output_router_logits=False,
+                        tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+                        eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id)
+    return MixtralForCausalLM(cfg)
+
+
+def new_model(tokenizer, arch, seed: int = 0):
+    """A fresh model of `arch`: TinyConfig → Llama (tiny-math), TinyMoeConfig → Mixtral (tiny-math-moe)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    if isinstance(arch, TinyMoeConfig):
+        return new_moe_model(tokenizer, arch, seed)
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=arch.hidden_size,
                       num_hidden_layers=arch.num_hidden_layers,
@@ -128,6 +177,8 @@ def train(cfg: TrainConfig, progress=None) -> dict:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     model.eval()
+    if isinstance(cfg.arch, TinyMoeConfig):
+        model = model.to(torch.bfloat16)          # shipped in bf16, loaded as fp32 masters
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return {"steps": cfg.steps, "loss": loss_ema, "wall_s": time.time() - t0,

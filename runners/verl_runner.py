@@ -134,6 +134,17 @@ def check_staleness(k: int) -> None:
         raise VerlError(VERL_STALENESS)
 
 
+VERL_ROUTER_REPLAY = (
+    "--router-replay runs on the native trainer only (--trainer native): verl's router replay (R2/R3, issue #3762) "
+    "is for its Megatron backend; bench launches verl's FSDP actor, whose config has no router replay")
+
+
+def check_router_replay(replay: bool) -> None:
+    """Refuse router replay for verl (VERL_ROUTER_REPLAY says why)."""
+    if replay:
+        raise VerlError(VERL_ROUTER_REPLAY)
+
+
 def installed_verl_version(python: str | None = None) -> str | None:
     """The verl version importable by `python` (default: this interpreter); None if absent."""
     import subprocess
@@ -244,7 +255,9 @@ def precision_overrides(p: Precision) -> list[str]:
     FSDP actor, and no fp8 training outside QAT recipes: those cells are refused (VerlError) and run natively."""
     refused = {"int8": "an int8 rollout (vLLM and verl have no W8A8 int8 path)",
                "nvfp4": "an nvfp4 rollout (vLLM runs NVFP4 only from pre-quantized checkpoints)",
-               "bf16+head32": "an fp32 lm_head (verl exposes no head dtype for vLLM or FSDP)"}
+               "bf16+head32": "an fp32 lm_head (verl exposes no head dtype for vLLM or FSDP)",
+               "bf16+router32": "an fp32 MoE router (verl exposes no router dtype for vLLM or FSDP)",
+               "fp16+router32": "an fp32 MoE router (verl exposes no router dtype for vLLM or FSDP)"}
     if p.rollout in refused or p.train in refused or p.train == "fp8":
         what = (refused.get(p.rollout) or refused.get(p.train)
                 or "fp8 training (FSDP trains in fp32/bf16/fp16; verl's fp8 is for the rollout only)")

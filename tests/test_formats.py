@@ -11,7 +11,8 @@ from torch import nn
 
 from bench import formats
 from bench.calibration import BANDS
-from bench.format_modules import QuantLinear, RolloutWeights, W8A8STE, prepare_compute_model
+from bench.format_modules import QuantLinear, RolloutWeights, prepare_compute_model
+from bench.formats import W8A8STE
 from bench.formats import FORMATS, PrecisionError, e2m1_round, float_step, w8a8_matmul
 from bench.precision import ALL_PAIRS, Precision, parse_list
 

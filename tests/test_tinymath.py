@@ -5,7 +5,7 @@ import json
 from typer.testing import CliRunner
 
 from bench.cli import app
-from bench.models import TINY_MATH_DIR, resolve_model, weights_hash
+from bench.models import TINY_MATH_DIR, TINY_MATH_MOE_DIR, resolve_model, weights_hash
 
 
 def test_training_script_on_a_shrunken_config(tmp_path):
@@ -34,4 +34,14 @@ def test_shipped_weights_are_small_and_resolvable():
 
 def test_unknown_trainable_model():
     r = CliRunner().invoke(app, ["model", "train", "gpt2"])
-    assert r.exit_code == 2 and "only 'tiny-math'" in r.output
+    assert r.exit_code == 2 and "only 'tiny-math' or 'tiny-math-moe'" in r.output
+
+
+def test_shipped_moe_weights_are_small_and_resolvable():
+    ref = resolve_model("tiny-math-moe")
+    assert ref.embedded and ref.template == "plain" and ref.path == str(TINY_MATH_MOE_DIR)
+    assert sum(f.stat().st_size for f in TINY_MATH_MOE_DIR.iterdir()) < 5 * 1024 * 1024
+    assert len(weights_hash(ref)) == 16 and weights_hash(ref) != weights_hash(resolve_model("tiny-math"))
+    from bench.moe import config_is_moe
+
+    assert config_is_moe(ref.path) and not config_is_moe(str(TINY_MATH_DIR))

@@ -46,6 +46,7 @@ MODULES: dict[str, list[str]] = {
     "leaderboard/summary.py": ["tests/test_summary_helpers.py", "tests/test_report_summary.py"],
     "bench/bundle.py": ["tests/test_bundle.py", "-m", "not postgres"],
     "bench/engines/torch_engine.py": ["tests/test_engine_torch.py"],
+    "bench/router_metrics.py": ["tests/test_moe.py", "-k", "router or at_positions or replayed"],
 }
 
 KEEP_BINARY = ("Add_Sub", "Sub_Add", "Mul_Div", "Div_Mul", "Pow_Mul", "FloorDiv_Div", "Mod_FloorDiv")

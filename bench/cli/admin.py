@@ -14,24 +14,35 @@ from bench.cli import DB_OPT, _progress, _store, db_app, fail, model_app, out
 # ------------------------------------------------------------------ model / db
 
 @model_app.command("train")
-def model_train(name: str = typer.Argument("tiny-math", help="Only 'tiny-math' is trainable here."),
-                steps: int = typer.Option(2500, help="Training steps (the band knob)."),
+def model_train(name: str = typer.Argument("tiny-math", help="'tiny-math' (Llama) or 'tiny-math-moe' (Mixtral)."),
+                steps: Optional[int] = typer.Option(None, help="Training steps (the band knob; default 2500 for "
+                                                    "tiny-math, MOE_STEPS of bench/tinymath.py for tiny-math-moe)."),
                 batch_size: int = typer.Option(64), lr: float = typer.Option(3e-3),
                 seed: int = typer.Option(0), threads: int = typer.Option(1),
                 hidden: int = typer.Option(128), layers: int = typer.Option(3),
+                experts: int = typer.Option(8, help="tiny-math-moe: experts per layer (each 1.5 × hidden wide)."),
+                top_k: int = typer.Option(2, help="tiny-math-moe: experts per token."),
                 out_dir: Optional[Path] = typer.Option(None, "--out", help="Default: the package's embedded weights.")):
-    """Train the embedded tiny-math model from scratch on synthetic worked solutions."""
-    from bench.tinymath import TinyConfig, TrainConfig, train
+    """Train an embedded model from scratch on synthetic worked solutions."""
+    from bench.models import TINY_MATH_MOE_DIR
+    from bench.tinymath import MOE_STEPS, TinyConfig, TinyMoeConfig, TrainConfig, train
 
-    if name != "tiny-math":
-        fail(f"unknown trainable model {name!r}; only 'tiny-math'")
+    if name not in ("tiny-math", "tiny-math-moe"):
+        fail(f"unknown trainable model {name!r}; only 'tiny-math' or 'tiny-math-moe'")
+    steps = steps if steps is not None else (2500 if name == "tiny-math" else MOE_STEPS)
     if steps < 1 or batch_size < 1:
         fail("steps and batch size must be >= 1")
-    cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, seed=seed, threads=threads,
-                      arch=TinyConfig(hidden_size=hidden, num_hidden_layers=layers,
-                                      intermediate_size=3 * hidden))
+    if name == "tiny-math-moe" and not 1 <= top_k <= experts:
+        fail(f"--top-k must lie in [1, --experts]; got top-k {top_k} of {experts} experts")
+    arch = (TinyConfig(hidden_size=hidden, num_hidden_layers=layers, intermediate_size=3 * hidden)
+            if name == "tiny-math" else
+            TinyMoeConfig(hidden_size=hidden, num_hidden_layers=layers, intermediate_size=3 * hidden // 2,
+                          num_experts=experts, top_k=top_k))
+    cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, seed=seed, threads=threads, arch=arch)
     if out_dir:
         cfg.out = out_dir
+    elif name == "tiny-math-moe":
+        cfg.out = TINY_MATH_MOE_DIR
     with _progress("training") as prog:
         task = prog.add_task("training", total=steps, rate="")
         summary = train(cfg, progress=lambda s, n, loss: prog.update(task, completed=s, rate=f"loss {loss:.3f}"))

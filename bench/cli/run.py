@@ -271,7 +271,7 @@ def _resume_verl(run_id, db, as_json, progress_lines: bool = False) -> bool:
 
 # the run settings the verl launcher passes on (runners/verl_runner.py); staleness is refused there unless 0
 _VERL_KNOBS = {"benchmark", "prompts_per_step", "samples_per_prompt", "updates_per_batch", "lr", "max_tokens",
-               "max_steps", "eval_every", "checkpoint_every", "staleness"}
+               "max_steps", "eval_every", "checkpoint_every", "staleness", "router_replay"}   # router_replay: refused
 
 
 def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, dry_run, gpus, nodes, as_json,
@@ -284,8 +284,8 @@ def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, 
     from runners.presets import get_preset
     from runners.runs import RunError
     from runners.verl_follow import prepare, start_verl_run
-    from runners.verl_runner import (VerlError, check_staleness, check_verl_version, installed_verl_version,
-                                     missing_launch_modules, shell_line, validate_cells)
+    from runners.verl_runner import (VerlError, check_router_replay, check_staleness, check_verl_version,
+                                     installed_verl_version, missing_launch_modules, shell_line, validate_cells)
 
     if not algo:
         fail("give --algo (see `bench run --algo list`)")
@@ -295,6 +295,7 @@ def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, 
                       + " (native trainer settings); the run ignores them", highlight=False, soft_wrap=True)
     try:
         check_staleness(get_preset(preset, **overrides).staleness)
+        check_router_replay(get_preset(preset, **overrides).router_replay)
     except _user_errors() as e:
         fail(str(e))
     store = _store(db)
@@ -397,10 +398,11 @@ def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or a
     if seed_list is not None and trainer == "verl":
         raise ConfigError("--seeds runs the native trainer only: the verl launcher passes no seed to verl yet")
     if trainer == "verl":
-        from runners.verl_runner import check_staleness
+        from runners.verl_runner import check_router_replay, check_staleness
 
         for k in k_list or []:
             check_staleness(k)
+        check_router_replay(bool(knobs.get("router_replay")))
     device = resolve_device(device) if trainer == "native" else "cpu"
     store = _store(db)
     overrides = {"benchmark": benchmark, **knobs}

@@ -46,6 +46,7 @@ class Sample:
     text: str
     logprobs: list[float]          # mu, per sampled token
     finish_reason: str             # "stop" | "length"
+    routes: object = None          # MoE + built-in engine: int [positions, layers, k] (bench/routes.py)
 
 
 class RolloutEngine(Protocol):

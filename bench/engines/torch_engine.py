@@ -15,6 +15,8 @@ import torch
 
 from .. import formats
 from ..format_modules import NO_KERNELS, RolloutWeights, apply_rollout_kernels
+from ..moe import is_moe
+from ..routes import DecodeRoutes
 from . import Sample, Sampling, row_seed
 
 
@@ -45,7 +47,7 @@ class TorchEngine:
     def __init__(self, model_path: str, dtype: str = "fp32", max_batch: int = 512,
                  threads: int | None = None, model=None, tokenizer=None, track_updates: bool = False,
                  prepared: bool = False, device: str = "cpu", vllm_kernels: bool = True,
-                 preallocated_cache: bool = True):
+                 preallocated_cache: bool = True, record_routes: bool = False):
         """`dtype`: any format of bench/formats.py. `model`: an fp32 model to take over (it is
         modified, and moved to `device`). `track_updates`: record `sync_stats` at every
         update_weights (keeps an fp32 copy of the linear weights). `prepared`: sample from
@@ -56,7 +58,8 @@ class TorchEngine:
         keeps torch's own kernels (the baseline of benchmarks/lowp_speed.py). `preallocated_cache`:
         decode into a KV cache sized once per batch (bench/engines/kv_cache.py; the same numbers);
         False: transformers' DynamicCache, which copies the cache at every token (the baseline of
-        benchmarks/kv_cache.py)."""
+        benchmarks/kv_cache.py). `record_routes`: an
+        MoE model's samples carry the experts chosen at every position (`Sample.routes`, bench/routes.py)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if threads:
@@ -81,6 +84,7 @@ class TorchEngine:
                             else dict(NO_KERNELS))
         self.max_batch = max_batch
         self.preallocated_cache = preallocated_cache
+        self.record_routes = record_routes and is_moe(self.model)
         self.eos = self.tokenizer.eos_token_id
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
 
@@ -140,6 +144,7 @@ class TorchEngine:
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         cache = (kv_cache.preallocated_cache(self.model, width + sp.max_tokens) if self.preallocated_cache
                  else DynamicCache())
+        routes = DecodeRoutes(self.model, b, width + sp.max_tokens) if self.record_routes else None
         live = torch.arange(b)                       # original row of each batch row (CPU)
         tokens: list[list[int]] = [[] for _ in range(b)]
         logps: list[list[float]] = [[] for _ in range(b)]
@@ -147,6 +152,8 @@ class TorchEngine:
         # the prompt's last position only: a full [B, W, V] prefill would not fit for a real vocabulary
         logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos,
                             past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        if routes is not None:
+            routes.prefill(attn)
         next_pos = pos[:, -1:] + 1
         for t in range(sp.max_tokens):
             lp = sampling_logprobs(logits, sp.temperature, sp.top_p)
@@ -168,7 +175,12 @@ class TorchEngine:
             attn = torch.cat([attn, torch.ones((len(live), 1), dtype=attn.dtype, device=dev)], dim=-1)
             logits = self.model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=next_pos,
                                 past_key_values=cache, use_cache=True).logits[:, -1]
+            if routes is not None:
+                routes.step(live)
             next_pos = next_pos + 1
+        if routes is not None:
+            routes.close()
         return [Sample(token_ids=tokens[r], logprobs=logps[r], finish_reason=finish[r],
-                       text=self.tokenizer.decode([x for x in tokens[r] if x != self.eos], skip_special_tokens=False))
+                       text=self.tokenizer.decode([x for x in tokens[r] if x != self.eos], skip_special_tokens=False),
+                       routes=None if routes is None else routes.sample(r))
                 for r in range(b)]

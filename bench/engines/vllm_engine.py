@@ -23,6 +23,7 @@ from typing import Iterable, Sequence
 
 from .. import formats
 from ..formats import PrecisionError
+from ..moe import checkpoint_names
 from . import Sample, Sampling, row_seed
 
 
@@ -88,8 +89,9 @@ class VLLMEngine:
     def update_weights(self, named_tensors: Iterable[tuple[str, "object"]]) -> None:
         from safetensors.torch import save_file
 
-        # named_parameters() yields a tied lm_head once, as the embedding: what save_pretrained writes
-        tensors = {name: t.detach().to("cpu").contiguous().clone() for name, t in named_tensors}
+        # named_parameters() yields a tied lm_head once, as the embedding: what save_pretrained writes;
+        # a Mixtral's experts and routers under their checkpoint names (bench/moe.py)
+        tensors = {name: t.detach().to("cpu").contiguous().clone() for name, t in checkpoint_names(named_tensors)}
         path = os.path.join(self._dir, "model.safetensors")
         save_file(tensors, path, metadata={"format": "pt"})
         self.llm.collective_rpc("bench_reload", kwargs={"weights_path": self._dir})

@@ -103,6 +103,10 @@ def charts():
             curve(steps, ["prob_abs_diff_mean", "staleness_abs_dp"], "mean |Δp|: precision and staleness")
         curve(steps, ["rollout_weights_moved"], "rollout weights moved at the sync (fraction of linear weights)")
         curve(steps, ["rollout_update_to_step"], "update size / the rollout format's grid step (median)", log=True)
+        # MoE models only (docs/moe.md; absent columns: no curve); a group without tokens stores null
+        moe = steps.assign(**{c: pd.to_numeric(steps[c], errors="coerce") for c in steps.columns if "router" in c})
+        curve(moe, ["router_flip_frac", "router_token_flip_frac"], "router flips: (token, layer) pairs, tokens")
+        curve(moe, ["kl_k3_router_flipped", "kl_k3_router_unflipped"], "KL k3: flipped / unflipped tokens", log=True)
         curve(steps, ["time_rollout", "time_scoring", "time_update", "time_eval"], "seconds per step")
     other = [c for c in steps.columns if c.startswith("loss/")] + ["loss"]
     curve(steps, other, "loss and loss metrics")
