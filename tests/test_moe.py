@@ -16,7 +16,8 @@ from bench.engines.torch_engine import TorchEngine
 from bench.errors import ConfigError
 from bench.format_modules import RolloutWeights
 from bench.formats import FORMATS
-from bench.precision import ALL_PAIRS, Precision, parse_list, prepare_compute_model
+from bench.format_modules import prepare_compute_model
+from bench.precision import ALL_PAIRS, Precision, parse_list
 from bench.router_metrics import at_positions, flips, router_flip_frac, router_metrics, router_token_flip_frac
 from bench.routes import TrainRoutes, pad_routes, replayed, routed
 from bench.tinymath import TinyMoeConfig, build_tokenizer, new_model

@@ -12,9 +12,7 @@ from bench.cli import app
 from bench.precision import Precision
 from bench.store import MismatchReport, Run, RunStep, open_store, session
 from runners.presets import get_preset
-from bench.errors import ConfigError
-from runners.runs import RunError
-from runners.trainer import start_run
+from runners.runs import RunError, start_run
 
 pytestmark = pytest.mark.integration
 
@@ -75,7 +73,7 @@ def test_router_replay_needs_an_moe_model_and_the_builtin_engine(tmp_path):
                                  "--dtype", "fp32", "--band", "0", "1", "--json", "--db", url])
     assert r.exit_code == 0, r.output
     store = open_store(url)
-    with pytest.raises(ConfigError, match="mixture-of-experts"):
+    with pytest.raises(RunError, match="mixture-of-experts"):
         start_run(store, "pg-seq-is", Precision("fp32", "fp32"), cfg2(router_replay=True), model="tiny-math",
                   ckpt_root=tmp_path)
     with session(store) as s:
