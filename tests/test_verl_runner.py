@@ -221,27 +221,48 @@ def test_every_dry_run_passes_verls_validate_config(dry_run_cells, verl_python):
     assert errors[-1] == "ValueError: train_batch_size (64) must be >= actor.ppo_mini_batch_size (128)"
 
 
+# Composes every cell's overrides with verl's own Hydra config, as `main_ppo --cfg job` does
+# (the same config directory and name, the same override grammar and strictness), in one process.
+_COMPOSE = """
+import importlib.util, json, os, sys
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+trainer = importlib.util.find_spec("verl.trainer").submodule_search_locations[0]
+out = {}
+with initialize_config_dir(config_dir=os.path.join(trainer, "config"), version_base=None):
+    for key, overrides in json.load(sys.stdin):
+        try:
+            out[key] = [0, OmegaConf.to_yaml(compose("ppo_trainer", overrides=overrides))]
+        except Exception as e:
+            out[key] = [1, f"{type(e).__name__}: {e}"[-500:]]
+print(json.dumps(out))
+"""
+
+
 @pytest.mark.verl
 @pytest.mark.integration
 def test_every_dry_run_composes_with_verls_own_main_ppo(dry_run_cells, verl_python):
-    """`python -m verl.trainer.main_ppo --cfg job <printed overrides>` exits 0 in verl's own
-    environment (./bench.sh test makes .venv-verl) for all 63 cells."""
+    """All 63 cells' overrides compose with verl's own config in verl's environment (./bench.sh
+    test makes .venv-verl), in one process with Hydra's compose API; and one cell through
+    `python -m verl.trainer.main_ppo --cfg job` itself prints the same job config, so the two
+    ways cannot drift apart (63 launches of main_ppo took ~10 min of CI)."""
     import subprocess
-    from concurrent.futures import ThreadPoolExecutor
 
-    def compose(cell):
-        r = subprocess.run([verl_python, "-m", "verl.trainer.main_ppo", *dry_run_cells[cell], "--cfg", "job"],
-                           capture_output=True, text=True, timeout=300)
-        return cell, r.returncode, r.stdout, r.stderr[-500:]
-
-    with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(compose, dry_run_cells))
-    assert [(cell, err) for cell, rc, _, err in results if rc != 0] == []
-    out = {cell: o for cell, _, o, _ in results}
+    cells = [(f"{a}|{p}", o) for (a, p), o in dry_run_cells.items()]
+    r = subprocess.run([verl_python, "-c", _COMPOSE], input=json.dumps(cells), capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    results = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(results) == 63 and [(k, out) for k, (rc, out) in results.items() if rc] == []
+    out = {tuple(k.split("|")): o for k, (_, o) in results.items()}
     assert "rollout_is_threshold: '1e-9_3'" in out[("pg-seq-mis", "fp16")]
     assert "loss_mode: bypass_mode" in out[("pg-seq-is", "bf16")]
     assert "loss_mode: gspo" in out[("gspo", "fp32")]
     assert "adv_estimator: rloo" in out[("grpo", "bf16")]
+    main = subprocess.run([verl_python, "-m", "verl.trainer.main_ppo", *dry_run_cells[("pg-seq-is", "bf16")],
+                           "--cfg", "job"], capture_output=True, text=True, timeout=300)
+    assert main.returncode == 0, main.stderr[-500:]
+    assert main.stdout.strip() == out[("pg-seq-is", "bf16")].strip()
 
 
 @pytest.mark.verl
