@@ -96,21 +96,23 @@ class TinyMoeConfig:
     max_position_embeddings: int = 128
 
 
+def _shared_config(tokenizer, arch) -> dict:
+    """The config fields tiny-math's Llama and tiny-math-moe's Mixtral share."""
+    return dict(vocab_size=len(tokenizer), hidden_size=arch.hidden_size, num_hidden_layers=arch.num_hidden_layers,
+                num_attention_heads=arch.num_attention_heads, num_key_value_heads=arch.num_attention_heads,
+                intermediate_size=arch.intermediate_size, max_position_embeddings=arch.max_position_embeddings,
+                tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id)
+
+
 def new_moe_model(tokenizer, arch: TinyMoeConfig, seed: int = 0):
     import torch
     from transformers import MixtralConfig, MixtralForCausalLM
 
     torch.manual_seed(seed)
-    cfg = MixtralConfig(vocab_size=len(tokenizer), hidden_size=arch.hidden_size,
-                        num_hidden_layers=arch.num_hidden_layers,
-                        num_attention_heads=arch.num_attention_heads,
-                        num_key_value_heads=arch.num_attention_heads,
-                        intermediate_size=arch.intermediate_size,
-                        num_local_experts=arch.num_experts, num_experts_per_tok=arch.top_k,
-                        max_position_embeddings=arch.max_position_embeddings, sliding_window=None,
-                        router_aux_loss_coef=0.0, output_router_logits=False,
-                        tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
-                        eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id)
+    cfg = MixtralConfig(**_shared_config(tokenizer, arch), num_local_experts=arch.num_experts,
+                        num_experts_per_tok=arch.top_k, sliding_window=None, router_aux_loss_coef=0.0,
+                        output_router_logits=False)
     return MixtralForCausalLM(cfg)
 
 
@@ -122,15 +124,7 @@ def new_model(tokenizer, arch, seed: int = 0):
     if isinstance(arch, TinyMoeConfig):
         return new_moe_model(tokenizer, arch, seed)
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=arch.hidden_size,
-                      num_hidden_layers=arch.num_hidden_layers,
-                      num_attention_heads=arch.num_attention_heads,
-                      num_key_value_heads=arch.num_attention_heads,
-                      intermediate_size=arch.intermediate_size,
-                      max_position_embeddings=arch.max_position_embeddings,
-                      tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
-                      eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id)
-    return LlamaForCausalLM(cfg)
+    return LlamaForCausalLM(LlamaConfig(**_shared_config(tokenizer, arch)))
 
 
 def _batch(tokenizer, examples: list[dict]):
