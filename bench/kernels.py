@@ -77,6 +77,12 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+def cpu_16bit_flags() -> list[str]:
+    """The CPU's flags that decide its 16-bit kernels (AMX, AVX512-BF16/FP16) and AVX2, sorted:
+    what the benchmarks print beside their ratios."""
+    return sorted(_cpu_flags() & {"avx2", *(f for fs in _NATIVE_FLAGS.values() for f in fs)})
+
+
 CPU_16BIT_CHOICES = ("none", "bf16", "fp16", "all")
 
 

@@ -30,7 +30,7 @@ def main() -> None:
     from runners.offline_mismatch import step0_pairs
 
     pairs = precision.parse_list(args.pairs)
-    flags = sorted(kernels._cpu_flags() & {"amx_bf16", "amx_fp16", "avx512_bf16", "avx512_fp16", "avx2"})
+    flags = kernels.cpu_16bit_flags()
     print(f"CPU flags: {', '.join(flags) or 'none'}; kernel path (BENCH_CPU_16BIT): {kernels.cpu_kernel_path()}; "
           f"torch {torch.__version__}; {args.prompts} prompts x {args.n}")
     t = time.perf_counter()

@@ -55,9 +55,9 @@ def main() -> None:
 
     from bench.engines.torch_engine import TorchEngine
     from bench.models import TINY_MATH_DIR
-    from bench.kernels import _cpu_flags
+    from bench.kernels import cpu_16bit_flags
 
-    flags = sorted(_cpu_flags() & {"amx_bf16", "amx_fp16", "avx512_bf16", "avx512_fp16", "avx2"})
+    flags = cpu_16bit_flags()
     print(f"CPU flags: {', '.join(flags) or 'none'}; torch {torch.__version__}; {args.threads} thread(s); "
           f"random Llama hidden {args.hidden}, {args.layers} layers, batch {args.batch}")
     prompts = [f"Q: Compute {i}+{2 * i}.\nA: " for i in range(args.batch)]

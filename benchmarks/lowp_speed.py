@@ -48,7 +48,7 @@ def main() -> None:
     probs = load_problems(SourceSpec("synthetic", limit=args.prompts))
     prompts = [render_prompt(ref, tok, p.problem) for p in probs]
     pids = [tok.encode(p, add_special_tokens=False) for p in prompts]
-    flags = sorted(kernels._cpu_flags() & {"amx_bf16", "amx_fp16", "avx512_bf16", "avx512_fp16", "avx2"})
+    flags = kernels.cpu_16bit_flags()
     print(f"CPU 16-bit flags: {', '.join(flags) or 'none'}; torch {torch.__version__}; {args.threads} thread(s)")
     rows, base = [], {}
     for spec in args.formats.split(","):
