@@ -88,22 +88,19 @@ class QuantLinear(nn.Module):
         self.register_buffer("codes", codes)
         self.register_buffer("scale", scale)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(fmt.dtype))
-        # the dequantized weight where the format's GEMM reads it (nvfp4), remade at each sync;
-        # a buffer so it moves with the module, not persistent so checkpoints stay codes + scales
-        self.register_buffer("w_deq", self._dequantized(), persistent=False)
-
-    def _dequantized(self):
-        return self.fmt.quant.dequantize(self.codes, self.scale) if self.fmt.quant.cache_dequantized else None
+        # the weight as the format's GEMM reads it (Quantizer.gemm_weight), remade at each sync; a
+        # buffer so it moves with the module, not persistent so checkpoints stay codes + scales
+        self.register_buffer("w_gemm", fmt.quant.gemm_weight(codes, scale), persistent=False)
 
     def forward(self, x):
-        return self.fmt.matmul(x, self.codes, self.scale, self.bias, self.w_deq, self.split_k)
+        return self.fmt.matmul(x, self.codes, self.scale, self.bias, self.w_gemm, self.split_k)
 
     @torch.no_grad()
     def load_weight(self, w: torch.Tensor, track: bool = False):
         codes, scale = self.fmt.quantize(w.float(), top=self.group_top)
         moved = ~self.fmt.quant.same(codes, self.codes) if track else None
         self.codes, self.scale = codes, scale
-        self.w_deq = self._dequantized()
+        self.w_gemm = self.fmt.quant.gemm_weight(codes, scale)
         return (moved, self.fmt.step(codes, scale)) if track else None
 
     @torch.no_grad()

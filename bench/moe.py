@@ -228,22 +228,17 @@ class QuantExperts(nn.Module):
             codes, scale = self._quantize(getattr(experts, name).detach())
             self.register_buffer(f"{name}_codes", codes)
             self.register_buffer(f"{name}_scale", scale)
-            self.register_buffer(f"{name}_deq", self._dequantized(codes, scale), persistent=False)
+            self.register_buffer(f"{name}_gemm", fmt.quant.gemm_weight(codes, scale), persistent=False)
 
     def _quantize(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each expert's [out, in] weight quantized on its own, stacked: ([E, out, in], [E, ...])."""
         parts = [self.fmt.quantize(w[e].float()) for e in range(w.shape[0])]
         return torch.stack([c for c, _ in parts]), torch.stack([s for _, s in parts])
 
-    def _dequantized(self, codes, scale):
-        q = self.fmt.quant
-        return q.dequantize(codes, scale) if q.cache_dequantized else None
-
     def forward(self, hidden_states, top_k_index, top_k_weights):
         def proj(x, name, e):
-            deq = getattr(self, f"{name}_deq")
             return self.fmt.matmul(x, getattr(self, f"{name}_codes")[e], getattr(self, f"{name}_scale")[e], None,
-                                   None if deq is None else deq[e], self.split_k)
+                                   getattr(self, f"{name}_gemm")[e], self.split_k)
         return _experts_loop(self, hidden_states, top_k_index, top_k_weights, proj)
 
     @torch.no_grad()
@@ -252,7 +247,7 @@ class QuantExperts(nn.Module):
         moved = ~self.fmt.quant.same(codes, getattr(self, f"{name}_codes")) if track else None
         setattr(self, f"{name}_codes", codes)
         setattr(self, f"{name}_scale", scale)
-        setattr(self, f"{name}_deq", self._dequantized(codes, scale))
+        setattr(self, f"{name}_gemm", self.fmt.quant.gemm_weight(codes, scale))
         if not track:
             return None
         step = torch.stack([self.fmt.step(codes[e], scale[e]) for e in range(codes.shape[0])])
@@ -277,18 +272,15 @@ class QuantRouter(nn.Module):
         codes, scale = fmt.quantize(router.weight.detach().float())
         self.register_buffer("codes", codes)
         self.register_buffer("scale", scale)
-        self.register_buffer("w_deq", self._dequantized(), persistent=False)
+        self.register_buffer("w_gemm", fmt.quant.gemm_weight(codes, scale), persistent=False)
 
     @property
     def weight(self):          # what `is_router` looks for: the dequantized weight [E, H]
         return self.fmt.quant.dequantize(self.codes, self.scale)
 
-    def _dequantized(self):
-        return self.fmt.quant.dequantize(self.codes, self.scale) if self.fmt.quant.cache_dequantized else None
-
     def forward(self, hidden_states):
         x = hidden_states.reshape(-1, self.hidden_dim)
-        logits = self.fmt.matmul(x, self.codes, self.scale, None, self.w_deq, self.split_k).float()
+        logits = self.fmt.matmul(x, self.codes, self.scale, None, self.w_gemm, self.split_k).float()
         w, idx = route(logits, self.top_k, _renormalizes(self))
         return logits, w, idx
 
@@ -297,7 +289,7 @@ class QuantRouter(nn.Module):
         codes, scale = self.fmt.quantize(w.float())
         moved = ~self.fmt.quant.same(codes, self.codes) if track else None
         self.codes, self.scale = codes, scale
-        self.w_deq = self._dequantized()
+        self.w_gemm = self.fmt.quant.gemm_weight(codes, scale)
         return (moved, self.fmt.step(codes, scale)) if track else None
 
     def loader(self, attr: str):

@@ -120,7 +120,7 @@ def test_nvfp4_gives_each_expert_its_own_global_scale(tok):
     assert q.gate_up_proj_scale[0, 0, 0].item() == 1.0
     assert torch.equal(q.gate_up_proj_codes[0, 0, :4], torch.tensor([12, 6, 3, 1], dtype=torch.int8))
     assert q.gate_up_proj_scale[1, 0, 0].item() == 1.5                        # 9/6, the same for expert 1
-    assert torch.equal(q.gate_up_proj_deq[0, 0, :4], ex.gate_up_proj[0, 0, :4].detach())
+    assert torch.equal(q.gate_up_proj_gemm[0, 0, :4], ex.gate_up_proj[0, 0, :4].detach())
 
 
 def test_the_router_is_quantized_like_any_linear_layer(tok):
@@ -356,26 +356,30 @@ def test_router_replay_routes_the_trainer_forward_as_the_rollout(tok):
     assert not torch.equal(lp_own, lp_replay)
 
 
-def test_router32_flips_fewer_routes_than_bf16_on_the_same_tokens(tok):
-    """The same sequences through the fp32 master and the training engine's bf16 and
-    bf16+router32 copies: the fp32 router moves fewer top-2 sets off the fp32 choice."""
+def test_router32_routes_as_the_fp32_router_on_the_same_hidden_states(tok):
+    """Each router of the training engine's bf16 / fp16 copies and of their +router32 copies,
+    fed the same 16-bit hidden states: router32's top-2 sets are the fp32 router's (its logits
+    are the fp32 GEMM of the upcast states), the 16-bit router's are not, on some tokens.
+
+    (On whole sequences the flips also come from the 16-bit layers before each router, whose
+    rounding router32 keeps: with 3,000 tokens through two layers, bf16+router32 flipped 40
+    top-2 sets where bf16 flipped 36 on an AVX512-BF16 CPU, and fewer on an AVX2 one; that
+    count measures the model, not the format, so the test does not assert it.)"""
     m = small_moe(tok, hidden=64, layers=2, experts=8, seed=1)
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, len(tok), (64, 48), generator=g)
-    attn = torch.ones_like(ids)
-
-    def routes(model):
-        s = TrainRoutes(model, *ids.shape)
-        with torch.no_grad(), routed(s):
-            model(input_ids=ids, attention_mask=attn)
-        return s.chosen
-
-    ref = routes(m)
-    mask = torch.ones(ids.shape)
-    frac = {f: router_flip_frac(ref, routes(prepare_compute_model(copy.deepcopy(m), f).eval()), mask)
-            for f in ("bf16", "bf16+router32", "fp16", "fp16+router32")}
-    assert frac["bf16"] > 0 and frac["bf16+router32"] < frac["bf16"]
-    assert frac["fp16+router32"] <= frac["fp16"]
+    flipped = {}
+    for f in ("bf16", "bf16+router32", "fp16", "fp16+router32"):
+        gates = [b.gate for b in moe.moe_blocks(prepare_compute_model(copy.deepcopy(m), f).eval())]
+        n = 0
+        for gate, ref in zip(gates, [b.gate for b in moe.moe_blocks(m)], strict=True):
+            h = torch.randn(4096, 64, generator=g).to(FORMATS[f].dtype)
+            with torch.no_grad():
+                _, _, idx = gate(h)
+                _, _, want = ref(h.float())
+            n += int(flips(idx.unsqueeze(1), want.unsqueeze(1)).sum())
+        flipped[f] = n
+    assert flipped["bf16+router32"] == 0 and flipped["fp16+router32"] == 0
+    assert flipped["bf16"] > 0
 
 
 # ------------------------------------------------------------------ the CLI and the knobs
