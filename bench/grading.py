@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+from functools import lru_cache
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass
 from typing import Sequence
@@ -49,7 +50,10 @@ def normalise(answer: str) -> str:
     return re.sub(r"\s*([+\-=])\s*", r"\1", answer)
 
 
+@lru_cache(maxsize=4096)
 def _parse_gold(gold: str):
+    """The gold parsed (None when it does not): once per worker, not once per answer graded
+    against it (the pairs of one problem share their gold)."""
     from math_verify import parse
 
     gold = normalise(gold)
@@ -60,6 +64,7 @@ def _parse_gold(gold: str):
     return None
 
 
+@lru_cache(maxsize=16384)
 def _parse_answer(extracted: str):
     from math_verify import parse
 
