@@ -56,7 +56,8 @@ def verdict(sanities: list[str]) -> str:
 
 def cell_columns() -> list[str]:
     return [*CELL_KEY, "sanity", "passes", "seeds", "status", "pass_rate", "peak_mean", "peak_ci_lo", "peak_ci_hi",
-            "peak_sd", "steps_to_pass_median", "steps_to_pass_min", "steps_to_pass_max", "kl_k3_median", "n_seeds",
+            "peak_sd", "steps_to_pass_median", "steps_to_pass_min", "steps_to_pass_max", "kl_k3_median",
+            "router_flip_median", "n_seeds",
             "runs", "decided", "early"]
 
 
@@ -129,6 +130,8 @@ def cells_frame(runs: pd.DataFrame) -> pd.DataFrame:
                      "steps_to_pass_median": _median(steps), "steps_to_pass_min": min(steps) if steps else math.nan,
                      "steps_to_pass_max": max(steps) if steps else math.nan,
                      "kl_k3_median": _median(_present(g.mean_kl)) if "mean_kl" in g else math.nan,
+                     "router_flip_median": (_median(_present(g.mean_router_flip_frac))
+                                            if "mean_router_flip_frac" in g else math.nan),
                      "n_seeds": n, "runs": list(g.run), "decided": decided,
                      "early": _early(g)})
     return pd.DataFrame(rows, columns=cell_columns())

@@ -61,8 +61,13 @@ def _read(engine: Engine, q) -> pd.DataFrame:
         return pd.read_sql(q, c)
 
 
+ROUTER_TAIL = ("router_flip_frac", "router_token_flip_frac")   # MoE runs' step metrics (bench/router_metrics.py)
+
+
 def runs_frame(engine: Engine, build_id: str | None = None) -> pd.DataFrame:
     """One row per run with its leaderboard columns; mismatch over the last tenth of the run.
+    `mean_router_flip_frac` / `mean_router_token_flip_frac`: an MoE run's router flips over
+    the same steps (null for a dense model).
     `mean_kl` is the per-token k3 estimate of KL[μ‖π] (non-negative, low variance); the
     per-sequence k1 (`mean_kl_k1`) sits at its noise floor for fp16 on short answers.
     `config` is the stored run config and `config_fp` its settings fingerprint
@@ -82,7 +87,9 @@ def runs_frame(engine: Engine, build_id: str | None = None) -> pd.DataFrame:
                                 func.avg(RunStep.kl_k1).label("mean_kl_k1"),
                                 func.max(func.abs(RunStep.prob_diff_max)).label("dp_max"),
                                 func.max(func.abs(RunStep.prob_diff_min)).label("dp_min"),
-                                func.avg(RunStep.log_ratio_slope).label("log_ratio_slope"))
+                                func.avg(RunStep.log_ratio_slope).label("log_ratio_slope"),
+                                *[func.avg(RunStep.metrics[key].as_float()).label(f"mean_{key}")
+                                  for key in ROUTER_TAIL])
                  .join(last, last.c.run_id == RunStep.run_id)
                  .where(RunStep.step * 10 >= last.c.last * 9).group_by(RunStep.run_id))
     tail["max_abs_dp"] = tail[["dp_max", "dp_min"]].max(axis=1)

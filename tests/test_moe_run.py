@@ -117,3 +117,55 @@ def test_moe_runs_refuse_the_vllm_engine(build, tmp_path):
                   ckpt_root=tmp_path)
     with session(store) as s:
         assert len(s.scalars(select(Run)).all()) == before            # nothing written
+
+
+def _moe_store(tmp_path) -> str:
+    """A hand-made store: two seeds of an MoE cell (bf16) whose steps carry router flips, a dense
+    cell (fp16) without them, and an offline MoE mismatch report."""
+    from bench.store import MismatchReport
+    from conftest import add_model_and_build
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    with session(open_store(url)) as s:
+        model_id = add_model_and_build(s)
+        for run_id, dt, seed, flip in (("m0", "bf16", 0, 1e-3), ("m1", "bf16", 1, 3e-3), ("d0", "fp16", 0, None)):
+            s.add(Run(id=run_id, model_id=model_id, build_id="b0", algo="pg-seq-is", rollout_dtype=dt, train_dtype=dt,
+                      trainer="native", engine="torch", config={}, status="max_steps", step=10, seed=seed,
+                      peak_accuracy=0.5))
+            s.flush()
+            for step in range(1, 11):         # the tail (step·10 ≥ 9·10: steps 9, 10) at 4× the rest
+                m = {"reward": 0.5, "kl_k3": 2e-5}
+                if flip is not None:
+                    m.update(router_flip_frac=flip * (4 if step >= 9 else 1), router_token_flip_frac=0.01)
+                s.add(RunStep.from_metrics(run_id, step, m))
+        s.add(MismatchReport(model_id=model_id, rollout_dtype="bf16", train_dtype="bf16", source="synthetic-hard", n=8,
+                             metrics={"kl_k3": 2e-5, "router_flip_frac": 1.5e-3, "router_token_flip_frac": 4.4e-3,
+                                      "router_tokens": 1000.0, "kl_k3_router_flipped": 9.9e-5,
+                                      "kl_k3_router_unflipped": 2.1e-5, "router_replay": 0.0}, plots={}))
+    return url
+
+
+def test_the_grid_and_mismatch_pages_show_the_router_flips(tmp_path, monkeypatch):
+    """The grid's cells carry the median over seeds of each run's router flips over its last
+    tenth of steps (MoE cells only), offered as a metric; the Mismatch page has a Routing table."""
+    import math
+    import os
+
+    from conftest import app_page
+    from leaderboard import cells, queries
+
+    url = _moe_store(tmp_path)
+    runs = queries.runs_frame(open_store(url))
+    flips = dict(zip(runs.run, runs.mean_router_flip_frac))
+    assert flips["m0"] == pytest.approx(4e-3) and flips["m1"] == pytest.approx(1.2e-2) and math.isnan(flips["d0"])
+    stats = cells.cells_frame(runs).set_index("precision")
+    assert stats.router_flip_median["bf16"] == pytest.approx(8e-3) and math.isnan(stats.router_flip_median["fp16"])
+    monkeypatch.setitem(os.environ, "BENCH_DB_URL", url)
+    at = app_page("pages/grid.py", timeout=120)
+    assert "router flips" in at.radio[0].options
+    at.radio[0].set_value("router_flip_median").run()
+    assert not at.exception
+    at = app_page("pages/mismatch.py", timeout=120)
+    assert "Routing" in [h.value for h in at.subheader]
+    routing = at.dataframe[1].value
+    assert list(routing.router_flip_frac) == [1.5e-3] and "kl_k3_router_flipped" in routing.columns

@@ -40,9 +40,11 @@ grid["cell"] = [("—" if pd.isna(v) else f"{v:.2f}") + (f" {colours.VERDICT_MAR
                 for v, s, k, n, status in zip(grid.peak_mean, grid.sanity, grid.passes, grid.n_seeds.fillna(0),
                                               grid.status)]
 
-metric = st.radio("Metric", ["pass_rate", "peak_mean", "steps_to_pass_median", "kl_k3_median"], horizontal=True,
-                  format_func={"pass_rate": "pass rate (k/N seeds)", "peak_mean": "peak accuracy",
-                               "steps_to_pass_median": "steps to pass", "kl_k3_median": "mean KL k3"}.get)
+METRICS = {"pass_rate": "pass rate (k/N seeds)", "peak_mean": "peak accuracy", "steps_to_pass_median": "steps to pass",
+           "kl_k3_median": "mean KL k3", "router_flip_median": "router flips"}
+moe = bool(grid.router_flip_median.notna().any())          # an MoE model's cells: their router flips too
+metric = st.radio("Metric", [m for m in METRICS if moe or m != "router_flip_median"], horizontal=True,
+                  format_func=METRICS.get)
 if metric == "pass_rate":                  # the share of seeds that passed, red (none) → green (all)
     scale = alt.Scale(domain=[0.0, 0.5, 1.0], range=["#d73027", "#fee08b", "#1a9850"])
     legend, ink = alt.Legend(values=[0.0, 0.5, 1.0], title="seeds passed (k/N)"), alt.value("black")
@@ -64,7 +66,7 @@ if metric == "pass_rate":                  # a cell still running has no verdict
 chart = alt.Chart(grid).mark_rect(stroke="white").encode(
     x=x, y=y, color=square,
     tooltip=["rollout_dtype", "train_dtype", "sanity", "passes", "pass_rate", "status", "peak_mean", "peak_ci_lo",
-             "peak_ci_hi", "steps_to_pass_median", "kl_k3_median"])
+             "peak_ci_hi", "steps_to_pass_median", "kl_k3_median", *(["router_flip_median"] if moe else [])])
 text = alt.Chart(grid).mark_text().encode(x=x, y=y, text="cell:N", color=ink)
 st.altair_chart(chart + text, width="stretch")
 where = f"{trainer}, {view.engine.iloc[0]}, cfg {short(view.config_fp.iloc[0])}" if not view.empty else trainer
@@ -72,7 +74,9 @@ st.caption(f"{algo} on build {build} ({where}{f', staleness K={k}' if k else ''}
            "the text is the mean peak split accuracy, the verdict (✓ PASS: every seed stopped converged; ✗ FAIL; "
            "… RUNNING, pending; 'early' when a rule decided it before the run's end) and k/N seeds passed; the "
            "colour is that pass rate (red none, green all; amber while the cell still runs), or the peak on a "
-           f"fixed 0–1 scale turning from blue to green at the {PASS_LINE} pass line.")
+           f"fixed 0–1 scale turning from blue to green at the {PASS_LINE} pass line"
+           + ("; router flips: the median over seeds of the share of (token, layer) top-k sets the two engines "
+              "chose differently, over each run's last tenth of steps" if moe else "") + ".")
 seeds = sorted({int(x) for x in view.seed if x == x and x is not None}) if "seed" in view else []
 have = {(r, t): None for r, t in zip(grid.rollout_dtype, grid.train_dtype)}      # pair → its seeds (None: no run)
 for r, t, ss in zip(stats.rollout_dtype, stats.train_dtype, stats.seeds):

@@ -8,6 +8,10 @@ import streamlit as st
 from leaderboard import data, display
 from leaderboard.summary import conditions_text, offline_ratios, ratio_text
 
+ROUTER_COLUMNS = ("router_replay", "router_flip_frac", "router_token_flip_frac", "kl_k3_router_flipped",
+                  "kl_k3_router_unflipped", "abs_logp_diff_mean_router_flipped", "abs_logp_diff_mean_router_unflipped",
+                  "router_tokens")
+
 st.title("Training–inference mismatch")
 url = data.store_url()
 reports = data.mismatch(url)
@@ -21,6 +25,15 @@ cols = [c for c in ("rollout_dtype", "train_dtype", "source", "engine", "limit",
                     "prob_diff_min", "log_ratio_slope", "log_ratio_slope_se", "created_at")
         if c in view.columns]
 display.dataframe(view[cols], hide_index=True, width="stretch")
+router = [c for c in ROUTER_COLUMNS if c in view.columns]
+if "router_flip_frac" in router and view.router_flip_frac.notna().any():
+    st.subheader("Routing")
+    st.caption("Mixture-of-experts reports: the share of (token, layer) top-k sets and of tokens the rollout and "
+               "training engines routed differently, and the mismatch split by flipped and unflipped tokens; "
+               "router_replay 1: π was scored with the rollout's experts (R3), the flips are what the trainer "
+               "would have chosen (docs/moe.md).")
+    moe = view[view.router_flip_frac.notna()]
+    display.dataframe(moe[["rollout_dtype", "train_dtype", *router]], hide_index=True, width="stretch")
 ratios = offline_ratios(view)
 st.subheader("bf16 ÷ fp16")
 if ratios:
