@@ -84,15 +84,24 @@ def drop_repeats(problems: list[Problem]) -> tuple[list[Problem], list[dict]]:
     return unique, repeats
 
 
+_BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+
 def last_boxed(text: str) -> str | None:
     """Content of the last `\\boxed{...}` (or `\\fbox{...}`) in `text`, braces balanced; None if absent
-    or unbalanced."""
-    starts = [m.end() for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text)]
-    if not starts:
-        return None
-    i = starts[-1]
+    or unbalanced. Searched from the end for "box" (in both commands: `\\boxed` 1 character
+    after the backslash, `\\fbox` 2), so a long response costs what its tail costs."""
+    end = len(text)
+    while True:
+        p = text.rfind("box", 0, end)
+        if p < 1:
+            return None
+        m = _BOX_OPEN.match(text, p - 1) or (_BOX_OPEN.match(text, p - 2) if p >= 2 else None)
+        if m:
+            break
+        end = p + 2                     # the next "box" starts before p
+    i = j = m.end()
     depth = 1
-    j = i
     while j < len(text):
         c = text[j]
         if c == "{":
