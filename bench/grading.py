@@ -98,8 +98,13 @@ def extract(response: str) -> str | None:
 # ------------------------------------------------------------- the pool
 
 def _quiet_worker() -> None:
-    """Workers run math-verify with its own timeouts off; silence its warning about that."""
+    """Workers run math-verify with its own timeouts off; silence its warning about that. It
+    is imported here, when the worker starts, so that sympy's import (seconds on a loaded CPU)
+    never counts against the hard timeout of the first answer a worker grades, e.g. in the
+    worker started after a hostile answer killed one."""
     import logging
+
+    import math_verify  # noqa: F401
 
     logging.getLogger("math_verify").setLevel(logging.ERROR)
 
