@@ -148,7 +148,7 @@ class FP8E4M3(Quantizer):
         step = 2^(max(⌊log2|v|⌋, −6) − 3) is e4m3's spacing at v (3 mantissa bits; subnormals
         below 2^−6 share 2^−9), ⌊log2|v|⌋ read off v's fp32 exponent bits. The same values as
         the conversion to float8_e4m3fn and back (round to nearest even; |v| ≤ 448 after the
-        clamp), a sixth of its time on a CPU."""
+        clamp), in about half its time on a CPU (torch converts from float8 element by element)."""
         v = (x.float() / scale).clamp_(-self.qmax, self.qmax)
         exp = (v.view(torch.int32) >> 23) & 0xFF                       # biased exponent, 127 = 2^0
         step = exp.sub_(3).clamp_(min=127 - 9).bitwise_left_shift_(23).view(torch.float32)
@@ -183,7 +183,7 @@ def e2m1_round(v: torch.Tensor) -> torch.Tensor:
     so torch.round (half to even, symmetric in the sign) of v/step is the IEEE rounding."""
     c = v.detach().clamp(-6.0, 6.0)
     a = c.abs()
-    step = torch.where(a >= 2, torch.where(a >= 4, 2.0, 1.0), 0.5)
+    step = (a >= 2).float().mul_(0.5).add_(0.5).add_((a >= 4).float())       # 0.5, 1, 2 (exact)
     return c.div_(step).round_().mul_(step)
 
 
