@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import os
 import re
-from functools import lru_cache
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from typing import Sequence
 
 from .knobs import knob

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-import time
-
 import os
+import time
 
 from bench import kernels
 from bench.engines import Sampling, make_engine
