@@ -168,9 +168,10 @@ def _futile(state: StopState, cfg: StopConfig, max_steps: int | None) -> tuple[s
         return None
     proj, hi, b = p
     total = sum(k for _, _, k in window)
+    flat = ", projected flat" if b < 0 else ""
     return FUTILE, (f"cannot plausibly reach {cfg.target} by max_steps={max_steps}: the last {len(window)} evaluations "
                     f"(steps {window[0][0]}–{window[-1][0]}, {total} graded samples) project {proj:.3f} at step "
-                    f"{max_steps} (trend {100 * b:+.3f} per 100 steps, a fall projected flat), at most {hi:.3f} at "
+                    f"{max_steps} (trend {100 * b:+.3f} per 100 steps{flat}), at most {hi:.3f} at "
                     f"{cfg.futility_confidence:.0%} (step {window[-1][0]})")
 
 

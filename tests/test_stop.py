@@ -258,6 +258,11 @@ def test_futility_needs_its_window_and_a_horizon_and_says_why():
     assert [after_eval(state, cfg, s, a, n, max_steps=30) for s, a, n in flat[:3]] == [None] * 3   # 3 < window
     status, reason = after_eval(state, cfg, 15, 0.80, 708, max_steps=30)
     assert status == FUTILE and "max_steps=30" in reason and "steps 0–15" in reason and "2832 graded" in reason
+    assert "projected flat" not in reason                        # a flat trend is projected as it is
+    state = StopState()                                          # a falling one: "projected flat", in words
+    falling = [(s, a, 708) for s, a in ((0, 0.83), (5, 0.82), (10, 0.81), (15, 0.80))]
+    *_, (status, reason) = [after_eval(state, cfg, s, a, n, max_steps=30) for s, a, n in falling]
+    assert status == FUTILE and "trend -0.200 per 100 steps, projected flat" in reason
     state = StopState()                                          # no horizon (verl): never futile
     assert [after_eval(state, cfg, s, a, n) for s, a, n in flat] == [None] * 4 and FUTILE not in state.shadow
     # the same readings with a long way to go: P + z·se at step 1,000 is far above 0.95
