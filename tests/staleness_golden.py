@@ -54,10 +54,14 @@ FP32_TOLERANCE = {"rel": 1e-3, "noise_abs": 1e-3}
 
 
 def cpu_kind() -> str:
-    """The CPU kind an fp32 GEMM's rounding order depends on: avx512 or avx2."""
+    """The CPU kind an fp32 GEMM's rounding order depends on: avx512-amx (oneDNN's AMX-era
+    kernels round fp32 otherwise: measured on a Xeon with AMX and AVX512-FP16), avx512 or avx2."""
     from bench.kernels import _cpu_flags
 
-    return "avx512" if "avx512f" in _cpu_flags() else "avx2"
+    flags = _cpu_flags()
+    if "avx512f" not in flags:
+        return "avx2"
+    return "avx512-amx" if "amx_tile" in flags else "avx512"
 
 
 def snapshot_key() -> str:
