@@ -54,8 +54,9 @@ FP32_TOLERANCE = {"rel": 1e-3, "noise_abs": 1e-3}
 
 
 def cpu_kind() -> str:
-    """The CPU kind an fp32 GEMM's rounding order depends on: avx512-amx (oneDNN's AMX-era
-    kernels round fp32 otherwise: measured on a Xeon with AMX and AVX512-FP16), avx512 or avx2."""
+    """The CPU kind an fp32 GEMM's rounding order depends on: avx512-amx, avx512 or avx2 (a Xeon
+    with AMX and AVX512-FP16 rounded the fp32 pin's loss otherwise than the avx512 CPU it was
+    recorded on: measured, the cause inside oneDNN not traced)."""
     from bench.kernels import _cpu_flags
 
     flags = _cpu_flags()
