@@ -146,12 +146,12 @@ class FP8E4M3(Quantizer):
     def code_values(self, x, scale):
         """The e4m3 rounding of x/scale in fp32: v/step rounded half to even, times step, where
         step = 2^(max(⌊log2|v|⌋, −6) − 3) is e4m3's spacing at v (3 mantissa bits; subnormals
-        below 2^−6 share 2^−9), ⌊log2|v|⌋ read off v's fp32 exponent bits. The same values as
+        below 2^−6 share 2^−9), made from v's fp32 exponent bits. The same values as
         the conversion to float8_e4m3fn and back (round to nearest even; |v| ≤ 448 after the
         clamp), in about half its time on a CPU (torch converts from float8 element by element)."""
         v = (x.float() / scale).clamp_(-self.qmax, self.qmax)
-        exp = (v.view(torch.int32) >> 23) & 0xFF                       # biased exponent, 127 = 2^0
-        step = exp.sub_(3).clamp_(min=127 - 9).bitwise_left_shift_(23).view(torch.float32)
+        # the exponent field (bits 23-30, 127 = 2^0) less 3, at least 127 − 9: step's own bits
+        step = (v.view(torch.int32) & 0x7F800000).sub_(3 << 23).clamp_(min=(127 - 9) << 23).view(torch.float32)
         return v.div_(step).round_().mul_(step)
 
     def step(self, codes, scale):
@@ -178,13 +178,30 @@ class Int8(Quantizer):
 
 def e2m1_round(v: torch.Tensor) -> torch.Tensor:
     """v (fp32) rounded to the nearest e2m1 value {0, ±0.5, ±1, ±1.5, ±2, ±3, ±4, ±6}, ties to
-    the even code (0, 1, 2, 4: mantissa bit 0), saturating at ±6. Within a binade the grid step
-    is 0.5 below 2, 1 in [2, 4), 2 from 4, and the code's mantissa bit is the parity of v/step,
-    so torch.round (half to even, symmetric in the sign) of v/step is the IEEE rounding."""
+    the even code (0, 1, 2, 4: mantissa bit 0), saturating at ±6. e2m1 is a float with one
+    mantissa bit and no binade below [1, 2), so its grid step at c = clamp(v, −6, 6) is
+        step = 2^(max(⌊log2|c|⌋, 0) − 1)    (0.5 below 2, 1 in [2, 4), 2 from 4),
+    read off c's fp32 exponent field E (bits 23–30, 127 = 2^0): step's bits are
+    max(E − 1, 126) << 23, i.e. (bits(c) & 0x7F800000) − 2^23, at least 126·2^23 (0 and
+    subnormals take 0.5). The code's mantissa bit is the parity of c/step, so torch.round (half to
+    even, symmetric in the sign) of c/step, times step, is the IEEE rounding; step is a power of
+    two, so the division and product are exact."""
     c = v.detach().clamp(-6.0, 6.0)
-    a = c.abs()
-    step = (a >= 2).float().mul_(0.5).add_(0.5).add_((a >= 4).float())       # 0.5, 1, 2 (exact)
+    step = (c.view(torch.int32) & 0x7F800000).sub_(1 << 23).clamp_(min=126 << 23).view(torch.float32)
     return c.div_(step).round_().mul_(step)
+
+
+def block_amax(xb: torch.Tensor) -> torch.Tensor:
+    """max |x| over the last dimension (a power of two long: NVFP4's blocks of 16), by halving:
+    the elementwise maximum of the two halves until one is left. The same values as
+    `xb.abs().amax(-1)` (a maximum is exact, NaN propagates), in a few wide elementwise ops where
+    torch's reduction over a 16-long inner dimension is slow on a CPU."""
+    a = xb.abs()
+    n = a.shape[-1]
+    while n > 1:
+        n //= 2
+        a = torch.maximum(a[..., :n], a[..., n:2 * n])
+    return a.squeeze(-1)
 
 
 class NVFP4(Quantizer):
@@ -215,7 +232,7 @@ class NVFP4(Quantizer):
     def _block_scales(self, xb: torch.Tensor, per_tensor: bool = False,
                       top: torch.Tensor | float | None = None) -> torch.Tensor:
         """`scales` of x already in blocks ([..., nb, 16], fp32)."""
-        amax = xb.abs().amax(-1)                                                # [..., nb]
+        amax = block_amax(xb)                                                   # [..., nb]
         if top is None:
             top = amax.amax() if per_tensor else amax.amax(-1, keepdim=True)
         top = torch.as_tensor(top, dtype=torch.float32, device=amax.device)
