@@ -101,6 +101,29 @@ def test_int8_w8a8_matmul_by_hand():
     assert y.dtype == torch.bfloat16 and y.float().tolist() == [[3.6875, -2.09375]]
 
 
+def _fp32_sweep() -> torch.Tensor:
+    """Every 4,096th fp32 bit pattern (both signs, zeros, subnormals, infinities; NaNs dropped)."""
+    v = (torch.arange(0, 1 << 32, 4096, dtype=torch.int64) - (1 << 31)).to(torch.int32).view(torch.float32)
+    return v[~torch.isnan(v)]
+
+
+def _with_neighbours(v: torch.Tensor) -> torch.Tensor:
+    """v and the fp32 values just below and above each element."""
+    return torch.cat([v, torch.nextafter(v, torch.tensor(-float("inf"))), torch.nextafter(v, torch.tensor(float("inf")))])
+
+
+def test_e4m3_code_values_are_the_float8_cast_on_an_fp32_sweep():
+    # code_values makes e4m3's rounding from the fp32 exponent field (no float8 round trip);
+    # it must be the cast's value for every input: a sweep of the fp32 bit patterns, and every
+    # midpoint between neighbouring e4m3 values with the fp32 numbers on either side of it
+    grid = torch.arange(0, 256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
+    grid = grid[torch.isfinite(grid)].unique()                       # the 253 distinct finite values
+    mids = (grid[1:] + grid[:-1]) / 2                                # exact in fp32
+    v = torch.cat([_fp32_sweep(), _with_neighbours(torch.cat([mids, grid]))]).reshape(1, -1)
+    got = FP8.quant.code_values(v, ONE)
+    assert torch.equal(got, v.clamp(-448, 448).to(torch.float8_e4m3fn).float())
+
+
 # ------------------------------------------------------------------ nvfp4
 
 def test_e2m1_rounds_to_nearest_even_and_saturates_at_6():
@@ -110,6 +133,21 @@ def test_e2m1_rounds_to_nearest_even_and_saturates_at_6():
     assert e2m1_round(-ties).tolist() == [0.0, -1.0, -1.0, -2.0, -2.0, -4.0, -4.0]
     near = torch.tensor([0.26, 0.74, 1.3, 2.4, 2.6, 4.9, 5.1, 6.0, 7.0, 1e6, -1e6, 0.0])
     assert e2m1_round(near).tolist() == [0.5, 0.5, 1.5, 2.0, 3.0, 4.0, 6.0, 6.0, 6.0, 6.0, -6.0, 0.0]
+
+
+def test_e2m1_round_is_the_nearest_grid_value_on_an_fp32_sweep():
+    # e2m1_round reads the grid step off the fp32 exponent field; the reference here is the
+    # definition: the nearest of the 15 values, a tie to the even code (mantissa bit 0: 0, ±1, ±2,
+    # ±4), beyond ±6 the end of the grid
+    grid = torch.tensor([-6.0, -4.0, -3.0, -2.0, -1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    even = torch.tensor([v in (0.0, 1.0, 2.0, 4.0) for v in grid.abs().tolist()])
+    mids = (grid[1:] + grid[:-1]) / 2
+    v = torch.cat([_fp32_sweep(), _with_neighbours(torch.cat([mids, grid]))])
+    d = (v.clamp(-6.0, 6.0)[:, None] - grid[None, :]).abs()
+    best = d.min(1, keepdim=True).values
+    pick = (d == best) & (even[None, :] | ((d == best).sum(1, keepdim=True) == 1))
+    want = grid[pick.float().argmax(1)]
+    assert torch.equal(e2m1_round(v), want)            # (a −0 equals 0)
 
 
 def test_nvfp4_block_scales_codes_and_step_by_hand():
