@@ -1,13 +1,13 @@
 """16-bit against fp32 on this CPU: one tiny-math RL step's two halves, per format.
 
 Rollouts: the built-in engine samples 64 prompts × 8 (≤ 64 tokens, T = 1) after a warm-up
-batch of the same shapes; every format is timed once a repeat, in turn. Training: one forward + backward of the training engine's compute
-copy over those samples (response log-probs, a REINFORCE-style loss). Prints seconds (the
-median of `--repeats` timed passes) and the ratio to the first format (fp32 by default) per
-format, the kernels each engine used, the CPU's 16-bit flags, and the training–inference
-mismatch of the samples (k3 per token) so a speed-up that made the two engines compute alike
-would show. Goal (issue 12): every 16-bit ratio ≤ 1.3; sub-16-bit
-rollouts (fp8, int8, nvfp4) ≤ 1.3× bf16's rollout time (issue 22).
+batch of the same shapes. Training: one forward + backward of the training engine's compute
+copy over those samples (response log-probs, a REINFORCE-style loss). Every format is timed
+once a repeat, in turn; the script prints seconds (the median of `--repeats` passes) and the
+ratio to the first format (fp32 by default) per format, the kernels each engine used, the
+CPU's 16-bit flags, and the training–inference mismatch of the samples (k3 per token) so a
+speed-up that made the two engines compute alike would show. Goal (issue 12): every 16-bit
+ratio ≤ 1.3; sub-16-bit rollouts (fp8, int8, nvfp4) ≤ 1.3× bf16's rollout time (issue 22).
 
 A rollout-only format (int8, nvfp4: no such training) is timed on the rollout side; its
 training half and k3 are those of the pair `rollout=FORMAT,train=--train-for` (fp16, the
@@ -25,9 +25,11 @@ import time
 import torch
 
 
-def train_pass(compute, batch, response_logprobs) -> torch.Tensor:
+def train_pass(compute, batch) -> torch.Tensor:
     """One forward + backward of the compute copy over `batch` (response log-probs, a
     REINFORCE-style loss); the detached log-probs."""
+    from runners.logprobs import response_logprobs
+
     lp = response_logprobs(compute, *batch.tensors)
     (-(lp * batch.mask).sum() / batch.mask.sum()).backward()
     compute.zero_grad(set_to_none=True)
@@ -53,7 +55,6 @@ def main() -> None:
     from bench.mismatch import mismatch_metrics
     from bench.models import load_model, load_tokenizer, render_prompt, resolve_model
     from bench.problems import SourceSpec, load_problems
-    from runners.logprobs import response_logprobs
     from runners.train_engine import Batch
 
     ref = resolve_model("tiny-math")
@@ -79,7 +80,7 @@ def main() -> None:
         compute = format_modules.prepare_compute_model(load_model(ref, torch.float32), train_fmt)
         compute.train()
         cells[spec] = dict(eng=eng, batch=batch, mu=mu, train_fmt=train_fmt, compute=compute, roll=[], train=[])
-        train_pass(compute, batch, response_logprobs)                                   # warm-up
+        train_pass(compute, batch)                                   # warm-up
 
     # round robin: each repeat times every format once, so a machine that speeds up or slows
     # down during the run moves every format's times alike
@@ -89,7 +90,7 @@ def main() -> None:
             c["eng"].generate(prompts, 8, sp)
             c["roll"].append(time.perf_counter() - t)
             t = time.perf_counter()
-            c["lp"] = train_pass(c["compute"], c["batch"], response_logprobs)
+            c["lp"] = train_pass(c["compute"], c["batch"])
             c["train"].append(time.perf_counter() - t)
 
     rows, base = [], {}
@@ -106,7 +107,8 @@ def main() -> None:
                      train_mm, k3))
     bf16 = next((tr for f, tr, *_ in rows if f == "bf16"), None)
     first = "×" + rows[0][0].removesuffix(":torch")
-    print(f"median of {args.repeats} timed passes each, the formats in turn; × the first format ({rows[0][0]}) and × bf16")
+    print(f"median of {args.repeats} timed passes each, the formats in turn; × the first format ({rows[0][0]})"
+          + (" and × bf16's rollout" if bf16 else ""))
     print(f"{'format':<11} {'rollout s':>9} {first:>6} {'×bf16':>6} {'train s':>8} {first:>6}  rollout kernels"
           f"                          train GEMM     k3/token")
     for fmt, tr, rr, tt, rt, kern, mm, k3 in rows:
