@@ -85,6 +85,15 @@ def test_split_k_sums_its_slices_in_order():
     assert split_k_matmul(x, w, 2).item() == 2.0 ** -24
     assert split_k_matmul(x, w, 3).item() == (x @ w.t()).item()        # K not divisible: one GEMM
     assert split_k_matmul(torch.randn(2, 5, 8), torch.randn(3, 8), 4).shape == (2, 5, 3)
+    # the same order on a wide output and 8 slices, where torch's sum over the slices regroups
+    # the partials (torch 2.13 on a CPU: 11 of these 255 outputs one ulp off the order)
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(3, 128, generator=g) * torch.logspace(-6, 6, 128), torch.randn(85, 128, generator=g)
+    parts = [x[:, s * 16:(s + 1) * 16] @ w[:, s * 16:(s + 1) * 16].t() for s in range(8)]
+    want = parts[0]
+    for p in parts[1:]:
+        want = want + p
+    assert torch.equal(split_k_matmul(x, w, 8), want)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
