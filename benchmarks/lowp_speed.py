@@ -43,7 +43,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3,
-                    help="timed rollouts and training passes per format (the same samples each time): the median is printed")
+                    help="timed rollouts and training passes per format (the same samples each time): "
+                         "the median is printed")
     ap.add_argument("--train-for", default="fp16",
                     help="the training format paired with a rollout-only format (int8, nvfp4)")
     args = ap.parse_args()

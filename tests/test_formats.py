@@ -109,7 +109,8 @@ def _fp32_sweep() -> torch.Tensor:
 
 def _with_neighbours(v: torch.Tensor) -> torch.Tensor:
     """v and the fp32 values just below and above each element."""
-    return torch.cat([v, torch.nextafter(v, torch.tensor(-float("inf"))), torch.nextafter(v, torch.tensor(float("inf")))])
+    inf = torch.tensor(float("inf"))
+    return torch.cat([v, torch.nextafter(v, -inf), torch.nextafter(v, inf)])
 
 
 def test_e4m3_code_values_are_the_float8_cast_on_an_fp32_sweep():
