@@ -186,7 +186,7 @@ def e2m1_round(v: torch.Tensor) -> torch.Tensor:
     subnormals take 0.5). The code's mantissa bit is the parity of c/step, so torch.round (half to
     even, symmetric in the sign) of c/step, times step, is the IEEE rounding; step is a power of
     two, so the division and product are exact."""
-    c = v.detach().clamp(-6.0, 6.0)
+    c = v.detach().float().clamp(-6.0, 6.0)
     step = (c.view(torch.int32) & 0x7F800000).sub_(1 << 23).clamp_(min=126 << 23).view(torch.float32)
     return c.div_(step).round_().mul_(step)
 
@@ -198,6 +198,8 @@ def block_amax(xb: torch.Tensor) -> torch.Tensor:
     torch's reduction over a 16-long inner dimension is slow on a CPU."""
     a = xb.abs()
     n = a.shape[-1]
+    if n & (n - 1):
+        raise ValueError(f"block_amax needs a power-of-two last dimension, got {n}")
     while n > 1:
         n //= 2
         a = torch.maximum(a[..., :n], a[..., n:2 * n])
