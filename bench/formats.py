@@ -61,6 +61,19 @@ def float_step(v: torch.Tensor, mantissa_bits: int, min_exp: int) -> torch.Tenso
     return torch.ldexp(torch.ones_like(v, dtype=torch.float32), exp - mantissa_bits)
 
 
+def fp32_grid_step(v: torch.Tensor, mantissa_bits: int, min_exp: int) -> torch.Tensor:
+    """float_step(v, mantissa_bits, min_exp) for finite fp32 `v` by bit arithmetic, in three
+    elementwise ops: with E = v's exponent field (bits 23–30, 127 = 2^0), the step's own fp32 bits are
+        max(E − mantissa_bits, 127 + min_exp − mantissa_bits) << 23,
+    i.e. (bits(v) & 0x7F800000) − mantissa_bits·2^23, clamped below. Only for a grid whose
+    smallest step is a normal fp32 number (e4m3, e2m1; not fp32's or bf16's own grids)."""
+    lowest = 127 + min_exp - mantissa_bits
+    if lowest < 1:
+        raise ValueError(f"the grid's smallest step 2^{min_exp - mantissa_bits} is not a normal fp32 number")
+    bits = v.view(torch.int32) & 0x7F800000
+    return bits.sub_(mantissa_bits << 23).clamp_(min=lowest << 23).view(torch.float32)
+
+
 FLOAT_GRIDS = {torch.float32: (23, -126), torch.bfloat16: (7, -126), torch.float16: (10, -14)}
 
 
@@ -146,12 +159,11 @@ class FP8E4M3(Quantizer):
     def code_values(self, x, scale):
         """The e4m3 rounding of x/scale in fp32: v/step rounded half to even, times step, where
         step = 2^(max(⌊log2|v|⌋, −6) − 3) is e4m3's spacing at v (3 mantissa bits; subnormals
-        below 2^−6 share 2^−9), made from v's fp32 exponent bits. The same values as
-        the conversion to float8_e4m3fn and back (round to nearest even; |v| ≤ 448 after the
-        clamp), in about half its time on a CPU (torch converts from float8 element by element)."""
+        below 2^−6 share 2^−9), made from v's fp32 exponent bits (fp32_grid_step). The same
+        values as the conversion to float8_e4m3fn and back (round to nearest even; |v| ≤ 448
+        after the clamp), in about half its time on a CPU (torch converts from float8 element by element)."""
         v = (x.float() / scale).clamp_(-self.qmax, self.qmax)
-        # the exponent field (bits 23-30, 127 = 2^0) less 3, at least 127 − 9: step's own bits
-        step = (v.view(torch.int32) & 0x7F800000).sub_(3 << 23).clamp_(min=(127 - 9) << 23).view(torch.float32)
+        step = fp32_grid_step(v, 3, -6)
         return v.div_(step).round_().mul_(step)
 
     def step(self, codes, scale):
@@ -180,14 +192,13 @@ def e2m1_round(v: torch.Tensor) -> torch.Tensor:
     """v (fp32) rounded to the nearest e2m1 value {0, ±0.5, ±1, ±1.5, ±2, ±3, ±4, ±6}, ties to
     the even code (0, 1, 2, 4: mantissa bit 0), saturating at ±6. e2m1 is a float with one
     mantissa bit and no binade below [1, 2), so its grid step at c = clamp(v, −6, 6) is
-        step = 2^(max(⌊log2|c|⌋, 0) − 1)    (0.5 below 2, 1 in [2, 4), 2 from 4),
-    read off c's fp32 exponent field E (bits 23–30, 127 = 2^0): step's bits are
-    max(E − 1, 126) << 23, i.e. (bits(c) & 0x7F800000) − 2^23, at least 126·2^23 (0 and
-    subnormals take 0.5). The code's mantissa bit is the parity of c/step, so torch.round (half to
-    even, symmetric in the sign) of c/step, times step, is the IEEE rounding; step is a power of
-    two, so the division and product are exact."""
+        step = 2^(max(⌊log2|c|⌋, 0) − 1)    (0.5 below 2, 1 in [2, 4), 2 from 4; 0 and
+    subnormals 0.5), read off c's fp32 exponent field (fp32_grid_step). The code's mantissa bit
+    is the parity of c/step, so torch.round (half to even, symmetric in the sign) of c/step,
+    times step, is the IEEE rounding; step is a power of two, so the division and product are
+    exact."""
     c = v.detach().float().clamp(-6.0, 6.0)
-    step = (c.view(torch.int32) & 0x7F800000).sub_(1 << 23).clamp_(min=126 << 23).view(torch.float32)
+    step = fp32_grid_step(c, 1, 0)
     return c.div_(step).round_().mul_(step)
 
 

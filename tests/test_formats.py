@@ -113,6 +113,17 @@ def _with_neighbours(v: torch.Tensor) -> torch.Tensor:
     return torch.cat([v, torch.nextafter(v, -inf), torch.nextafter(v, inf)])
 
 
+def test_fp32_grid_step_is_float_step_by_bits():
+    # the two quantizers' grid step from the exponent field equals the frexp/ldexp definition on
+    # every finite value of the sweep; a grid whose smallest step is subnormal in fp32 is refused
+    v = _fp32_sweep()
+    v = v[torch.isfinite(v)]
+    for grid in ((3, -6), (1, 0)):                                   # e4m3, e2m1
+        assert torch.equal(formats.fp32_grid_step(v, *grid), float_step(v, *grid))
+    with pytest.raises(ValueError, match="not a normal fp32 number"):
+        formats.fp32_grid_step(v, 7, -126)                           # bf16's grid
+
+
 def test_e4m3_code_values_are_the_float8_cast_on_an_fp32_sweep():
     # code_values makes e4m3's rounding from the fp32 exponent field (no float8 round trip);
     # it must be the cast's value for every input: a sweep of the fp32 bit patterns, and every
