@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from bench.engines import Sampling
-from bench.engines.kv_cache import PreallocatedLayer, preallocated_cache
-from bench.engines.torch_engine import TorchEngine
+from bench.engines.kv_cache import PreallocatedLayer, drop_rows, fill_from_end, preallocated_cache
+from bench.engines.torch_engine import TorchEngine, shared_prompts
 from bench.models import TINY_MATH_DIR
 
 
@@ -35,6 +35,57 @@ def test_reorder_keeps_the_chosen_rows_in_order():
     k, v = layer.update(kv(2, 1, 2.0), kv(2, 1, 102.0))
     assert k[:, 0, :, 0].tolist() == [[20, 21, 2], [0, 1, 12]]
     assert v[:, 0, :2, 0].tolist() == [[120, 121], [100, 101]]
+
+
+def test_reorder_repeats_rows_into_the_room_left_for_them():
+    layer = PreallocatedLayer(capacity=4, max_rows=5)
+    layer.update(kv(2, 2, 0.0), kv(2, 2, 100.0))                  # two prompts prefilled once
+    assert layer._k.shape[0] == 5
+    layer.reorder_cache(torch.tensor([0, 0, 1, 1, 1]))             # 2 and 3 samples of them
+    k, _ = layer.update(kv(5, 1, 2.0), kv(5, 1, 102.0))
+    assert k[:, 0, :, 0].tolist() == [[0, 1, 2], [0, 1, 12], [10, 11, 22], [10, 11, 32], [10, 11, 42]]
+    with pytest.raises(RuntimeError, match="KV cache has 5 rows; 6 asked"):
+        layer.reorder_cache(torch.tensor([0] * 6))
+
+
+def test_fill_from_end_by_hand():
+    order, dst, src = fill_from_end(torch.tensor([True, False, True, False, True, True]))
+    assert order.tolist() == [0, 4, 2, 5] and dst.tolist() == [1, 3] and src.tolist() == [4, 5]
+    order, dst, src = fill_from_end(torch.tensor([True, True, False]))     # the last row: nothing moves
+    assert order.tolist() == [0, 1] and dst.tolist() == [] and src.tolist() == []
+    assert fill_from_end(torch.tensor([False, False, True]))[0].tolist() == [2]
+
+
+@pytest.mark.parametrize("preallocated", [True, False])
+def test_drop_rows_moves_the_tail_into_the_holes(preallocated):
+    from transformers import DynamicCache
+    from transformers.cache_utils import Cache
+
+    cache = Cache(layers=[PreallocatedLayer(capacity=4)]) if preallocated else DynamicCache()
+    cache.update(kv(4, 2, 0.0), kv(4, 2, 100.0), 0)
+    order = drop_rows(cache, torch.tensor([False, True, True, True]))       # row 0 finished: row 3 takes its slot
+    assert order.tolist() == [3, 1, 2]
+    k, v = cache.update(kv(3, 1, 2.0), kv(3, 1, 102.0), 0)
+    assert k[:, 0, :, 0].tolist() == [[30, 31, 2], [10, 11, 12], [20, 21, 22]]
+    assert v[:, 0, :2, 0].tolist() == [[130, 131], [110, 111], [120, 121]]
+
+
+def test_shared_prompts_by_hand():
+    uniq, src = shared_prompts([[5, 6], [5, 6], [7], [5, 6], [7]])
+    assert uniq == [[5, 6], [7]] and src == [0, 0, 1, 0, 1]
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "fp16", "fp8", "nvfp4"])
+def test_a_prompt_prefilled_once_samples_as_one_prefilled_per_row(fmt):
+    """Shared prefill (a prompt's keys and values copied to its n rows) against one prefill per
+    row: token ids and μ identical, over a batch cut into chunks across a prompt's rows."""
+    prompts = [f"Q: Compute {a}+{b}.\nA: " for a, b in [(3, 4), (12, 30), (7, 8), (100, 23)]]
+    out = {}
+    for share in (False, True):
+        eng = TorchEngine(str(TINY_MATH_DIR), fmt, share_prompts=share, max_batch=12)
+        out[share] = [s for row in eng.generate(prompts, 5, Sampling(1.0, 1.0, 24, seed=7)) for s in row]
+    assert [s.token_ids for s in out[True]] == [s.token_ids for s in out[False]]
+    assert [s.logprobs for s in out[True]] == [s.logprobs for s in out[False]]
 
 
 def test_a_full_cache_says_so():

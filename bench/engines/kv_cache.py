@@ -9,9 +9,12 @@ attention reads the filled prefix as a view:
 
     K[:, :, t] ← k_t,   attend over K[:, :, :t+1]      (no copy of K[:, :, :t])
 
-Dropping finished rows (the engine's `reorder_cache`) compacts the kept rows' filled prefix to
-the front of the same buffer: one copy of the live part, when rows finish, as before. The
-values attention reads are the same numbers in the same order as DynamicCache's, so samples and
+Dropping finished rows (`drop_rows`) moves the live rows past the batch's new end into the
+finished rows' slots: f finished rows copy at most f rows' prefixes, where compacting every kept
+row (`reorder_cache`, DynamicCache's way) copies the whole live cache each time a row finishes.
+A prompt prefilled once for its n samples is repeated into n rows by `reorder_cache` (the
+buffers have room for the batch's rows from the start). A row's keys and values are the same
+numbers in the same order as DynamicCache's wherever the row sits in the batch, so samples and
 log-probs are unchanged bit for bit (tests/test_kv_cache.py).
 """
 
@@ -22,20 +25,24 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 
 class PreallocatedLayer(DynamicLayer):
-    """One layer's keys and values in buffers [B, H, capacity, D]; `length` columns filled,
-    `rows` rows live."""
+    """One layer's keys and values in buffers [max(B, max_rows), H, capacity, D]; `length`
+    columns filled, `rows` rows live. `max_rows`: room for more rows than the first forward
+    writes, which `reorder_cache` fills by repeating rows (a prompt prefilled once, then
+    given to each of its samples: bench/engines/torch_engine.py)."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, max_rows: int = 0):
         super().__init__()
         self.capacity = capacity
+        self.max_rows = max_rows
         self.length = 0
         self.rows = 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         b, h, _, d = key_states.shape
+        n = max(b, self.max_rows)
         self.dtype, self.device = key_states.dtype, key_states.device
-        self._k = torch.empty((b, h, self.capacity, d), dtype=key_states.dtype, device=key_states.device)
-        self._v = torch.empty((b, h, self.capacity, value_states.shape[-1]), dtype=value_states.dtype,
+        self._k = torch.empty((n, h, self.capacity, d), dtype=key_states.dtype, device=key_states.device)
+        self._v = torch.empty((n, h, self.capacity, value_states.shape[-1]), dtype=value_states.dtype,
                               device=value_states.device)
         self.rows, self.length = b, 0
         self.is_initialized = True
@@ -60,11 +67,14 @@ class PreallocatedLayer(DynamicLayer):
         return self.capacity
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Keep rows `beam_idx` (in that order): their filled prefix moves to the front."""
+        """Keep rows `beam_idx` (in that order, a row repeated as often as it is named, within
+        the buffer's rows): their filled prefix moves to the front."""
         if not self.is_initialized:
             return
         idx = beam_idx.to(self._k.device)
         n, t = len(idx), self.length
+        if n > self._k.shape[0]:
+            raise RuntimeError(f"KV cache has {self._k.shape[0]} rows; {n} asked")
         self._k[:n, :, :t] = self._k[idx, :, :t]          # advanced indexing reads a copy first
         self._v[:n, :, :t] = self._v[idx, :, :t]
         self.rows = n
@@ -72,11 +82,25 @@ class PreallocatedLayer(DynamicLayer):
 
     batch_select_indices = reorder_cache
 
+    def move_rows(self, dst: torch.Tensor, src: torch.Tensor, rows: int) -> None:
+        """Rows `src` take the places `dst` (disjoint), then the first `rows` rows are live: a
+        finished row's slot is filled by a live row from past the new end, so dropping f rows
+        copies at most f rows' prefixes, not every live row's."""
+        if not self.is_initialized:
+            return
+        t = self.length
+        if len(dst):
+            dst, src = dst.to(self._k.device), src.to(self._k.device)
+            self._k[dst, :, :t] = self._k[src, :, :t]
+            self._v[dst, :, :t] = self._v[src, :, :t]
+        self.rows = rows
+        self.keys, self.values = self._k[:rows, :, :t], self._v[:rows, :, :t]
 
-def preallocated_cache(model, capacity: int) -> Cache:
-    """A cache of `capacity` positions per layer for `model`, or transformers' DynamicCache
-    where the model's layers are not all plain full attention (sliding windows, linear
-    attention: their own cache layers)."""
+
+def preallocated_cache(model, capacity: int, max_rows: int = 0) -> Cache:
+    """A cache of `capacity` positions and room for `max_rows` rows per layer for `model`, or
+    transformers' DynamicCache where the model's layers are not all plain full attention
+    (sliding windows, linear attention: their own cache layers)."""
     from transformers import DynamicCache
 
     cfg = getattr(model, "config", None)
@@ -84,4 +108,39 @@ def preallocated_cache(model, capacity: int) -> Cache:
     types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
     if types != {"full_attention"} or getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
         return DynamicCache()
-    return Cache(layers=[PreallocatedLayer(capacity) for _ in range(cfg.num_hidden_layers)])
+    return Cache(layers=[PreallocatedLayer(capacity, max_rows) for _ in range(cfg.num_hidden_layers)])
+
+
+def fill_from_end(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Drop the batch rows where `keep` is False by moving the kept rows past the new end into
+    the freed slots below it: (order, dst, src), with `order` the old row of each new row
+    (arange but at `dst`, which hold `src`). Rows that stay keep their slot.
+
+        keep = [T, F, T, F, T, T]  →  order = [0, 4, 2, 5], dst = [1, 3], src = [4, 5]
+    """
+    n = int(keep.sum())
+    dst = (~keep[:n]).nonzero().squeeze(-1)
+    src = keep[n:].nonzero().squeeze(-1) + n
+    order = torch.arange(n)
+    order[dst] = src
+    return order, dst, src
+
+
+def drop_rows(cache: Cache, keep: torch.Tensor) -> torch.Tensor:
+    """Drop the finished rows (`keep` False, on the CPU) from `cache`; returns the old row of each
+    remaining row, to index the batch's other tensors with. A preallocated cache moves only the
+    rows `fill_from_end` names; any other cache reorders every layer (`reorder_cache`)."""
+    order, dst, src = fill_from_end(keep)
+    if all(isinstance(layer, PreallocatedLayer) for layer in cache.layers):
+        for layer in cache.layers:
+            layer.move_rows(dst, src, len(order))
+    else:
+        cache.reorder_cache(order.to(_device(cache)))
+    return order
+
+
+def _device(cache: Cache) -> torch.device:
+    for layer in cache.layers:
+        if getattr(layer, "keys", None) is not None:
+            return layer.keys.device
+    return torch.device("cpu")

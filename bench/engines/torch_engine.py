@@ -41,13 +41,25 @@ def inverse_cdf_sample(logp: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return idx.clamp_(max=logp.shape[-1] - 1)
 
 
+def shared_prompts(prompt_ids: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """The distinct prompts of a batch's rows, in first-seen order, and for each row the index
+    of its prompt among them: a prompt sampled n times is prefilled once (vLLM's prefix
+    caching, SGLang's RadixAttention, within one batch)."""
+    first: dict[tuple[int, ...], int] = {}
+    src = [first.setdefault(tuple(p), len(first)) for p in prompt_ids]
+    uniq: list[list[int]] = [[] for _ in first]
+    for p, i in first.items():
+        uniq[i] = list(p)
+    return uniq, src
+
+
 class TorchEngine:
     name = "torch"
 
     def __init__(self, model_path: str, dtype: str = "fp32", max_batch: int = 512,
                  threads: int | None = None, model=None, tokenizer=None, track_updates: bool = False,
                  prepared: bool = False, device: str = "cpu", vllm_kernels: bool = True,
-                 preallocated_cache: bool = True, record_routes: bool = False):
+                 preallocated_cache: bool = True, record_routes: bool = False, share_prompts: bool = True):
         """`dtype`: any format of bench/formats.py. `model`: an fp32 model to take over (it is
         modified, and moved to `device`). `track_updates`: record `sync_stats` at every
         update_weights (keeps an fp32 copy of the linear weights). `prepared`: sample from
@@ -59,7 +71,10 @@ class TorchEngine:
         decode into a KV cache sized once per batch (bench/engines/kv_cache.py; the same numbers);
         False: transformers' DynamicCache, which copies the cache at every token (the baseline of
         benchmarks/kv_cache.py). `record_routes`: an
-        MoE model's samples carry the experts chosen at every position (`Sample.routes`, bench/routes.py)."""
+        MoE model's samples carry the experts chosen at every position (`Sample.routes`, bench/routes.py).
+        `share_prompts`: a prompt's n samples share one prefill (its keys, values and last logits
+        copied to each row: `shared_prompts`); False prefills every row (the baseline of
+        benchmarks/rollout_engine.py). Samples are the same either way (tests/test_kv_cache.py)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if threads:
@@ -84,6 +99,7 @@ class TorchEngine:
                             else dict(NO_KERNELS))
         self.max_batch = max_batch
         self.preallocated_cache = preallocated_cache
+        self.share_prompts = share_prompts
         self.record_routes = record_routes and is_moe(self.model)
         self.eos = self.tokenizer.eos_token_id
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
@@ -135,14 +151,16 @@ class TorchEngine:
         dev = self.device
         b = len(prompt_ids)
         width = max(map(len, prompt_ids))
-        ids = torch.full((b, width), self.pad, dtype=torch.long)
-        attn = torch.zeros((b, width), dtype=torch.long)
-        for r, p in enumerate(prompt_ids):
+        uniq, src = shared_prompts(prompt_ids) if self.share_prompts else (prompt_ids, None)
+        src = src if len(uniq) < b else None
+        ids = torch.full((len(uniq), width), self.pad, dtype=torch.long)
+        attn = torch.zeros((len(uniq), width), dtype=torch.long)
+        for r, p in enumerate(uniq):
             ids[r, width - len(p):] = torch.tensor(p)
             attn[r, width - len(p):] = 1
         ids, attn = ids.to(dev), attn.to(dev)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        cache = (kv_cache.preallocated_cache(self.model, width + sp.max_tokens) if self.preallocated_cache
+        cache = (kv_cache.preallocated_cache(self.model, width + sp.max_tokens, max_rows=b) if self.preallocated_cache
                  else DynamicCache())
         routes = DecodeRoutes(self.model, b, width + sp.max_tokens) if self.record_routes else None
         live = torch.arange(b)                       # original row of each batch row (CPU)
@@ -152,8 +170,12 @@ class TorchEngine:
         # the prompt's last position only: a full [B, W, V] prefill would not fit for a real vocabulary
         logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos,
                             past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        if src is not None:                          # each prompt's keys, values and logits to each of its rows
+            rows = torch.tensor(src, device=dev)
+            cache.reorder_cache(rows)
+            logits, attn, pos = logits[rows], attn[rows], pos[rows]
         if routes is not None:
-            routes.prefill(attn)
+            routes.prefill(attn, src)
         next_pos = pos[:, -1:] + 1
         for t in range(sp.max_tokens):
             lp = sampling_logprobs(logits, sp.temperature, sp.top_p)
@@ -169,9 +191,11 @@ class TorchEngine:
             if t == sp.max_tokens - 1 or not keep.any():
                 break
             if not keep.all():                        # drop finished rows from the batch
-                kd = keep.to(dev)
-                live, tok, attn, next_pos = live[keep], tok[kd], attn[kd], next_pos[kd]
-                cache.reorder_cache(kd.nonzero().squeeze(-1))
+                order = kv_cache.drop_rows(cache, keep) if self.preallocated_cache else keep.nonzero().squeeze(-1)
+                od = order.to(dev)
+                if not self.preallocated_cache:
+                    cache.reorder_cache(od)
+                live, tok, attn, next_pos = live[order], tok[od], attn[od], next_pos[od]
             attn = torch.cat([attn, torch.ones((len(live), 1), dtype=attn.dtype, device=dev)], dim=-1)
             logits = self.model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=next_pos,
                                 past_key_values=cache, use_cache=True).logits[:, -1]
