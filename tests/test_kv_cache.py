@@ -37,15 +37,14 @@ def test_reorder_keeps_the_chosen_rows_in_order():
     assert v[:, 0, :2, 0].tolist() == [[120, 121], [100, 101]]
 
 
-def test_reorder_repeats_rows_into_the_room_left_for_them():
-    layer = PreallocatedLayer(capacity=4, max_rows=5)
-    layer.update(kv(2, 2, 0.0), kv(2, 2, 100.0))                  # two prompts prefilled once
-    assert layer._k.shape[0] == 5
-    layer.reorder_cache(torch.tensor([0, 0, 1, 1, 1]))             # 2 and 3 samples of them
-    k, _ = layer.update(kv(5, 1, 2.0), kv(5, 1, 102.0))
+def test_a_prefill_of_distinct_prompts_is_stored_once_per_row():
+    layer = PreallocatedLayer(capacity=4, repeat=torch.tensor([0, 0, 1, 1, 1]))
+    k, v = layer.update(kv(2, 2, 0.0), kv(2, 2, 100.0))            # two prompts prefilled once
+    assert k.shape == (2, 1, 2, 2)                                  # the prefill attends over its own rows
+    assert layer._k.shape[0] == 5 and layer.get_seq_length() == 2
+    k, v = layer.update(kv(5, 1, 2.0), kv(5, 1, 102.0))             # 2 and 3 samples of them
     assert k[:, 0, :, 0].tolist() == [[0, 1, 2], [0, 1, 12], [10, 11, 22], [10, 11, 32], [10, 11, 42]]
-    with pytest.raises(RuntimeError, match="KV cache has 5 rows; 6 asked"):
-        layer.reorder_cache(torch.tensor([0] * 6))
+    assert v[:, 0, :2, 0].tolist() == [[100, 101], [100, 101], [110, 111], [110, 111], [110, 111]]
 
 
 def test_fill_from_end_by_hand():

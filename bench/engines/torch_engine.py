@@ -160,7 +160,7 @@ class TorchEngine:
             attn[r, width - len(p):] = 1
         ids, attn = ids.to(dev), attn.to(dev)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        cache = (kv_cache.preallocated_cache(self.model, width + sp.max_tokens, max_rows=b) if self.preallocated_cache
+        cache = (kv_cache.preallocated_cache(self.model, width + sp.max_tokens, repeat=src) if self.preallocated_cache
                  else DynamicCache())
         routes = DecodeRoutes(self.model, b, width + sp.max_tokens) if self.record_routes else None
         live = torch.arange(b)                       # original row of each batch row (CPU)
@@ -170,9 +170,10 @@ class TorchEngine:
         # the prompt's last position only: a full [B, W, V] prefill would not fit for a real vocabulary
         logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos,
                             past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
-        if src is not None:                          # each prompt's keys, values and logits to each of its rows
+        if src is not None:                          # each prompt's logits (and keys, values) to each of its rows
             rows = torch.tensor(src, device=dev)
-            cache.reorder_cache(rows)
+            if not kv_cache.is_preallocated(cache):  # (a preallocated cache stored them so)
+                cache.reorder_cache(rows)
             logits, attn, pos = logits[rows], attn[rows], pos[rows]
         if routes is not None:
             routes.prefill(attn, src)
@@ -191,10 +192,8 @@ class TorchEngine:
             if t == sp.max_tokens - 1 or not keep.any():
                 break
             if not keep.all():                        # drop finished rows from the batch
-                order = kv_cache.drop_rows(cache, keep) if self.preallocated_cache else keep.nonzero().squeeze(-1)
+                order = kv_cache.drop_rows(cache, keep)
                 od = order.to(dev)
-                if not self.preallocated_cache:
-                    cache.reorder_cache(od)
                 live, tok, attn, next_pos = live[order], tok[od], attn[od], next_pos[od]
             attn = torch.cat([attn, torch.ones((len(live), 1), dtype=attn.dtype, device=dev)], dim=-1)
             logits = self.model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=next_pos,
