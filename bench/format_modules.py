@@ -51,26 +51,13 @@ from torch import nn
 
 from . import formats, kernels, moe
 from .formats import Format, W8A8STE, float_step
+from .fused_projections import fuse_projections, fused_groups, unfuse_projections
 from .precision import canon
 
 TRACK_SAMPLE = 2 ** 24      # weights behind rollout_update_to_step at most (see the module docstring)
 
 
 # ------------------------------------------------------------------ rollout side
-
-FUSED_PROJECTIONS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))   # vLLM's qkv_proj, gate_up_proj
-
-
-def fused_groups(model: nn.Module) -> list[list[str]]:
-    """The nn.Linear modules (full names) that vLLM runs as one fused projection: a module's
-    q_proj/k_proj/v_proj children (qkv_proj) and gate_proj/up_proj children (gate_up_proj)."""
-    groups = []
-    for name, mod in model.named_modules():
-        for members in FUSED_PROJECTIONS:
-            if all(isinstance(getattr(mod, m, None), nn.Linear) for m in members):
-                groups.append([f"{name}.{m}" if name else m for m in members])
-    return groups
-
 
 class QuantLinear(nn.Module):
     """Inference-only quantized linear layer: codes [out, in] and scales ([out, 1] per channel,
@@ -97,10 +84,13 @@ class QuantLinear(nn.Module):
 
     @torch.no_grad()
     def load_weight(self, w: torch.Tensor, track: bool = False):
+        """Re-quantize from `w`, written in place (the buffers may be views of a fused group's:
+        bench/fused_projections.py)."""
         codes, scale = self.fmt.quantize(w.float(), top=self.group_top)
         moved = ~self.fmt.quant.same(codes, self.codes) if track else None
-        self.codes, self.scale = codes, scale
-        self.w_gemm = self.fmt.quant.gemm_weight(codes, scale)
+        self.codes.copy_(codes)
+        self.scale.copy_(scale)
+        self.w_gemm.copy_(self.fmt.quant.gemm_weight(codes, scale))
         return (moved, self.fmt.step(codes, scale)) if track else None
 
     @torch.no_grad()
@@ -152,6 +142,7 @@ class RolloutWeights:
 
     def __init__(self, model: nn.Module, fmt: Format, track: bool = False):
         self.fmt = fmt
+        unfuse_projections(model)            # a model another engine prepared: its members compute alone again
         owners: dict[int, list[tuple[str, nn.Module, str]]] = {}
         for mod_name, mod in model.named_modules():
             for attr, p in mod.named_parameters(recurse=False):
@@ -308,7 +299,7 @@ def prepare_compute_model(model: nn.Module, dtype: str, device: str = "cpu") -> 
 
 # ------------------------------------------------------------------ the rollout engine's kernels
 
-NO_KERNELS = {"split_k_linear": 0, "upcast_attention": 0, "fused_mlp": 0}
+NO_KERNELS = {"split_k_linear": 0, "upcast_attention": 0, "fused_mlp": 0, "fused_projections": 0}
 
 
 def split_k_matmuls(model: nn.Module, sixteen_bit: bool = True) -> int:
@@ -325,13 +316,17 @@ def split_k_matmuls(model: nn.Module, sixteen_bit: bool = True) -> int:
 
 def apply_rollout_kernels(model: nn.Module, fmt: Format, device) -> dict[str, int]:
     """Apply the rollout engine's kernels (bench/kernels.py) to `model`, already prepared in the
-    format `fmt` (`RolloutWeights`): fused SiluAndMul for every format with 16-bit activations;
-    split-K GEMMs for the quantized layers (every device) and, where the CPU lacks the format's
-    16-bit instructions, for the 16-bit layers, with attention upcast. fp32: nothing. Returns
-    {"split_k_linear": n, "upcast_attention": 0 or 1, "fused_mlp": m}."""
-    if fmt.dtype not in (torch.float16, torch.bfloat16):
-        return dict(NO_KERNELS)
-    emulate = torch.device(device).type == "cpu" and not kernels.cpu_has_native(fmt.name)
-    attention = int(emulate and kernels.upcast_attention(model))
-    return {"split_k_linear": split_k_matmuls(model, sixteen_bit=emulate), "upcast_attention": attention,
-            "fused_mlp": kernels.fuse_silu_mul(model) + moe.apply_rollout_kernels(model, emulate)}
+    format `fmt` (`RolloutWeights`) and on its device: fused SiluAndMul for every format with
+    16-bit activations; split-K GEMMs for the quantized layers (every device) and, where the
+    CPU lacks the format's 16-bit instructions, for the 16-bit layers, with attention upcast;
+    then, for every format, fp32 included, vLLM's fused q/k/v and gate/up projections (the same
+    numbers: bench/fused_projections.py). Returns {"split_k_linear": n, "upcast_attention": 0
+    or 1, "fused_mlp": m, "fused_projections": g}."""
+    got = dict(NO_KERNELS)
+    if fmt.dtype in (torch.float16, torch.bfloat16):
+        emulate = torch.device(device).type == "cpu" and not kernels.cpu_has_native(fmt.name)
+        attention = int(emulate and kernels.upcast_attention(model))
+        got.update({"split_k_linear": split_k_matmuls(model, sixteen_bit=emulate), "upcast_attention": attention,
+                    "fused_mlp": kernels.fuse_silu_mul(model) + moe.apply_rollout_kernels(model, emulate)})
+    got["fused_projections"] = fuse_projections(model)
+    return got

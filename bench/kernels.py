@@ -254,14 +254,17 @@ def _fp32_weight(linear: nn.Linear) -> torch.Tensor:
     return cached[1]
 
 
+def split_k_linear(x: torch.Tensor, w32: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """A 16-bit linear layer as a decode GEMM: fp32 from 16-bit operands (`w32`, the weight as
+    fp32), K in SPLIT_K slices (split_k_matmul), bias in fp32, one rounding to `dtype`."""
+    y = split_k_matmul(x.float(), w32, SPLIT_K)
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(dtype)
+
+
 def _split_k_linear_forward(self, x):
-    """The 16-bit linear layer as a decode GEMM: fp32 from 16-bit operands, K in SPLIT_K slices
-    (split_k_matmul), bias in fp32, one rounding to the weight dtype."""
-    w = self.weight
-    y = split_k_matmul(x.float(), _fp32_weight(self), SPLIT_K)
-    if self.bias is not None:
-        y = y + self.bias.float()
-    return y.to(w.dtype)
+    return split_k_linear(x, _fp32_weight(self), self.bias, self.weight.dtype)
 
 
 def split_k_linears(model: nn.Module) -> int:

@@ -2,7 +2,8 @@
 rounds once where transformers' MLP rounds twice, for every format with 16-bit activations;
 split-K GEMMs (a hand-computed fp32 order) in the quantized layers everywhere and in the 16-bit
 layers where the CPU lacks the instructions (BENCH_CPU_16BIT); FlashAttention-2's arithmetic
-(exp(S − m) rounded, the fp32 row sum dividing at the end, softcap); fp32 left alone."""
+(exp(S − m) rounded, the fp32 row sum dividing at the end, softcap); fp32 gets only the fused
+projections (bench/fused_projections.py, tests/test_fused_projections.py)."""
 
 import pytest
 import torch
@@ -35,10 +36,10 @@ def test_fused_silu_mul_rounds_once():
     assert (fused.float() - unfused.float()).abs().max() < 1e-2
 
 
-def test_apply_leaves_fp32_alone():
+def test_apply_gives_fp32_only_the_fused_projections():
     mlp = _mlp(torch.float32)
-    assert apply_rollout_kernels(mlp, formats.get("fp32"), "cpu") == NO_KERNELS
-    assert "forward" not in mlp.__dict__ and all("forward" not in m.__dict__ for m in mlp.modules())
+    assert apply_rollout_kernels(mlp, formats.get("fp32"), "cpu") == {**NO_KERNELS, "fused_projections": 1}
+    assert "forward" not in mlp.__dict__ and "forward" not in mlp.down_proj.__dict__   # gate/up only
 
 
 @pytest.mark.parametrize("name", ["fp8", "int8", "nvfp4"])
@@ -50,7 +51,8 @@ def test_quantized_formats_get_the_fused_activation_and_split_k(name, cpu, monke
     model = RolloutWeights(_tiny_llama(torch.float32), formats.get(name)).model
     got = apply_rollout_kernels(model, formats.get(name), "cpu")
     # 2 layers × 7 projections + lm_head; attention upcast only where bf16 is emulated
-    assert got == {"split_k_linear": 15, "upcast_attention": int(cpu == "none"), "fused_mlp": 2}
+    assert got == {"split_k_linear": 15, "upcast_attention": int(cpu == "none"), "fused_mlp": 2,
+                   "fused_projections": 4}                   # q/k/v and gate/up of each layer
     assert all(m.split_k == kernels.SPLIT_K for m in model.modules() if isinstance(m, QuantLinear))
 
 
@@ -59,7 +61,8 @@ def test_16_bit_layers_split_only_without_native_instructions(cpu, split, monkey
     monkeypatch.setenv("BENCH_CPU_16BIT", cpu)
     mlp = _mlp(torch.float16)
     got = apply_rollout_kernels(mlp, formats.get("fp16"), "cpu")
-    assert got == {"split_k_linear": split, "upcast_attention": 0, "fused_mlp": 1}   # no attention in an MLP
+    # no attention in an MLP; gate/up fused
+    assert got == {"split_k_linear": split, "upcast_attention": 0, "fused_mlp": 1, "fused_projections": 1}
 
 
 def test_cpu_16bit_override_and_bad_value(monkeypatch):

@@ -28,21 +28,25 @@ class PreallocatedLayer(DynamicLayer):
     """One layer's keys and values in buffers [B, H, capacity, D]; `length` columns filled,
     `rows` rows live. `repeat`: the first forward ran over distinct prompts only, and batch row
     r holds that forward's row repeat[r] (a prompt prefilled once, then given to each of its
-    samples: bench/engines/torch_engine.py); B is then len(repeat)."""
+    samples: bench/engines/torch_engine.py); B is then len(repeat). `store`: the buffers' dtype
+    when not the states' own: fp32 holds 16-bit keys and values exactly, for an attention that
+    reads them as fp32 (bench/kernels.py, upcast_attention) and would otherwise convert the
+    whole cache at every token."""
 
-    def __init__(self, capacity: int, repeat: torch.Tensor | None = None):
+    def __init__(self, capacity: int, repeat: torch.Tensor | None = None, store: torch.dtype | None = None):
         super().__init__()
         self.capacity = capacity
         self.repeat = repeat
+        self.store = store
         self.length = 0
         self.rows = 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         b, h, _, d = key_states.shape
         n = b if self.repeat is None else len(self.repeat)
-        self.dtype, self.device = key_states.dtype, key_states.device
-        self._k = torch.empty((n, h, self.capacity, d), dtype=key_states.dtype, device=key_states.device)
-        self._v = torch.empty((n, h, self.capacity, value_states.shape[-1]), dtype=value_states.dtype,
+        self.dtype, self.device = self.store or key_states.dtype, key_states.device
+        self._k = torch.empty((n, h, self.capacity, d), dtype=self.dtype, device=key_states.device)
+        self._v = torch.empty((n, h, self.capacity, value_states.shape[-1]), dtype=self.dtype,
                               device=value_states.device)
         self.rows, self.length = n, 0
         self.is_initialized = True
@@ -105,8 +109,9 @@ class PreallocatedLayer(DynamicLayer):
         self.keys, self.values = self._k[:rows, :, :t], self._v[:rows, :, :t]
 
 
-def preallocated_cache(model, capacity: int, repeat: list[int] | None = None) -> Cache:
-    """A cache of `capacity` positions per layer for `model` (`repeat`: see PreallocatedLayer),
+def preallocated_cache(model, capacity: int, repeat: list[int] | None = None,
+                       store: torch.dtype | None = None) -> Cache:
+    """A cache of `capacity` positions per layer for `model` (`repeat`, `store`: see PreallocatedLayer),
     or transformers' DynamicCache where the model's layers are not all plain full attention
     (sliding windows, linear attention: their own cache layers)."""
     from transformers import DynamicCache
@@ -117,7 +122,7 @@ def preallocated_cache(model, capacity: int, repeat: list[int] | None = None) ->
     if types != {"full_attention"} or getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
         return DynamicCache()
     rep = None if repeat is None else torch.tensor(repeat)
-    return Cache(layers=[PreallocatedLayer(capacity, rep) for _ in range(cfg.num_hidden_layers)])
+    return Cache(layers=[PreallocatedLayer(capacity, rep, store) for _ in range(cfg.num_hidden_layers)])
 
 
 def fill_from_end(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -14,6 +14,7 @@ from typing import Iterable, Sequence
 import torch
 
 from .. import formats
+from ..kernels import UPCAST_ATTENTION
 from ..format_modules import NO_KERNELS, RolloutWeights, apply_rollout_kernels
 from ..moe import is_moe
 from ..routes import DecodeRoutes
@@ -160,8 +161,11 @@ class TorchEngine:
             attn[r, width - len(p):] = 1
         ids, attn = ids.to(dev), attn.to(dev)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        cache = (kv_cache.preallocated_cache(self.model, width + sp.max_tokens, repeat=src) if self.preallocated_cache
-                 else DynamicCache())
+        # an upcast attention reads fp32 keys and values: the cache holds them so (the same numbers)
+        upcast = getattr(self.model.config, "_attn_implementation", None) == UPCAST_ATTENTION
+        store = torch.float32 if upcast else None
+        cache = (kv_cache.preallocated_cache(self.model, width + sp.max_tokens, repeat=src, store=store)
+                 if self.preallocated_cache else DynamicCache())
         routes = DecodeRoutes(self.model, b, width + sp.max_tokens) if self.record_routes else None
         live = torch.arange(b)                       # original row of each batch row (CPU)
         tokens: list[list[int]] = [[] for _ in range(b)]
