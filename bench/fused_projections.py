@@ -138,6 +138,7 @@ def fuse_projections(model: nn.Module) -> int:
         group = FusedProjection(members, kinds.pop())
         for i, m in enumerate(members):
             m._bench_fused_group, m._bench_fused_index = group, i
+            m._bench_own_forward = m.__dict__.get("forward")          # a split-K GEMM's, or none
             m.forward = types.MethodType(_member_forward, m)
         n += 1
     return n
@@ -145,11 +146,14 @@ def fuse_projections(model: nn.Module) -> int:
 
 def unfuse_projections(model: nn.Module) -> int:
     """Undo `fuse_projections` (a model taken over from another engine): each member computes
-    alone again, its tensors still views of the old group's. Returns how many members changed."""
+    alone again, as it did before (its own forward back), its tensors still views of the old
+    group's. Returns how many members changed."""
     n = 0
     for mod in model.modules():
         if mod.__dict__.pop("_bench_fused_group", None) is not None:
-            del mod._bench_fused_index
-            mod.__dict__.pop("forward", None)
+            own = mod.__dict__.pop("_bench_own_forward")
+            del mod._bench_fused_index, mod.forward
+            if own is not None:
+                mod.forward = own
             n += 1
     return n

