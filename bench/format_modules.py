@@ -21,7 +21,8 @@ rounded to the format's dtype, which is what a lookup in a cast embedding gives.
 lacks the format's 16-bit GEMM, the remaining 16-bit matmuls and attention upcast (bench/kernels.py).
 
 Kernels (`apply_rollout_kernels`): which of bench/kernels.py's kernels the rollout engine's model
-gets for its format and device (fused SiluAndMul, split-K GEMMs, upcast attention).
+gets for its format and device (fused SiluAndMul, split-K GEMMs, upcast attention, and for
+every format vLLM's fused q/k/v and gate/up projections: bench/fused_projections.py).
 
 Sync statistics (`RolloutWeights.load(..., track=True)`), over the weights of every linear
 layer (lm_head included), at each sync:

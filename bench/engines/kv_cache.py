@@ -154,6 +154,7 @@ def drop_rows(cache: Cache, keep: torch.Tensor) -> torch.Tensor:
 
 
 def is_preallocated(cache: Cache) -> bool:
+    """Every layer of `cache` a PreallocatedLayer (not transformers' DynamicCache)."""
     return bool(cache.layers) and all(isinstance(layer, PreallocatedLayer) for layer in cache.layers)
 
 

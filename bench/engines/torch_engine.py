@@ -14,8 +14,8 @@ from typing import Iterable, Sequence
 import torch
 
 from .. import formats
-from ..kernels import UPCAST_ATTENTION
 from ..format_modules import NO_KERNELS, RolloutWeights, apply_rollout_kernels
+from ..kernels import UPCAST_ATTENTION
 from ..moe import is_moe
 from ..routes import DecodeRoutes
 from . import Sample, Sampling, row_seed
@@ -48,10 +48,7 @@ def shared_prompts(prompt_ids: list[list[int]]) -> tuple[list[list[int]], list[i
     caching, SGLang's RadixAttention, within one batch)."""
     first: dict[tuple[int, ...], int] = {}
     src = [first.setdefault(tuple(p), len(first)) for p in prompt_ids]
-    uniq: list[list[int]] = [[] for _ in first]
-    for p, i in first.items():
-        uniq[i] = list(p)
-    return uniq, src
+    return [list(p) for p in first], src          # a dict keeps the order its keys came in
 
 
 class TorchEngine:
