@@ -11,7 +11,8 @@ fewer, wider operations where a small model's decode step is bound by their numb
 An output column of a GEMM is the dot product of its weight row with the activation, summed in
 the kernel's K order whatever the other columns are, so the members' outputs are the numbers
 their own GEMMs give, bit for bit (checked on the CPU's BLAS over decode and prefill shapes;
-tests/test_fused_projections.py compares whole rollouts). The members' weights become views of
+tests/test_fused_projections.py compares whole rollouts). On a GPU cuBLAS chooses its kernel
+by shape, so there the group rounds as vLLM's fused GEMM does. The members' weights become views of
 the group's (a sync writes them in place), so nothing is copied per sync but the fp32 copy an
 emulated 16-bit GEMM reads.
 """
