@@ -98,7 +98,18 @@ class FusedProjection:
             self._w32 = (key, self.base["weight"].float())
         return self._w32[1]
 
+    def _check_views(self) -> None:
+        """Refuse to compute from a base a member no longer writes into (a deepcopy, a `.data`
+        assignment, a dtype or device move of the module): the group would be stale."""
+        attr = "w_gemm" if self.kind == "quant" else "weight"
+        base = self.base[attr]
+        for m, start in zip(self.members, self.bounds):
+            if getattr(m, attr).data_ptr() != base.data_ptr() + start * base.stride(0) * base.element_size():
+                raise RuntimeError(f"a fused projection's member no longer shares the group's {attr} (copied or "
+                                   "moved after fuse_projections); call unfuse_projections, then fuse again")
+
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_views()
         b = self.base
         if self.kind == "quant":
             m = self.members[0]
@@ -128,14 +139,17 @@ def fuse_projections(model: nn.Module) -> int:
     included) whose members compute alike one `FusedProjection`. Run after the model is on its
     device and its other kernels are set (the kind of GEMM is read off each member). Returns
     how many groups it fused."""
-    n = 0
+    n, seen = 0, set()
     for parent, names in [(mod, names) for mod in model.modules() for names in FUSED_PROJECTIONS]:
         members = [getattr(parent, name, None) for name in names]
         kinds = {_kind(m) if isinstance(m, nn.Module) else None for m in members}
         if len(kinds) != 1 or None in kinds or any("_bench_fused_group" in m.__dict__ for m in members):
             continue
-        if len({(m.weight if hasattr(m, "weight") else m.w_gemm).dtype for m in members}) != 1:
-            continue
+        weights = [m.weight if hasattr(m, "weight") else m.w_gemm for m in members]
+        if (len({w.dtype for w in weights}) != 1 or len({m.bias is None for m in members}) != 1
+                or len({id(w) for w in weights} | seen) != len(seen) + len(members)):
+            continue                # mixed dtypes or biases, or a weight shared with another member: alone
+        seen |= {id(w) for w in weights}
         group = FusedProjection(members, kinds.pop())
         for i, m in enumerate(members):
             m._bench_fused_group, m._bench_fused_index = group, i

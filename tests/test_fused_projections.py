@@ -73,6 +73,27 @@ def test_mixed_members_are_left_alone():
     m = _attn_like(False)
     m.v_proj = nn.Linear(8, 2).to(torch.bfloat16)                          # another dtype
     assert fuse_projections(m) == 0 and "forward" not in m.q_proj.__dict__
+    m = _attn_like(False)
+    m.k_proj = nn.Linear(8, 2, bias=True)                                   # a bias on one member only
+    assert fuse_projections(m) == 0
+    m = _attn_like(False)
+    m.v_proj.weight = m.k_proj.weight                                       # a weight shared by two members
+    assert fuse_projections(m) == 0
+
+
+def test_a_copied_group_refuses_rather_than_compute_stale():
+    m = copy.deepcopy(_fused(_attn_like(True)))              # the copy's members own their weights again
+    with torch.no_grad(), pytest.raises(RuntimeError, match="no longer shares the group's weight"):
+        m.q_proj(torch.randn(2, 8))
+    assert unfuse_projections(m) == 3
+    with torch.no_grad():
+        x = torch.randn(2, 8)
+        assert torch.equal(m.k_proj(x), torch.nn.functional.linear(x, m.k_proj.weight, m.k_proj.bias))
+
+
+def _fused(m):
+    fuse_projections(m)
+    return m
 
 
 @pytest.mark.parametrize("name", ["bf16", "fp8", "nvfp4"])

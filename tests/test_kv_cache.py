@@ -75,13 +75,15 @@ def test_shared_prompts_by_hand():
 
 
 @pytest.mark.parametrize("fmt", ["fp32", "bf16", "fp16", "fp8", "nvfp4"])
-def test_a_prompt_prefilled_once_samples_as_one_prefilled_per_row(fmt):
-    """Shared prefill (a prompt's keys and values copied to its n rows) against one prefill per
-    row: token ids and μ identical, over a batch cut into chunks across a prompt's rows."""
-    prompts = [f"Q: Compute {a}+{b}.\nA: " for a, b in [(3, 4), (12, 30), (7, 8), (100, 23)]]
+@pytest.mark.parametrize("prompts", [[f"Q: Compute {a}+{b}.\nA: " for a, b in [(3, 4), (12, 30), (7, 8), (100, 23)]],
+                                     ["Q: 7+8=?\nA: "]], ids=["4 prompts", "1 prompt"])
+def test_a_prompt_prefilled_once_samples_as_one_prefilled_per_row(fmt, prompts):
+    """Shared prefill (a prompt's keys and values copied to its n rows, the head over every row)
+    against one prefill per row: token ids and μ identical, over a batch cut into chunks across a
+    prompt's rows, and for one prompt sampled n times (a one-row head GEMM rounds otherwise)."""
     out = {}
     for share in (False, True):
-        eng = TorchEngine(str(TINY_MATH_DIR), fmt, share_prompts=share, max_batch=12)
+        eng = TorchEngine(str(TINY_MATH_DIR), fmt, share_prompts=share, max_batch=12, threads=1)
         out[share] = [s for row in eng.generate(prompts, 5, Sampling(1.0, 1.0, 24, seed=7)) for s in row]
     assert [s.token_ids for s in out[True]] == [s.token_ids for s in out[False]]
     assert [s.logprobs for s in out[True]] == [s.logprobs for s in out[False]]

@@ -9,6 +9,7 @@ under the distribution actually sampled (temperature and top-p applied), from fp
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Iterable, Sequence
 
 import torch
@@ -49,6 +50,24 @@ def shared_prompts(prompt_ids: list[list[int]]) -> tuple[list[list[int]], list[i
     first: dict[tuple[int, ...], int] = {}
     src = [first.setdefault(tuple(p), len(first)) for p in prompt_ids]
     return [list(p) for p in first], src          # a dict keeps the order its keys came in
+
+
+@contextmanager
+def head_over_rows(model, rows: torch.Tensor | None):
+    """While active, the model's output head (`get_output_embeddings`) takes its input's rows
+    `rows` (the prompts' last hidden states, one per sampled row): the first token's logits come
+    from a head GEMM over every sampled row, as a prefill of every row computes them (a CPU
+    GEMM's result for a row depends on the row count below a few rows, e.g. one prompt sampled
+    n times). Yields whether the head was found (else the caller repeats the logits)."""
+    head = model.get_output_embeddings() if rows is not None else None
+    if head is None:
+        yield False
+        return
+    handle = head.register_forward_pre_hook(lambda mod, args: (args[0].index_select(0, rows), *args[1:]))
+    try:
+        yield True
+    finally:
+        handle.remove()
 
 
 class TorchEngine:
@@ -168,14 +187,16 @@ class TorchEngine:
         tokens: list[list[int]] = [[] for _ in range(b)]
         logps: list[list[float]] = [[] for _ in range(b)]
         finish = ["length"] * b
+        rows = None if src is None else torch.tensor(src, device=dev)
         # the prompt's last position only: a full [B, W, V] prefill would not fit for a real vocabulary
-        logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos,
-                            past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
-        if src is not None:                          # each prompt's logits (and keys, values) to each of its rows
-            rows = torch.tensor(src, device=dev)
+        with head_over_rows(self.model, rows) as expanded:
+            logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos,
+                                past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        if rows is not None:                         # each prompt's keys, values (and logits) to each of its rows
             if not kv_cache.is_preallocated(cache):  # (a preallocated cache stored them so)
                 cache.reorder_cache(rows)
-            logits, attn, pos = logits[rows], attn[rows], pos[rows]
+            logits = logits if expanded else logits[rows]
+            attn, pos = attn[rows], pos[rows]
         if routes is not None:
             routes.prefill(attn, src)
         next_pos = pos[:, -1:] + 1
