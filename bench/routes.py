@@ -53,14 +53,14 @@ class DecodeRoutes:
         self._last = [None] * len(self.gates)
         return out
 
-    def prefill(self, attn: torch.Tensor, src: list[int] | None = None) -> None:
+    def prefill(self, attn: torch.Tensor, src: torch.Tensor | None = None) -> None:
         """The prompt forward over left-padded rows (`attn` [rows, W], 1 on real tokens); `src`:
         the forward ran over distinct prompts only, row r's being number src[r]."""
         got = self._taken()
         rows, width = attn.shape
         got = got.view(-1, width, *got.shape[1:])
         if src is not None:
-            got = got[torch.tensor(src)]
+            got = got[src.cpu()]
         if self.routes is None:
             self.routes = torch.full((*self.shape, *got.shape[2:]), UNKNOWN, dtype=torch.int16)
         a = attn.bool().cpu()

@@ -109,7 +109,7 @@ class PreallocatedLayer(DynamicLayer):
         self.keys, self.values = self._k[:rows, :, :t], self._v[:rows, :, :t]
 
 
-def preallocated_cache(model, capacity: int, repeat: list[int] | None = None,
+def preallocated_cache(model, capacity: int, repeat: torch.Tensor | None = None,
                        store: torch.dtype | None = None) -> Cache:
     """A cache of `capacity` positions per layer for `model` (`repeat`, `store`: see PreallocatedLayer),
     or transformers' DynamicCache where the model's layers are not all plain full attention
@@ -121,8 +121,7 @@ def preallocated_cache(model, capacity: int, repeat: list[int] | None = None,
     types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
     if types != {"full_attention"} or getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
         return DynamicCache()
-    rep = None if repeat is None else torch.tensor(repeat)
-    return Cache(layers=[PreallocatedLayer(capacity, rep, store) for _ in range(cfg.num_hidden_layers)])
+    return Cache(layers=[PreallocatedLayer(capacity, repeat, store) for _ in range(cfg.num_hidden_layers)])
 
 
 def fill_from_end(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -149,17 +148,10 @@ def drop_rows(cache: Cache, keep: torch.Tensor) -> torch.Tensor:
         for layer in cache.layers:
             layer.move_rows(dst, src, len(order))
     else:
-        cache.reorder_cache(order.to(_device(cache)))
+        cache.reorder_cache(order)           # each layer moves the index to its own device
     return order
 
 
 def is_preallocated(cache: Cache) -> bool:
     """Every layer of `cache` a PreallocatedLayer (not transformers' DynamicCache)."""
     return bool(cache.layers) and all(isinstance(layer, PreallocatedLayer) for layer in cache.layers)
-
-
-def _device(cache: Cache) -> torch.device:
-    for layer in cache.layers:
-        if getattr(layer, "keys", None) is not None:
-            return layer.keys.device
-    return torch.device("cpu")

@@ -180,14 +180,14 @@ class TorchEngine:
         # an upcast attention reads fp32 keys and values: the cache holds them so (the same numbers)
         upcast = getattr(self.model.config, "_attn_implementation", None) == UPCAST_ATTENTION
         store = torch.float32 if upcast else None
-        cache = (kv_cache.preallocated_cache(self.model, width + sp.max_tokens, repeat=src, store=store)
+        rows = None if src is None else torch.tensor(src, device=dev)     # each row's prompt among `uniq`
+        cache = (kv_cache.preallocated_cache(self.model, width + sp.max_tokens, repeat=rows, store=store)
                  if self.preallocated_cache else DynamicCache())
         routes = DecodeRoutes(self.model, b, width + sp.max_tokens) if self.record_routes else None
         live = torch.arange(b)                       # original row of each batch row (CPU)
         tokens: list[list[int]] = [[] for _ in range(b)]
         logps: list[list[float]] = [[] for _ in range(b)]
         finish = ["length"] * b
-        rows = None if src is None else torch.tensor(src, device=dev)
         # the prompt's last position only: a full [B, W, V] prefill would not fit for a real vocabulary
         with head_over_rows(self.model, rows) as expanded:
             logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos,
@@ -198,7 +198,7 @@ class TorchEngine:
             logits = logits if expanded else logits[rows]
             attn, pos = attn[rows], pos[rows]
         if routes is not None:
-            routes.prefill(attn, src)
+            routes.prefill(attn, rows)
         next_pos = pos[:, -1:] + 1
         for t in range(sp.max_tokens):
             lp = sampling_logprobs(logits, sp.temperature, sp.top_p)
