@@ -8,6 +8,10 @@ generate() runs the same model without the fused projections, prefilling every r
 "no shared prefill" is bench's engine prefilling every row, to show what sharing buys. Samples
 are identical either way.
 
+Each engine's time inside torch's scaled_dot_product_attention (the CPU flash kernel both call
+at every token, a cost per row and head that keeping μ's bits leaves alone) is printed beside
+it, and the ratio of the time outside it.
+
     python benchmarks/rollout_engine.py [--problems 100] [--n 8] [--dtype fp32] [--repeats 3] [--vllm]
 """
 
@@ -17,6 +21,7 @@ import argparse
 import copy
 import statistics
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -46,6 +51,25 @@ def hf_generate(model, tok, prompts, n, sp: Sampling, batch: int) -> tuple[int, 
         tokens += int(((done == 0) | ((done == 1) & (new == tok.eos_token_id))).sum())
         samples += new.shape[0]
     return samples, tokens
+
+
+@contextmanager
+def attention_clock(spent: list[float]):
+    """While active, the seconds spent inside torch.nn.functional.scaled_dot_product_attention
+    (transformers' sdpa path calls it by that name) are added to spent[0]."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return sdpa(*args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - t0
+    torch.nn.functional.scaled_dot_product_attention = timed
+    try:
+        yield
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = sdpa
 
 
 def main() -> None:
@@ -87,21 +111,32 @@ def main() -> None:
     ours.generate(prompts[:4], 2, sp)                                  # warm-up
     hf_generate(model, ours.tokenizer, prompts[:4], 2, sp, a.batch)
     times: dict[str, list[float]] = {k: [] for k in runs}
+    attention: dict[str, list[float]] = {k: [] for k in runs}
     counts: dict[str, tuple[int, int]] = {}
     for _ in range(a.repeats):                                         # in turn: the machine's drift hits all alike
         for name, run in runs.items():
-            t0 = time.perf_counter()
-            counts[name] = run()
-            times[name].append(time.perf_counter() - t0)
+            spent = [0.0]
+            with attention_clock(spent):
+                t0 = time.perf_counter()
+                counts[name] = run()
+                times[name].append(time.perf_counter() - t0)
+            attention[name].append(spent[0])
     print(f"{len(prompts)} prompts × {a.n} samples, {a.dtype}, {a.threads} thread(s), batch {a.batch}, "
           f"median of {a.repeats}; CPU flags: {' '.join(cpu_16bit_flags()) or '-'}; "
           f"16-bit kernels: {cpu_kernel_path()}")
     base = statistics.median(times["transformers generate()"])
+    rest = {name: statistics.median(t - s for t, s in zip(times[name], attention[name])) for name in runs}
     for name, ts in times.items():
         t = statistics.median(ts)
         n, tok = counts[name]
         print(f"  {name:30s} {t:7.3f} s {n / t:8.1f} samples/s {tok / t:9.1f} tokens/s   "
               f"ratio to generate(): {base / t:.2f}")
+    print("  time in torch's scaled_dot_product_attention, and outside it (median):")
+    for name in runs:
+        att = statistics.median(attention[name])
+        ratio = rest["transformers generate()"] / rest[name]
+        note = "" if name.startswith("vllm") else f"   outside, ratio to generate(): {ratio:.2f}"
+        print(f"  {name:30s} {att:7.3f} s attention {rest[name]:7.3f} s outside{note}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ under the distribution actually sampled (temperature and top-p applied), from fp
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Iterable, Sequence
 
 import torch
@@ -94,6 +94,8 @@ class TorchEngine:
         benchmarks/rollout_engine.py). Samples are the same either way (tests/test_kv_cache.py)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from .kv_cache import BufferPool
+
         if threads:
             torch.set_num_threads(threads)
         self.format = formats.get(dtype)
@@ -116,6 +118,7 @@ class TorchEngine:
                             else dict(NO_KERNELS))
         self.max_batch = max_batch
         self.preallocated_cache = preallocated_cache
+        self._cache_pool = BufferPool() if self.device.type == "cpu" else None    # cache buffers between batches
         self.share_prompts = share_prompts
         self.record_routes = record_routes and is_moe(self.model)
         self.eos = self.tokenizer.eos_token_id
@@ -137,14 +140,16 @@ class TorchEngine:
         rows = [(i, j) for i in range(len(prompts)) for j in range(n)]
         rows.sort(key=lambda r: len(encoded[r[0]]))
         out: list[list[Sample | None]] = [[None] * n for _ in prompts]
-        for c0 in range(0, len(rows), self.max_batch):
-            chunk = rows[c0:c0 + self.max_batch]
-            uniforms = torch.stack([
-                torch.rand(sampling.max_tokens, generator=torch.Generator().manual_seed(
-                    row_seed(sampling.seed, prompts[i], start + j)), dtype=torch.float64).float()
-                for i, j in chunk])
-            for (i, j), sample in zip(chunk, self._decode([encoded[i] for i, _ in chunk], uniforms, sampling)):
-                out[i][j] = sample
+        with self._cache_pool.lease() if self._cache_pool is not None else nullcontext() as pool:
+            for c0 in range(0, len(rows), self.max_batch):
+                chunk = rows[c0:c0 + self.max_batch]
+                uniforms = torch.stack([
+                    torch.rand(sampling.max_tokens, generator=torch.Generator().manual_seed(
+                        row_seed(sampling.seed, prompts[i], start + j)), dtype=torch.float64).float()
+                    for i, j in chunk])
+                for (i, j), sample in zip(chunk, self._decode([encoded[i] for i, _ in chunk], uniforms, sampling,
+                                                              pool)):
+                    out[i][j] = sample
         return out  # type: ignore[return-value]
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -160,7 +165,8 @@ class TorchEngine:
 
     # -------------------------------------------------------------- decoding
     @torch.no_grad()
-    def _decode(self, prompt_ids: list[list[int]], uniforms: torch.Tensor, sp: Sampling) -> list[Sample]:
+    def _decode(self, prompt_ids: list[list[int]], uniforms: torch.Tensor, sp: Sampling,
+                pool=None) -> list[Sample]:
         from transformers import DynamicCache
 
         from . import kv_cache
@@ -181,7 +187,7 @@ class TorchEngine:
         upcast = getattr(self.model.config, "_attn_implementation", None) == UPCAST_ATTENTION
         store = torch.float32 if upcast else None
         rows = None if src is None else torch.tensor(src, device=dev)     # each row's prompt among `uniq`
-        cache = (kv_cache.preallocated_cache(self.model, width + sp.max_tokens, repeat=rows, store=store)
+        cache = (kv_cache.preallocated_cache(self.model, width + sp.max_tokens, repeat=rows, store=store, pool=pool)
                  if self.preallocated_cache else DynamicCache())
         routes = DecodeRoutes(self.model, b, width + sp.max_tokens) if self.record_routes else None
         live = torch.arange(b)                       # original row of each batch row (CPU)
