@@ -26,23 +26,32 @@ from runners.trainer import NativeTrainer
 B, G, MAX_NEW = 16, 8, 64
 
 
-def ours(problems: list[Problem], steps: int, threads: int) -> float:
+PHASES = ("time_rollout", "time_scoring", "time_update")
+
+
+def ours(problems: list[Problem], steps: int, threads: int) -> tuple[float, dict[str, float]]:
+    """Seconds a step, and its phases' (the trainer's own step metrics: rollout; grading and the
+    forward; backward, AdamW and the weight sync)."""
     cfg = get_preset("tiny")
     cfg.prompts_per_step, cfg.samples_per_prompt, cfg.threads, cfg.benchmarks = B, G, threads, []
     store = open_store(f"sqlite:///{tempfile.mkdtemp()}/b.db")
     t = NativeTrainer(store, "bench", cfg, "grpo", Precision("fp32", "fp32"), "torch", resolve_model("tiny-math"),
                       problems, None)
     t.train_step()                                     # warm-up
+    phases = dict.fromkeys(PHASES, 0.0)
     t0 = time.perf_counter()
     for _ in range(steps):
-        t.train_step()
+        m = t.train_step()
         t.step += 1
+        for k in PHASES:
+            phases[k] += m[k] / steps
     dt = (time.perf_counter() - t0) / steps
     t.close()
-    return dt
+    return dt, phases
 
 
-def trl(problems: list[Problem], steps: int, threads: int) -> float:
+def trl(problems: list[Problem], steps: int, threads: int) -> tuple[float, float]:
+    """Seconds a step, and of it in the model's generate()."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -57,9 +66,20 @@ def trl(problems: list[Problem], steps: int, threads: int) -> float:
         return [float(v.correct) for v in grader.grade(completions, answer)]
 
     times: list[float] = []
+    generating: list[float] = []
+    own_generate = model.generate
+
+    def timed_generate(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return own_generate(*args, **kwargs)
+        finally:
+            generating[-1] += time.perf_counter() - t0
+    model.generate = timed_generate
 
     class Timer(TrainerCallback):
         def on_step_begin(self, *a, **k):
+            generating.append(0.0)
             self.t0 = time.perf_counter()
 
         def on_step_end(self, *a, **k):
@@ -74,7 +94,8 @@ def trl(problems: list[Problem], steps: int, threads: int) -> float:
                           callbacks=[Timer()])
     trainer.train()
     grader.close()
-    return sum(times[1:]) / len(times[1:])             # first step is warm-up
+    n = len(times) - 1                                 # first step is warm-up
+    return sum(times[1:]) / n, sum(generating[1:len(times)]) / n
 
 
 def main() -> None:
@@ -84,13 +105,15 @@ def main() -> None:
     a = ap.parse_args()
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     problems = [Problem(r["id"], r["problem"], r["answer"]) for r in synthetic_examples("test", 200)]
-    t_ours = ours(problems, a.steps, a.threads)
-    t_trl = trl(problems, a.steps, a.threads)
+    t_ours, phases = ours(problems, a.steps, a.threads)
+    t_trl, t_gen = trl(problems, a.steps, a.threads)
     print(f"GRPO step, {B} prompts × {G} completions, ≤{MAX_NEW} tokens, fp32, "
           f"{a.threads} thread(s), mean of {a.steps}; CPU flags: {' '.join(cpu_16bit_flags()) or '-'}")
-    print(f"  bench native trainer  {t_ours:6.2f} s/step")
-    print(f"  TRL GRPOTrainer       {t_trl:6.2f} s/step")
-    print(f"  ratio ours/TRL: {t_ours / t_trl:.2f} (goal <= 0.7)")
+    print(f"  bench native trainer  {t_ours:6.2f} s/step   rollout {phases['time_rollout']:.2f} s, "
+          f"grading + forward {phases['time_scoring']:.2f} s, backward + AdamW + sync {phases['time_update']:.2f} s")
+    print(f"  TRL GRPOTrainer       {t_trl:6.2f} s/step   generate() {t_gen:.2f} s, the rest {t_trl - t_gen:.2f} s")
+    print(f"  ratio ours/TRL: {t_ours / t_trl:.2f} (goal <= 0.7); outside the rollout: "
+          f"{(t_ours - phases['time_rollout']) / (t_trl - t_gen):.2f}")
 
 
 if __name__ == "__main__":
