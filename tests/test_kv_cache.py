@@ -121,40 +121,53 @@ def test_samples_are_those_of_dynamic_cache_bit_for_bit(fmt):
 
 
 def test_the_pool_hands_one_buffer_per_key_and_grows_it():
-    pool = BufferPool()
-    a = pool.take(("k", 0), (2, 3, 4), torch.float32, torch.device("cpu"))
-    b = pool.take(("k", 0), (3, 2, 2), torch.float32, torch.device("cpu"))        # smaller: the same memory
-    assert b.data_ptr() == a.data_ptr() and b.shape == (3, 2, 2)
-    assert pool.take(("v", 0), (2, 3, 4), torch.float32, torch.device("cpu")).data_ptr() != a.data_ptr()
-    assert pool.take(("k", 0), (2, 3, 4), torch.bfloat16, torch.device("cpu")).dtype == torch.bfloat16
-    c = pool.take(("k", 0), (5, 5), torch.float32, torch.device("cpu"))            # larger: a new buffer
-    assert c.numel() == 25 and c.is_contiguous()
+    pool, cpu = BufferPool(), torch.device("cpu")
     with pool.lease() as held:
         assert held is pool
-        with pool.lease() as second:                                               # one batch at a time
+        a = pool.take(("k", 0), (2, 3, 4), torch.float32, cpu)                   # 24 asked: 30 made
+        b = pool.take(("k", 0), (3, 2, 5), torch.float32, cpu)                   # 30 fit: the same memory
+        assert b.data_ptr() == a.data_ptr() and b.shape == (3, 2, 5) and b.is_contiguous()
+        assert pool.take(("v", 0), (2, 3, 4), torch.float32, cpu).data_ptr() != a.data_ptr()
+        assert pool.take(("k", 0), (2, 3, 4), torch.bfloat16, cpu).dtype == torch.bfloat16
+        c = pool.take(("k", 0), (5, 7), torch.float32, cpu)                      # 35: a new buffer of 43
+        assert c.shape == (5, 7) and c.is_contiguous()
+        with pool.lease() as second:                                             # one batch at a time
             assert second is None
+    assert pool.nbytes == (43 + 30) * 4 + 30 * 2
     with pool.lease() as again:
         assert again is pool
-    assert pool.nbytes == (25 + 24) * 4 + 24 * 2        # the k buffer grown in place of the old one
+    with pytest.raises(AssertionError, match="outside a lease"):
+        pool.take("k", (1,), torch.float32, cpu)
     small = BufferPool(keep_bytes=100)
     with small.lease() as held:
-        held.take("k", (30,), torch.float32, torch.device("cpu"))
+        held.take("k", (30,), torch.float32, cpu)
     assert small.nbytes == 0                   # over keep_bytes: freed with the lease
+    with pytest.raises(ValueError, match="needs its index"):
+        PreallocatedLayer(8, pool=pool)
 
 
-def test_pooled_buffers_sample_as_fresh_ones():
+@pytest.mark.parametrize("cpu16", ["none", "all"])
+@pytest.mark.parametrize("fmt", ["fp32", "bf16"])
+def test_pooled_buffers_sample_as_fresh_ones(fmt, cpu16, monkeypatch):
     """Batches of growing and shrinking size through one engine's pool (its buffers reused and
-    grown, stale values from the batch before in them) sample what an engine without the pool does."""
+    grown, NaN left in them from before each batch, so a read of a position no batch wrote would
+    show) sample what an engine without the pool does; bf16 on both CPU paths (emulated: the
+    cache stores fp32)."""
+    monkeypatch.setenv("BENCH_CPU_16BIT", cpu16)
     sp = Sampling(1.0, 1.0, 24, seed=3)
     batches = [[f"Q: Compute {a}+{b}.\nA: " for a, b in [(3, 4), (12, 30)]],
                [f"Q: Compute {a}*{b}+{c}.\nA: " for a, b, c in [(3, 4, 5), (12, 30, 7), (1, 2, 3)]],
                ["Q: 7+8=?\nA: "]]
-    pooled = TorchEngine(str(TINY_MATH_DIR), "fp32", max_batch=8, threads=1)
-    fresh = TorchEngine(str(TINY_MATH_DIR), "fp32", max_batch=8, threads=1)
+    pooled = TorchEngine(str(TINY_MATH_DIR), fmt, max_batch=8, threads=1)
+    fresh = TorchEngine(str(TINY_MATH_DIR), fmt, max_batch=8, threads=1)
     fresh._cache_pool = None
     assert pooled._cache_pool is not None
     for prompts in batches:
+        for buf in pooled._cache_pool._bufs.values():
+            buf.fill_(float("nan"))
         a, b = pooled.generate(prompts, 4, sp), fresh.generate(prompts, 4, sp)
         assert [[s.token_ids for s in r] for r in a] == [[s.token_ids for s in r] for r in b]
         assert [[s.logprobs for s in r] for r in a] == [[s.logprobs for s in r] for r in b]
     assert pooled._cache_pool._bufs            # the buffers stay for the next batch
+    dtypes = {k[1] for k in pooled._cache_pool._bufs}
+    assert dtypes == {torch.float32 if fmt == "fp32" or cpu16 == "none" else torch.bfloat16}

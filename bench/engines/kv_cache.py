@@ -21,6 +21,7 @@ log-probs are unchanged bit for bit (tests/test_kv_cache.py).
 from __future__ import annotations
 
 import math
+import threading
 from contextlib import contextmanager
 
 import torch
@@ -37,8 +38,10 @@ class PreallocatedLayer(DynamicLayer):
     whole cache at every token."""
 
     def __init__(self, capacity: int, repeat: torch.Tensor | None = None, store: torch.dtype | None = None,
-                 pool: "BufferPool | None" = None, index: int = 0):
+                 pool: "BufferPool | None" = None, index: int | None = None):
         super().__init__()
+        if pool is not None and index is None:
+            raise ValueError("a pooled layer needs its index (its own buffers)")
         self.capacity = capacity
         self.repeat = repeat
         self.store = store
@@ -122,16 +125,17 @@ class BufferPool:
     """The cache's buffers kept from one decode batch to the next (an engine's, on the CPU): a
     buffer of a few hundred MB allocated afresh for every batch is returned to the operating
     system when freed, and its pages are faulted in again on first write (~4-8% of a tiny-math
-    rollout). Each (layer, keys or values, dtype, device) keeps one flat buffer, grown when a
-    batch needs more; `take` views its front in the batch's shape. One batch at a time: while a
-    `lease` is held, a second lease gets None (fresh buffers). Buffers of more than `keep_bytes`
+    rollout). Each (layer, keys or values, dtype, device) keeps one flat buffer, grown (by a
+    quarter more than asked, as a batch's later chunks are wider) when a batch needs more;
+    `take` views its front in the batch's shape. One batch at a time: while a `lease` is held,
+    another lease (any thread) gets None and allocates afresh. Buffers of more than `keep_bytes`
     in all are freed when the lease ends (a real model's cache would otherwise stay beside
     training's memory). On a GPU the caching allocator already reuses freed blocks."""
 
     def __init__(self, keep_bytes: int = 1 << 30):
         self.keep_bytes = keep_bytes
         self._bufs: dict[tuple, torch.Tensor] = {}
-        self._leased = False
+        self._lock = threading.Lock()
 
     @property
     def nbytes(self) -> int:
@@ -139,23 +143,24 @@ class BufferPool:
 
     @contextmanager
     def lease(self):
-        if self._leased:
+        if not self._lock.acquire(blocking=False):
             yield None
             return
-        self._leased = True
         try:
             yield self
         finally:
-            self._leased = False
             if self.nbytes > self.keep_bytes:
                 self._bufs.clear()
+            self._lock.release()
 
     def take(self, key, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        assert self._lock.locked(), "take() outside a lease"
         need, k = math.prod(shape), (key, dtype, device)
         buf = self._bufs.get(k)
         if buf is None or buf.numel() < need:
-            buf = self._bufs[k] = None                  # a smaller one is freed before the new one is made
-            buf = self._bufs[k] = torch.empty(need, dtype=dtype, device=device)
+            del buf
+            self._bufs.pop(k, None)                      # a smaller one is freed before the new one is made
+            buf = self._bufs[k] = torch.empty(need + need // 4, dtype=dtype, device=device)
         return buf[:need].view(shape)
 
 

@@ -10,7 +10,7 @@ under the distribution actually sampled (temperature and top-p applied), from fp
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import torch
 
@@ -20,6 +20,9 @@ from ..kernels import UPCAST_ATTENTION
 from ..moe import is_moe
 from ..routes import DecodeRoutes
 from . import Sample, Sampling, row_seed
+
+if TYPE_CHECKING:
+    from .kv_cache import BufferPool
 
 
 def sampling_logprobs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
@@ -162,11 +165,12 @@ class TorchEngine:
 
     def close(self) -> None:
         self.model = None
+        self._cache_pool = None
 
     # -------------------------------------------------------------- decoding
     @torch.no_grad()
     def _decode(self, prompt_ids: list[list[int]], uniforms: torch.Tensor, sp: Sampling,
-                pool=None) -> list[Sample]:
+                pool: BufferPool | None = None) -> list[Sample]:
         from transformers import DynamicCache
 
         from . import kv_cache
