@@ -101,6 +101,66 @@ def test_int8_w8a8_matmul_by_hand():
     assert y.dtype == torch.bfloat16 and y.float().tolist() == [[3.6875, -2.09375]]
 
 
+@pytest.mark.parametrize("k", [2, 128, 384, 1040])
+@pytest.mark.parametrize("split_k", [1, 4])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_int8_integer_gemm_gives_the_fp32_gemms_bits(k, split_k, out_dtype):
+    """Int8.matmul sums the code products in int32 where K·127² < 2^24: the same bits as the
+    fp32 GEMM of w8a8_matmul in split-K slices (every partial sum an integer below 2^24, exact in
+    fp32), on activations spanning 12 decades with outliers, with a bias, and at the largest sum
+    K = 1,040 allows (every code ±127)."""
+    g = torch.Generator().manual_seed(k)
+    x = torch.randn(3, 5, k, generator=g) * 10.0 ** torch.randint(-6, 6, (3, 5, 1), generator=g)
+    x[0, 0, 0] = 1e4
+    w = torch.randn(33, k, generator=g)
+    bias = torch.randn(33, generator=g).to(torch.bfloat16)
+    codes, scale = INT8.quantize(w)
+    w_gemm = INT8.quant.gemm_weight(codes, scale)
+    want = w8a8_matmul(INT8.quant, x, codes, scale, bias, out_dtype, split_k, w_gemm)
+    got = INT8.quant.matmul(x, codes, scale, bias, out_dtype, w_gemm, split_k)
+    assert got.dtype == out_dtype and got.shape == (3, 5, 33)
+    assert torch.equal(got.view(torch.int16 if out_dtype == torch.bfloat16 else torch.int32),
+                       want.view(torch.int16 if out_dtype == torch.bfloat16 else torch.int32))
+    full = torch.ones(4, k)
+    full[1::2] = -1.0
+    codes, scale = INT8.quantize(full)
+    got = INT8.quant.matmul(full, codes, scale, None, torch.float32)
+    assert got[0, 0] == torch.tensor(float(k * 127 ** 2)).mul_(scale[0, 0]).mul_(scale[0, 0])   # the sum exact
+    assert torch.equal(got, w8a8_matmul(INT8.quant, full, codes, scale, None, torch.float32, split_k))
+
+
+def test_int8_beyond_the_exact_bound_keeps_the_fp32_gemm(monkeypatch):
+    """K = 1,041: 1,041·127² ≥ 2^24, fp32's sum of code products may round, so the int32 sum would
+    not be the same number: the fp32 GEMM runs (torch._int_mm is not called)."""
+    def refuse(*a, **k):
+        raise AssertionError("torch._int_mm called beyond the exact bound")
+    x, w = torch.randn(4, 1041), torch.randn(8, 1041)
+    codes, scale = INT8.quantize(w)
+    want = w8a8_matmul(INT8.quant, x, codes, scale, None, torch.float32, 4)
+    monkeypatch.setattr(torch, "_int_mm", refuse)
+    assert torch.equal(INT8.quant.matmul(x, codes, scale, None, torch.float32, None, 4), want)
+
+
+def test_int8_rollouts_are_those_of_the_fp32_gemm(monkeypatch):
+    """A whole int8 rollout (fused projections, split-K, the quantized head) with the integer
+    GEMM against the fp32 GEMM it replaces: token ids and μ identical."""
+    from bench.engines import Sampling
+    from bench.engines.torch_engine import TorchEngine
+    from bench.models import TINY_MATH_DIR
+
+    prompts = [f"Q: Compute {a}+{b}.\nA: " for a, b in [(3, 4), (12, 30), (7, 8)]]
+    sp = Sampling(1.0, 1.0, 24, seed=11)
+    calls = []
+    int_mm = torch._int_mm
+    monkeypatch.setattr(torch, "_int_mm", lambda *a: calls.append(1) or int_mm(*a))
+    got = TorchEngine(str(TINY_MATH_DIR), "int8", threads=1).generate(prompts, 4, sp)
+    assert calls                                              # the integer GEMM ran
+    monkeypatch.setattr(formats.Int8, "matmul", formats.Quantizer.matmul)
+    want = TorchEngine(str(TINY_MATH_DIR), "int8", threads=1).generate(prompts, 4, sp)
+    assert [[s.token_ids for s in r] for r in got] == [[s.token_ids for s in r] for r in want]
+    assert [[s.logprobs for s in r] for r in got] == [[s.logprobs for s in r] for r in want]
+
+
 def _fp32_sweep() -> torch.Tensor:
     """Every 4,096th fp32 bit pattern (both signs, zeros, subnormals, infinities; NaNs dropped)."""
     v = (torch.arange(0, 1 << 32, 4096, dtype=torch.int64) - (1 << 31)).to(torch.int32).view(torch.float32)
