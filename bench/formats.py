@@ -192,14 +192,19 @@ class Int8(Quantizer):
         while K·127² < 2^24 (K ≤ 1,040) every partial sum of code products is an integer below
         2^24, which fp32 holds exactly, so the fp32 GEMM's sum is the same number in any order
         and split-K's too. There the int8 GEMM (torch._int_mm, VNNI on x86) gives the same bits
-        at ~3.5× the fp32 GEMM's speed (tiny-math shapes on an AVX512 CPU); larger K keeps the
-        fp32 GEMM, whose rounding depends on its order."""
+        at ~3.5× the fp32 GEMM's speed (tiny-math shapes on an AVX512 CPU). A zero sum is +0 on
+        both paths (the fp32 GEMM starts its sums at +0, as int32 → fp32 gives). Larger K keeps
+        the fp32 GEMM, whose rounding depends on its order; so do K = 1 (torch._int_mm misreads
+        a one-column weight's transpose) and activations whose codes are not finite (NaN or
+        inf in x: int8 has no NaN, and the fp32 path's NaN rows must stay NaN)."""
         k = x.shape[-1]
-        if x.device.type != "cpu" or k * 127 ** 2 >= INT_EXACT or w_codes.dtype != torch.int8:
+        if x.device.type != "cpu" or k < 2 or k * 127 ** 2 >= INT_EXACT or w_codes.dtype != torch.int8:
             return super().matmul(x, w_codes, w_scale, bias, out_dtype, w_gemm, split_k)
         xc, xs = self.quantize32(x)
+        if not torch.isfinite(xc).all():
+            return scaled_mm(xc, xs, w_codes if w_gemm is None else w_gemm, w_scale, bias, out_dtype, split_k)
         y = torch._int_mm(xc.reshape(-1, k).to(torch.int8), w_codes.t()).float()
-        return _scale_epilogue(y.reshape(*x.shape[:-1], -1), xs, w_scale, bias, out_dtype)
+        return _scale_epilogue(y.reshape(*x.shape[:-1], w_codes.shape[0]), xs, w_scale, bias, out_dtype)
 
 
 INT_EXACT = 2 ** 24            # integers up to here are exact in fp32

@@ -101,12 +101,12 @@ class FusedProjection:
     def _check_views(self) -> None:
         """Refuse to compute from a base a member no longer writes into (a deepcopy, a `.data`
         assignment, a dtype or device move of the module): the group would be stale."""
-        attr = "w_gemm" if self.kind == "quant" else "weight"
-        base = self.base[attr]
-        for m, start in zip(self.members, self.bounds):
-            if getattr(m, attr).data_ptr() != base.data_ptr() + start * base.stride(0) * base.element_size():
-                raise RuntimeError(f"a fused projection's member no longer shares the group's {attr} (copied or "
-                                   "moved after fuse_projections); call unfuse_projections, then fuse again")
+        for attr in ("codes", "w_gemm") if self.kind == "quant" else ("weight",):      # what the GEMMs read
+            base = self.base[attr]
+            for m, start in zip(self.members, self.bounds):
+                if getattr(m, attr).data_ptr() != base.data_ptr() + start * base.stride(0) * base.element_size():
+                    raise RuntimeError(f"a fused projection's member no longer shares the group's {attr} (copied "
+                                       "or moved after fuse_projections); call unfuse_projections, then fuse again")
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_views()

@@ -141,6 +141,25 @@ def test_int8_beyond_the_exact_bound_keeps_the_fp32_gemm(monkeypatch):
     assert torch.equal(INT8.quant.matmul(x, codes, scale, None, torch.float32, None, 4), want)
 
 
+@pytest.mark.parametrize("case", ["nan row", "inf row", "one column", "no rows"])
+def test_int8_integer_gemm_edges_are_the_fp32_gemms(case):
+    """Where the integer GEMM cannot give the fp32 GEMM's numbers it is not used: a NaN or inf
+    in x (a NaN row must stay NaN: int8 has no NaN), K = 1; and an empty batch keeps its shape."""
+    k = 1 if case == "one column" else 64
+    x = torch.randn(0 if case == "no rows" else 3, 2, k)
+    if case == "nan row":
+        x[1, 0, 0] = float("nan")
+    if case == "inf row":
+        x[2, 1, 3] = float("inf")
+    codes, scale = INT8.quantize(torch.randn(5, k))
+    want = w8a8_matmul(INT8.quant, x, codes, scale, None, torch.float32)
+    got = INT8.quant.matmul(x, codes, scale, None, torch.float32)
+    assert got.shape == want.shape == (*x.shape[:-1], 5)
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    if case in ("nan row", "inf row"):
+        assert got.isnan().any(dim=-1).tolist() == want.isnan().any(dim=-1).tolist() and got.isnan().any()
+
+
 def test_int8_rollouts_are_those_of_the_fp32_gemm(monkeypatch):
     """A whole int8 rollout (fused projections, split-K, the quantized head) with the integer
     GEMM against the fp32 GEMM it replaces: token ids and μ identical."""
