@@ -160,6 +160,34 @@ def test_int8_integer_gemm_edges_are_the_fp32_gemms(case):
         assert got.isnan().any(dim=-1).tolist() == want.isnan().any(dim=-1).tolist() and got.isnan().any()
 
 
+def test_int8_without_vnni_keeps_the_fp32_gemm():
+    """oneDNN limited to AVX2 (as on a CPU without VNNI) saturates torch._int_mm's int8 sums: the
+    probe says so and Int8.matmul gives the fp32 GEMM's bits. In a fresh process: oneDNN reads
+    ONEDNN_MAX_CPU_ISA once."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import torch
+from bench.formats import FORMATS, int_mm_exact, w8a8_matmul
+q = FORMATS["int8"]
+a = torch.full((4, 128), 127, dtype=torch.int8)
+w = torch.full((8, 128), 127, dtype=torch.int8)
+saturates = torch._int_mm(a, w.t())[0, 0].item() != 128 * 127 * 127
+x = torch.randn(5, 384) * 3
+codes, scale = q.quantize(torch.randn(16, 384))
+same = torch.equal(q.quant.matmul(x, codes, scale, None, torch.float32),
+                   w8a8_matmul(q.quant, x, codes, scale, None, torch.float32))
+print(saturates, int_mm_exact(), same)
+"""
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-1000:]
+    saturates, exact, same = r.stdout.split()[-3:]
+    assert saturates == "True" and exact == "False" and same == "True"
+
+
 def test_int8_rollouts_are_those_of_the_fp32_gemm(monkeypatch):
     """A whole int8 rollout (fused projections, split-K, the quantized head) with the integer
     GEMM against the fp32 GEMM it replaces: token ids and μ identical."""
@@ -173,7 +201,7 @@ def test_int8_rollouts_are_those_of_the_fp32_gemm(monkeypatch):
     int_mm = torch._int_mm
     monkeypatch.setattr(torch, "_int_mm", lambda *a: calls.append(1) or int_mm(*a))
     got = TorchEngine(str(TINY_MATH_DIR), "int8", threads=1).generate(prompts, 4, sp)
-    assert calls                                              # the integer GEMM ran
+    assert bool(calls) == formats.int_mm_exact()              # the integer GEMM ran where it is exact
     monkeypatch.setattr(formats.Int8, "matmul", formats.Quantizer.matmul)
     want = TorchEngine(str(TINY_MATH_DIR), "int8", threads=1).generate(prompts, 4, sp)
     assert [[s.token_ids for s in r] for r in got] == [[s.token_ids for s in r] for r in want]
