@@ -200,11 +200,10 @@ class Int8(Quantizer):
         a one-column weight's transpose) and activations whose codes are not finite (NaN or
         inf in x: int8 has no NaN, and the fp32 path's NaN rows must stay NaN)."""
         k = x.shape[-1]
-        if (x.device.type != "cpu" or k < 2 or k * 127 ** 2 >= INT_EXACT or w_codes.dtype != torch.int8
-                or not int_mm_exact()):
-            return super().matmul(x, w_codes, w_scale, bias, out_dtype, w_gemm, split_k)
+        integer = (x.device.type == "cpu" and 2 <= k and k * 127 ** 2 < INT_EXACT and w_codes.dtype == torch.int8
+                   and int_mm_exact())
         xc, xs = self.quantize32(x)
-        if not torch.isfinite(xc).all():
+        if not integer or not torch.isfinite(xc).all():          # w8a8_matmul's fp32 GEMM
             return scaled_mm(xc, xs, w_codes if w_gemm is None else w_gemm, w_scale, bias, out_dtype, split_k)
         y = torch._int_mm(xc.reshape(-1, k).to(torch.int8), w_codes.t()).float()
         return _scale_epilogue(y.reshape(*x.shape[:-1], w_codes.shape[0]), xs, w_scale, bias, out_dtype)
