@@ -193,8 +193,8 @@ class Int8(Quantizer):
         while K·127² < 2^24 (K ≤ 1,040) every partial sum of code products is an integer below
         2^24, which fp32 holds exactly, so the fp32 GEMM's sum is the same number in any order
         and split-K's too. There the int8 GEMM (torch._int_mm, VNNI on x86) gives the same bits
-        at ~3.5× the fp32 GEMM's speed (tiny-math shapes on a CPU with VNNI; without VNNI torch's
-        int8 GEMM saturates, `int_mm_exact` says so and the fp32 GEMM runs). A zero sum is +0 on
+        at ~3.5× the fp32 GEMM's speed (tiny-math shapes on a CPU with VNNI; where torch's int8
+        GEMM saturates, `int_mm_exact` says so and the fp32 GEMM runs). A zero sum is +0 on
         both paths (the fp32 GEMM starts its sums at +0, as int32 → fp32 gives). Larger K keeps
         the fp32 GEMM, whose rounding depends on its order; so do K = 1 (torch._int_mm misreads
         a one-column weight's transpose) and activations whose codes are not finite (NaN or
@@ -215,10 +215,12 @@ INT_EXACT = 2 ** 24            # integers up to here are exact in fp32
 @lru_cache(maxsize=1)
 def int_mm_exact() -> bool:
     """Whether torch._int_mm sums int8 products exactly in int32 on this CPU, probed once a
-    process. oneDNN's int8 GEMM without VNNI (AVX2, AVX512 before VNNI, or ONEDNN_MAX_CPU_ISA
-    set below it) adds pairs of u8·s8 products in int16 with saturation: 128 products of
-    127·127 come out 16,320, not 2,064,512. The probe: codes at ±127 (where pairs saturate) and
-    random codes, at three shapes, against float64 sums (exact here)."""
+    process. Which path oneDNN takes is the CPU's own: on an AVX512-VNNI CPU held to AVX2
+    (ONEDNN_MAX_CPU_ISA) its int8 GEMM adds pairs of u8·s8 products in int16 with saturation
+    (128 products of 127·127 come out 16,320, not 2,064,512), while a real AVX2-only CPU was
+    seen to sum them exactly. So nothing is assumed from the ISA; the probe: codes at ±127
+    (where pairs saturate) and random codes, at three shapes, against float64 sums (exact
+    here)."""
     g = torch.Generator().manual_seed(0)
     for m, k, n in ((1, 128, 8), (4, 384, 85), (64, 128, 96)):
         a = torch.randint(-127, 128, (m, k), dtype=torch.int8, generator=g)

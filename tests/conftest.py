@@ -26,6 +26,20 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
 @pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Every test starts at one torch thread and leaves the count as it found it: bench's
+    bit-identities hold at one thread (docs/development.md), and a test's numbers must depend
+    neither on the machine's core count nor on which tests its worker ran before (the engines
+    and the trainer set the count process-wide)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
 def bench_home(tmp_path, monkeypatch):
     home = tmp_path / "bench_home"
     monkeypatch.setenv("BENCH_HOME", str(home))
