@@ -10,8 +10,9 @@ and the step that decided it:
 - the first rule that decides and is on (`converged`, `futile`, `collapsed`, `plateaued`) at
   the evaluation where it decides: the run must have ended there;
 - `diverged` when the last step's metrics show the divergence the trainer stops on: as many
-  optimizer steps in a row skipped for non-finite values as `max_nonfinite_in_a_row`, non-finite
-  weights, or (runs from before those were recorded, and verl) a non-finite loss or gradient;
+  optimizer steps in a row skipped for non-finite values as `max_nonfinite_in_a_row` (the trainer
+  logs `nonfinite_in_a_row` at every step that has some), non-finite weights, or (verl, and runs
+  from before those were recorded) a non-finite loss or gradient;
 - `max_steps` (UNDECIDED) when the run reached its budget with an evaluation at it and no rule
   decided (rule `budget`);
 - a run `running`, `failed` (an error, Ctrl-C) or `skipped` claims no end and keeps that status
@@ -118,7 +119,10 @@ def _diverged(ev: Evidence) -> str | None:
         return f"{int(m['nonfinite_in_a_row'])} optimizer steps in a row skipped for non-finite values (limit {limit})"
     if (m.get("nonfinite_weights") or 0) > 0:
         return "non-finite weights after the update"
-    if "nonfinite_in_a_row" not in m and any(k in m and m[k] is None for k in ("loss", "grad_norm")):
+    # verl stops on one non-finite loss; a native run from before the counters claimed it on its own
+    # (one skipped fp16 step of an ongoing native run is no divergence)
+    if (ev.trainer == "verl" or ev.status == statuses.DIVERGED) and any(
+            k in m and m[k] is None for k in ("loss", "grad_norm")):
         return "a non-finite loss or gradient (stored as null)"
     return None
 

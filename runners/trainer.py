@@ -398,7 +398,9 @@ class NativeTrainer:
             t0 = time.time()
             metrics = self.train_step()
             self.step += 1
-            in_a_row = metrics["nonfinite_in_a_row"] = self.learner.scaler.skipped_in_a_row
+            in_a_row = self.learner.scaler.skipped_in_a_row
+            if in_a_row:                  # the evidence a `diverged` end rests on (bench/verdicts.py)
+                metrics["nonfinite_in_a_row"] = in_a_row
             if in_a_row >= cfg.max_nonfinite_in_a_row:
                 self._record(metrics, time.time() - t0)
                 return statuses.DIVERGED, (f"{in_a_row} optimizer steps in a row skipped for a "

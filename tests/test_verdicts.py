@@ -97,6 +97,9 @@ def test_the_gate_divergence_and_the_runs_without_an_end():
     assert verdicts.decide(div).status == "diverged" and verdicts.check(div) is None
     assert verdicts.check(_ev("diverged", [0.5, 0.6], step=7, last_metrics={"nonfinite_in_a_row": 3}))
     assert verdicts.check(_ev("diverged", [0.5], step=3, last_metrics={"nonfinite_weights": 1.0})) is None
+    # one skipped fp16 step (a null loss) at the end of a run at its budget is no divergence
+    budget = _ev("max_steps", [0.5, 0.6, 0.7], config=_config(max_steps=10), last_metrics={"loss": None})
+    assert verdicts.decide(budget).status == "max_steps" and verdicts.check(budget) is None
     for status in ("running", "failed", "skipped"):         # no end claimed: never refused
         ev = _ev(status, [0.5, 0.97, 0.97, 0.97])
         assert verdicts.check(ev) is None and verdicts.decide(ev).verdict == statuses.verdict(status)

@@ -329,7 +329,7 @@ def _report_cells(df, csv: Optional[Path], as_json: bool) -> list[dict] | None:
         return _records(df)
     stale = _stale(df)
     t = Table("#", "algo", "precision", *(["K"] if stale else []), "engine", "config", "sanity", "passes",
-              "seed pass p (95% lower)", "peak (mean, 95% logit-t interval)", "steps→pass median (min–max)",
+              "p(pass) ≥", "peak (mean, 95% logit-t interval)", "steps→pass median (min–max)",
               "KL k3 median", "seeds", "run")
     for i, r in enumerate(df.itertuples(), 1):
         peak = _f(r.peak_mean) + ("" if r.peak_ci_lo != r.peak_ci_lo else f" [{r.peak_ci_lo:.3f}, {r.peak_ci_hi:.3f}]")
@@ -345,7 +345,7 @@ def _report_cells(df, csv: Optional[Path], as_json: bool) -> list[dict] | None:
                   r.runs[0] if len(r.runs) == 1 else f"{len(r.runs)} runs (--runs)")
     out.print(t)
     out.print("sanity: FAIL once a seed FAILs by a rule, PASS when every seed passes, else UNDECIDED (a seed at its "
-              "budget undecided, or stopped by an error); seed pass p: the one-sided 95% Clopper–Pearson lower bound "
+              "budget undecided, or stopped by an error); p(pass) ≥: the one-sided 95% Clopper–Pearson lower bound "
               "on a seed's pass probability from k of N (1/1: ≥ 0.05, 3/3: ≥ 0.37, 10/10: ≥ 0.74); peak: mean over "
               "seeds with a two-sided 95% Student-t interval on the logit scale (inside [0, 1]; the plain "
               "t-interval is peak_t_lo/peak_t_hi in --json and --csv); config: the fingerprint of every setting "
