@@ -21,10 +21,12 @@ store unchanged. Only the store is used (no stage): `bench runs export` / `bench
 call this.
 
 The sha256 sums sit in the same unsigned bundle.json as the members they cover: they detect a
-corrupted bundle, not an edited one (whoever edits a member can recompute its sum). What a bundle
-claims about a run new to the store is taken as it is; `bench runs verify` re-runs its first
-steps from its build, config and seed and compares every stored number, which is the answer to
-tampering.
+corrupted bundle, not an edited one (whoever edits a member can recompute its sum). A run's
+status, peak accuracy and steps to target are not taken as they are: the run's own stop rules
+are replayed over its evaluations (bench/verdicts.py), and a status they do not support is
+refused, naming the rule and the readings. The numbers themselves are what the bundle says;
+`bench runs verify` re-runs steps from the build, config and seed and compares every stored
+number, which is the answer to tampering with them.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ from sqlalchemy import select
 from bench.errors import BenchError
 from bench.machine_metrics import deterministic
 from bench.problems import split_hash
-from bench.statuses import FAILED, RUNNING
+from bench import verdicts
+from bench.statuses import CONVERGED, FAILED, MISCALIBRATED, RUNNING
 from bench.store import Build, BuildProblem, Eval, Model, Run, RunStep, get_or_create_model, session
 
 FORMAT = "bench-run-bundle"
@@ -274,6 +277,24 @@ def read_bundle(path: Path) -> tuple[dict, dict[str, dict], dict[str, dict]]:
     return manifest, builds, runs
 
 
+def _check_evidence(rid: str, r: dict, b: dict) -> None:
+    """The run's status, peak and steps to target are what its own evaluations say
+    (bench/verdicts.py), or BundleError naming the rule and the readings. A run the calibration
+    gate stopped, stored `failed` by a bench from before `miscalibrated` existed, reads as
+    `miscalibrated` (as the store's migration 0009 reads it)."""
+    if r["status"] == FAILED and isinstance(r["calibration"], dict) and r["calibration"].get("ok") is False:
+        r["status"] = MISCALIBRATED
+    ev = verdicts.from_bundle(r, b)
+    problem = verdicts.check(ev)
+    _need(problem is None, f"run {rid}: {problem}; nothing imported")
+    peak = verdicts.peak(ev)
+    _need(r["peak_accuracy"] == peak, f"run {rid}: peak_accuracy {r['peak_accuracy']!r} is not the highest split "
+          f"evaluation ({peak!r}); nothing imported")
+    if r["status"] == CONVERGED:
+        _need(r["steps_to_target"] == r["step"], f"run {rid}: converged at step {r['step']} but steps_to_target "
+              f"says {r['steps_to_target']!r}; nothing imported")
+
+
 # ------------------------------------------------------------------ import
 
 def _further(bundle_run: dict, local: Run) -> bool:
@@ -390,6 +411,10 @@ def _write(engine, builds: dict, runs: dict) -> dict:
                 broken = _not_a_continuation(s, r, local)
                 _need(broken is None, f"run {rid}: the bundle's copy is further along but not a continuation of "
                       f"the stored run ({broken}); nothing imported")
+        for rid, r in runs.items():          # what will be written claims only what its evaluations say
+            local = s.get(Run, rid)
+            if local is None or _further(r, local):
+                _check_evidence(rid, r, builds[r["build"]])
         for bid, b in builds.items():
             if existing[bid] is not None:
                 summary["builds_present"].append(bid)

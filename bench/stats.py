@@ -1,11 +1,15 @@
 """The confidence bounds every stage shares, one definition each.
 
 - `wilson_lower`: the one-sided Wilson score lower bound on a binomial proportion, on which the
-  stop rule's `converged` rests (runners/stop.py: the successes pooled over the last evaluations).
+  stop rule's `converged` rests (bench/stop.py: the successes pooled over the last evaluations).
 - `wilson_interval`: the two-sided Wilson score interval with which an adaptive build decides a
   problem (datasets_build/adaptive.py).
 - `t_quantile` / `t_interval`: Student's t (scipy.stats.t) and the two-sided interval for a mean
-  over seeds that a leaderboard cell shows for its peak accuracy (leaderboard/cells.py).
+  over seeds (the old column of a cell's peak accuracy, leaderboard/cells.py: it can leave [0, 1]).
+- `logit_t_interval`: the same interval on the logit scale, mapped back: the interval a cell shows
+  for its peak accuracy, always inside (0, 1).
+- `clopper_pearson_lower`: the one-sided exact lower bound on a binomial proportion: what k of N
+  passing seeds say about one seed's pass probability.
 
 z is the standard normal quantile (statistics.NormalDist); the formulas are in the docstrings.
 """
@@ -68,3 +72,38 @@ def t_interval(values, level: float = 0.95) -> tuple[float, float, float]:
     sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
     half = t_quantile(0.5 + level / 2.0, n - 1) * sd / math.sqrt(n)
     return mean, mean - half, mean + half
+
+
+LOGIT_EPS = 1e-3         # proportions are clipped to [eps, 1 − eps] before the logit
+
+
+def logit_t_interval(values, level: float = 0.95) -> tuple[float, float, float]:
+    """(mean, lower, upper) for proportions: the mean of `values`, and the Student-t interval of
+    `t_interval` computed on ℓᵢ = log(pᵢ/(1 − pᵢ)) (pᵢ clipped to [LOGIT_EPS, 1 − LOGIT_EPS])
+    and mapped back by the logistic σ(ℓ̄ ± t(1/2 + level/2, n − 1)·s_ℓ/√n). The bounds stay in
+    (0, 1) whatever the spread (a t-interval on 0.90, 0.98 and 0.99 reaches 1.08; this one
+    0.999). The interval is for the logit mean, whose σ is near the mean when the spread is
+    small. None and NaN are left out; NaN bounds for fewer than two values."""
+    xs = [float(v) for v in values if v is not None and v == v]
+    if not xs:
+        return math.nan, math.nan, math.nan
+    mean = sum(xs) / len(xs)
+    logits = [math.log(p / (1 - p)) for p in (min(max(x, LOGIT_EPS), 1 - LOGIT_EPS) for x in xs)]
+    _, lo, hi = t_interval(logits, level)
+    if lo != lo:
+        return mean, math.nan, math.nan
+    return mean, 1 / (1 + math.exp(-lo)), 1 / (1 + math.exp(-hi))
+
+
+def clopper_pearson_lower(k: int, n: int, confidence: float = 0.95) -> float:
+    """The one-sided Clopper–Pearson lower bound on a binomial proportion from k successes in
+    n trials: the p with P(X ≥ k | n, p) = 1 − confidence, i.e. Beta(1 − confidence; k, n − k + 1)
+    (scipy.stats.beta.ppf); 0 when k = 0. At k = n it is (1 − confidence)^(1/n): 1/1 → 0.05,
+    3/3 → 0.368, 10/10 → 0.741 at 95%. n = 0 is a ValueError."""
+    if n <= 0 or not 0 <= k <= n:
+        raise ValueError("clopper_pearson_lower needs 0 <= k <= n and n > 0")
+    if k == 0:
+        return 0.0
+    from scipy.stats import beta
+
+    return float(beta.ppf(1 - confidence, k, n - k + 1))

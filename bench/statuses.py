@@ -1,52 +1,72 @@
 """A run's status, declared once: what it means, whether the run has ended, whether
-`bench run --resume` continues it, and the sanity verdict it gives. The stop rules
-(runners/stop.py) return these names, the runners store them in `runs.status`, the sweep,
-bundles and the leaderboard read them from here. A new status is one more row of STATUSES.
+`bench run --resume` continues it, whether `bench runs extend` gives it a larger budget, and the
+sanity verdict it gives. The stop rules (bench/stop.py) return these names, the runners store
+them in `runs.status`, the sweep, bundles, the report and the leaderboard read them from here.
+A new status is one more row of STATUSES.
 
-A run PASSes only when it ended `converged` (a confidence bound on split accuracy pooled over
-its last evaluations reached the target, never one noisy reading); RUNNING while it goes on;
-every other end is a FAIL.
+Three verdicts, each a claim about the run's own stored evidence (bench/verdicts.py recomputes
+it from the evaluations, never from the label alone):
+
+- PASS: `converged`: the confidence bound on split accuracy pooled over the last evaluations
+  reached the target (never one noisy reading).
+- FAIL: only where a rule with a measured error rate decided it: `futile`, `collapsed`,
+  `plateaued` (where on), `diverged` (non-finite loss, gradients or weights), and
+  `miscalibrated` (the step-0 calibration gate: a plumbing fault, not a precision effect).
+- UNDECIDED: `max_steps`: the budget ran out before any rule decided; `bench runs extend RUN
+  --max-steps N` continues it.
+
+RUNNING while a run goes on (or was killed while training). `failed` (an error or Ctrl-C) and
+`skipped` (a seed its cell's first FAIL made unnecessary) give no verdict at all (NO_VERDICT):
+an error says nothing about the algorithm or the precision.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+PASS, FAIL, UNDECIDED, RUNNING_VERDICT, NO_VERDICT = "PASS", "FAIL", "UNDECIDED", "RUNNING", "NO VERDICT"
+VERDICTS = (PASS, FAIL, UNDECIDED, RUNNING_VERDICT, NO_VERDICT)
+
 
 @dataclass(frozen=True)
 class Status:
     name: str
     meaning: str
-    terminal: bool          # the run has ended (no step follows unless it is resumed)
+    terminal: bool          # the run has ended (no step follows unless it is resumed or extended)
     resumable: bool         # `bench run --resume` / `bench runs resume` continues it
-    verdict: str            # the sanity verdict: PASS, FAIL or RUNNING
+    extendable: bool        # `bench runs extend RUN --max-steps N` continues it under a larger budget
+    verdict: str            # the sanity verdict: one of VERDICTS
 
 
 STATUSES: dict[str, Status] = {s.name: s for s in (
-    Status("running", "training now, or killed while training", False, True, "RUNNING"),
-    Status("converged", "the pooled lower bound of split accuracy reached the target", True, False, "PASS"),
-    Status("plateaued", "the peak split accuracy stopped moving for `patience` evaluations", True, False, "FAIL"),
-    Status("collapsed", "split accuracy fell far below its peak", True, False, "FAIL"),
+    Status("running", "training now, or killed while training", False, True, False, RUNNING_VERDICT),
+    Status("converged", "the pooled lower bound of split accuracy reached the target", True, False, False, PASS),
     Status("futile", "even an optimistic projection of split accuracy stays below the target at max_steps",
-           True, False, "FAIL"),
-    Status("diverged", "non-finite loss, gradients or weights", True, False, "FAIL"),
-    Status("max_steps", "reached max_steps without converging", True, False, "FAIL"),
-    Status("failed", "stopped by an error, Ctrl-C or the step-0 calibration gate", True, True, "FAIL"),
+           True, False, False, FAIL),
+    Status("collapsed", "split accuracy fell far below its peak", True, False, False, FAIL),
+    Status("plateaued", "the peak split accuracy stopped moving for `patience` evaluations (a rule off by default)",
+           True, False, False, FAIL),
+    Status("diverged", "non-finite loss, gradients or weights", True, False, False, FAIL),
+    Status("miscalibrated", "the step-0 calibration gate: μ and π of the same tokens at identical weights differ "
+           "beyond the pair's limits (a plumbing fault)", True, False, False, FAIL),
+    Status("max_steps", "reached max_steps before any rule decided", True, False, True, UNDECIDED),
+    Status("failed", "stopped by an error or Ctrl-C", True, True, False, NO_VERDICT),
     Status("skipped", "not run, or interrupted: an earlier seed of its cell failed, which decides the cell",
-           True, False, "FAIL"),
+           True, False, False, NO_VERDICT),
 )}
 
-RUNNING, CONVERGED, PLATEAUED, COLLAPSED, FUTILE, DIVERGED, MAX_STEPS, FAILED, SKIPPED = (
-    "running", "converged", "plateaued", "collapsed", "futile", "diverged", "max_steps", "failed", "skipped")
+RUNNING, CONVERGED, FUTILE, COLLAPSED, PLATEAUED, DIVERGED, MISCALIBRATED, MAX_STEPS, FAILED, SKIPPED = STATUSES
 
-# ended for good by a stop rule's verdict (or max_steps), as opposed to running, failed, or skipped
-# (a seed its cell's first failing seed made unnecessary: it has no verdict of its own)
+# ended for good by a stop rule's verdict, the gate or the budget, as opposed to running, failed,
+# or skipped (a seed its cell's first failing seed made unnecessary: it has no verdict of its own)
 FINISHED = tuple(s.name for s in STATUSES.values() if s.terminal and not s.resumable and s.name != SKIPPED)
 RESUMABLE = tuple(s.name for s in STATUSES.values() if s.resumable)
+EXTENDABLE = tuple(s.name for s in STATUSES.values() if s.extendable)
+FAILING = tuple(s.name for s in STATUSES.values() if s.verdict == FAIL)       # the statuses whose verdict is FAIL
 
 
 def verdict(status: str | None) -> str:
-    """The sanity verdict of a run with this status: PASS, RUNNING, or FAIL (any other end,
-    and an unknown or missing status)."""
+    """The sanity verdict of a run with this status (the table's); NO_VERDICT for an unknown or
+    missing status."""
     s = STATUSES.get(status) if status is not None else None
-    return s.verdict if s is not None else "FAIL"
+    return s.verdict if s is not None else NO_VERDICT

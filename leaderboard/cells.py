@@ -9,11 +9,16 @@ The key (CELL_KEY) is (model, build, algo, precision, trainer, engine, staleness
 bookkeeping it lists), so runs at another learning rate, or from another engine, never share a
 cell, and no run stands in for a seed of another cell.
 
-Per cell: passes k/N (a seed passes when its run's verdict is PASS, i.e. the run stopped
-converged); the verdict is PASS only when every seed passes, RUNNING while no seed has failed
-and one still runs, else FAIL; peak split accuracy as the mean over seeds with a two-sided 95%
-Student-t interval (mean ± t(0.975, n−1) · s/√n, s the sample standard deviation over the
-seeds that have a peak; none for one seed); steps to pass as the median over the passing seeds
+Per cell: passes k/N (a seed passes when its run's verdict, recomputed from its evaluations by
+bench/verdicts.py, is PASS) and what they support: `pass_lower`, the one-sided 95%
+Clopper–Pearson lower bound on one seed's pass probability (1/1 → 0.05, 3/3 → 0.37, 10/10 →
+0.74: "PASS 1/1" is weak evidence). The cell's verdict: FAIL once a seed FAILs (a rule decided
+it); PASS when every seed passes; RUNNING while a seed still runs; else UNDECIDED (a seed reached
+its budget undecided, or stopped on an error). Peak split accuracy: the mean over seeds with a
+two-sided 95% Student-t interval on the logit scale mapped back (bench/stats.py
+`logit_t_interval`: inside (0, 1) whatever the spread; none for one seed), and the plain
+t-interval on the accuracies (mean ± t(0.975, n−1)·s/√n) kept as `peak_t_lo` / `peak_t_hi`,
+which can leave [0, 1]; steps to pass as the median over the passing seeds
 with their min–max; the mismatch as the median over seeds of each run's mean KL k3 (last tenth
 of the run). A seed counts once: when it ran more than once, its newest run stands for it.
 A seed `skipped` because its cell was already decided by a failing seed (runners/sweep.py) is
@@ -28,11 +33,14 @@ from collections import Counter
 import pandas as pd
 
 from bench.fingerprint import fingerprint
-from bench.stats import t_interval
+from bench import statuses
+from bench.stats import clopper_pearson_lower, logit_t_interval, t_interval
 
 CELL_KEY = ["model", "build", "algo", "precision", "trainer", "engine", "staleness", "config_fp"]
 LEVEL = 0.95
-INTERVAL = "95% Student-t interval over seeds (mean ± t(0.975, n−1)·s/√n)"
+INTERVAL = "95% Student-t interval over seeds on the logit scale (σ(mean logit ± t(0.975, n−1)·s/√n))"
+T_INTERVAL = "95% Student-t interval over seeds on the accuracies (mean ± t(0.975, n−1)·s/√n; may leave [0, 1])"
+PASS_BOUND = "one-sided 95% Clopper–Pearson lower bound on a seed's pass probability"
 
 
 def _median(xs: list[float]) -> float:
@@ -48,16 +56,25 @@ def _present(series) -> list[float]:
 
 
 def verdict(sanities: list[str]) -> str:
-    """PASS only when every seed passes; FAIL once one seed failed; RUNNING otherwise."""
-    if sanities and all(s == "PASS" for s in sanities):
-        return "PASS"
-    return "FAIL" if any(s == "FAIL" for s in sanities) or not sanities else "RUNNING"
+    """The cell's verdict from its seeds' verdicts: FAIL once one seed FAILs; PASS when every
+    seed passes; RUNNING while one still runs; else UNDECIDED (no seeds, a seed undecided at its
+    budget, or one without a verdict)."""
+    if any(s == statuses.FAIL for s in sanities):
+        return statuses.FAIL
+    if sanities and all(s == statuses.PASS for s in sanities):
+        return statuses.PASS
+    return statuses.RUNNING_VERDICT if statuses.RUNNING_VERDICT in sanities else statuses.UNDECIDED
+
+
+def pass_evidence(k: int, n: int) -> str:
+    """What k of n passing seeds support, in words: "3/3 pass: p ≥ 0.37" (PASS_BOUND)."""
+    return f"{k}/{n} pass: p ≥ {clopper_pearson_lower(k, n, LEVEL):.2f}" if n else "no seeds"
 
 
 def cell_columns() -> list[str]:
-    return [*CELL_KEY, "sanity", "passes", "seeds", "status", "pass_rate", "peak_mean", "peak_ci_lo", "peak_ci_hi",
-            "peak_sd", "steps_to_pass_median", "steps_to_pass_min", "steps_to_pass_max", "kl_k3_median",
-            "router_flip_median", "n_seeds",
+    return [*CELL_KEY, "sanity", "passes", "pass_lower", "evidence", "seeds", "status", "pass_rate", "peak_mean",
+            "peak_ci_lo", "peak_ci_hi", "peak_t_lo", "peak_t_hi", "peak_sd", "steps_to_pass_median",
+            "steps_to_pass_min", "steps_to_pass_max", "kl_k3_median", "router_flip_median", "n_seeds",
             "runs", "decided", "early"]
 
 
@@ -95,11 +112,15 @@ def seed_runs(runs: pd.DataFrame) -> pd.DataFrame:
 
 def _early(g: pd.DataFrame) -> str | None:
     """The seeds' verdicts given early by a stop rule, with the rule and step ("seed 0: FAIL by
-    futile at step 95; ..."), or None when no seed ended so."""
+    futile at step 95; ..."), or None when no seed ended so. The rule and step are those the
+    evidence gives (`decided_by`, `decided_step` of runs_frame) where the frame has them."""
     from leaderboard.queries import early_verdict
 
-    steps = g.steps if "steps" in g.columns else [None] * len(g)
-    texts = [(seed, early_verdict(st, step)) for seed, st, step in zip(g.seed, g.status, steps)]
+    if "decided_by" in g.columns:
+        rules, steps = g.decided_by, g.decided_step
+    else:
+        rules, steps = g.status, (g.steps if "steps" in g.columns else [None] * len(g))
+    texts = [(seed, early_verdict(rule, step)) for seed, rule, step in zip(g.seed, rules, steps)]
     parts = [("" if seed is None or seed != seed else f"seed {int(seed)}: ") + t for seed, t in texts if t]
     return "; ".join(parts) or None
 
@@ -118,15 +139,18 @@ def cells_frame(runs: pd.DataFrame) -> pd.DataFrame:
         decided = f"decided after {len(g)} of {asked} seeds" if len(g) < asked else None
         sanities = list(g.sanity)
         k, n = sanities.count("PASS"), len(sanities)
-        mean, lo, hi = t_interval(g.peak_accuracy, LEVEL)
+        mean, lo, hi = logit_t_interval(g.peak_accuracy, LEVEL)
+        _, t_lo, t_hi = t_interval(g.peak_accuracy, LEVEL)
         peaks = _present(g.peak_accuracy)
         sd = (math.sqrt(sum((x - mean) ** 2 for x in peaks) / (len(peaks) - 1)) if len(peaks) > 1 else math.nan)
         steps = _present(g.steps_to_target[g.sanity == "PASS"])
         statuses = Counter(g.status)
         rows.append({**dict(zip(CELL_KEY, key)), "sanity": verdict(sanities), "passes": f"{k}/{n}",
+                     "pass_lower": clopper_pearson_lower(k, n, LEVEL), "evidence": pass_evidence(k, n),
                      "seeds": [None if x is None or x != x else int(x) for x in g.seed],
                      "status": ", ".join(st if c == 1 else f"{st} ×{c}" for st, c in statuses.items()),
-                     "pass_rate": k / n, "peak_mean": mean, "peak_ci_lo": lo, "peak_ci_hi": hi, "peak_sd": sd,
+                     "pass_rate": k / n, "peak_mean": mean, "peak_ci_lo": lo, "peak_ci_hi": hi,
+                     "peak_t_lo": t_lo, "peak_t_hi": t_hi, "peak_sd": sd,
                      "steps_to_pass_median": _median(steps), "steps_to_pass_min": min(steps) if steps else math.nan,
                      "steps_to_pass_max": max(steps) if steps else math.nan,
                      "kl_k3_median": _median(_present(g.mean_kl)) if "mean_kl" in g else math.nan,

@@ -1,14 +1,16 @@
 """How the app colours a verdict, one palette for every table and chart: a cell's sanity verdict
-(leaderboard/cells.py `verdict`) and its runs' statuses (runners/stop.py).
+(leaderboard/cells.py `verdict`) and its runs' statuses (bench/statuses.py).
 
-- PASS (every seed converged) green; FAIL red; RUNNING (no seed failed, one still runs: the
-  verdict is pending) amber.
-- A status names how the runs ended, in four kinds: `pass` (converged), `pending` (running),
+- PASS (every seed converged) green; FAIL (a rule decided it) red; UNDECIDED (a seed ran out of
+  budget before any rule decided, or stopped on an error) blue, neither green nor red; RUNNING
+  (no seed failed, one still runs: the verdict is pending) amber; NO VERDICT grey.
+- A status names how the runs ended, in five kinds: `pass` (converged), `pending` (running),
   `early` (decided before the run's own end: futile, a FAIL the futility rule called early, and
-  skipped, a seed not run because its cell was already decided) and `fail` (every other end:
-  plateaued, collapsed, diverged, max_steps, failed). A cell's status text lists its runs'
-  statuses ("converged ×2, futile"); its kind is the first of pending, early, fail, pass that
-  one of them has, so a cell still running or decided early never reads as an ordinary end.
+  skipped, a seed not run because its cell was already decided), `undecided` (max_steps: the
+  budget ran out; failed: an error or Ctrl-C) and `fail` (every other end: plateaued, collapsed,
+  diverged, miscalibrated). A cell's status text lists its runs' statuses ("converged ×2,
+  futile"); its kind is the first of pending, early, fail, undecided, pass that one of them has,
+  so a cell still running or decided early never reads as an ordinary end.
 
 `styled(frame)` is a pandas Styler over a display copy for st.dataframe (column_config formats
 still apply: they take precedence over the Styler's text).
@@ -21,17 +23,23 @@ import re
 import pandas as pd
 
 # (fill, ink) per verdict: the grid's pass-rate scale's green and red, lightened for a table cell
-VERDICT_COLOURS = {"PASS": ("#c7e9c0", "#00441b"), "FAIL": ("#fcbba1", "#67000d"), "RUNNING": ("#fee391", "#662506")}
-# a verdict as a mark on a white chart (the Leaderboard chart's points and intervals): the grid's green and red
-VERDICT_INK = {"PASS": "#1a9850", "FAIL": "#d73027", "RUNNING": "#e08214"}
+VERDICT_COLOURS = {"PASS": ("#c7e9c0", "#00441b"), "FAIL": ("#fcbba1", "#67000d"),
+                   "UNDECIDED": ("#c6dbef", "#08306b"), "RUNNING": ("#fee391", "#662506"),
+                   "NO VERDICT": ("#e0e0e0", "#252525")}
+# a verdict as a mark on a white chart (the Leaderboard chart's points and intervals)
+VERDICT_INK = {"PASS": "#1a9850", "FAIL": "#d73027", "UNDECIDED": "#2171b5", "RUNNING": "#e08214",
+               "NO VERDICT": "#737373"}
 # a marker (the grid's squares and the chart's points) per verdict
-VERDICT_MARKS = {"PASS": "✓", "FAIL": "✗", "RUNNING": "…"}
+VERDICT_MARKS = {"PASS": "✓", "FAIL": "✗", "UNDECIDED": "?", "RUNNING": "…", "NO VERDICT": "–"}
 
-STATUS_KINDS = {"converged": "pass", "running": "pending", "futile": "early", "skipped": "early"}
-KIND_ORDER = ("pending", "early", "fail", "pass")
-KIND_COLOURS = {"pass": "#1a7837", "pending": "#b35806", "early": "#762a83", "fail": "#b2182b"}     # ink only
+STATUS_KINDS = {"converged": "pass", "running": "pending", "futile": "early", "skipped": "early",
+                "max_steps": "undecided", "failed": "undecided"}
+KIND_ORDER = ("pending", "early", "fail", "undecided", "pass")
+KIND_COLOURS = {"pass": "#1a7837", "pending": "#b35806", "early": "#762a83", "undecided": "#2166ac",
+                "fail": "#b2182b"}     # ink only
 KIND_WORDS = {"pass": "converged", "pending": "running (verdict pending)",
-              "early": "decided early (futile, skipped)", "fail": "ended without passing"}
+              "early": "decided early (futile, skipped)", "undecided": "undecided (budget or error)",
+              "fail": "ended by a rule without passing"}
 
 
 def status_kind(status_text) -> str | None:
@@ -74,7 +82,9 @@ def styled(frame: pd.DataFrame, verdict_cols=("sanity",), status_cols=("status",
 
 def legend_text() -> str:
     """One caption line that names the colours."""
-    return ("Sanity: PASS green, FAIL red, RUNNING amber (pending). Status: "
+    return ("Sanity: PASS green, FAIL red (a rule decided it), UNDECIDED blue (the budget ran out first), "
+            "RUNNING amber (pending). Status: "
             + ", ".join(f"{KIND_WORDS[k]} {name}" for k, name in (("pass", "green"), ("pending", "amber"),
-                                                                   ("early", "violet in italics"), ("fail", "red")))
+                                                                   ("early", "violet in italics"),
+                                                                   ("undecided", "blue"), ("fail", "red")))
             + ".")

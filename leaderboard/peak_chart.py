@@ -1,6 +1,8 @@
 """The Leaderboard page's chart: for each cell, the peak split accuracy over its seeds — the mean
-with its two-sided 95% Student-t interval, exactly the cell statistics of leaderboard/cells.py
-(`peak_mean`, `peak_ci_lo`, `peak_ci_hi`: mean ± t(0.975, n−1)·s/√n; one seed has no interval) —
+with its two-sided 95% Student-t interval on the logit scale (inside [0, 1]), exactly the cell
+statistics of leaderboard/cells.py (`peak_mean`, `peak_ci_lo`, `peak_ci_hi`; one seed has no
+interval), the tooltip naming what the seeds support (`evidence`: k/N and the Clopper–Pearson
+bound on a seed's pass probability) —
 against the sanity test's 0.95 line, the point coloured by the cell's verdict
 (leaderboard/colours.py). One row per cell, in the table's (ranked) order, labelled by the key
 columns that tell the cells shown apart (algorithm and precision always)."""
@@ -45,6 +47,7 @@ def chart_frame(cells: pd.DataFrame) -> pd.DataFrame:
         "sanity": list(cells.sanity),
         "mark": [f"{VERDICT_MARKS.get(v, '')} {v}".strip() for v in cells.sanity],
         "passes": list(cells.passes),
+        "evidence": list(cells.evidence) if "evidence" in cells.columns else list(cells.passes),
         "n_seeds": [int(n) for n in cells.n_seeds],
         "peak_mean": [num(v) for v in cells.peak_mean],
         "peak_ci_lo": [num(v) for v in cells.peak_ci_lo],
@@ -64,13 +67,14 @@ def peak_chart(cells: pd.DataFrame, target: float = TARGET) -> alt.LayerChart:
     verdicts = list(VERDICT_COLOURS)
     palette = alt.Scale(domain=verdicts, range=[VERDICT_INK[v] for v in verdicts])
     colour = alt.Color("sanity:N", title="sanity", scale=palette)
-    tooltip = [alt.Tooltip("cell:N"), alt.Tooltip("mark:N", title="sanity"), alt.Tooltip("passes:N"),
+    tooltip = [alt.Tooltip("cell:N"), alt.Tooltip("mark:N", title="sanity"),
+               alt.Tooltip("evidence:N", title="seeds passing (95% lower bound on p)"),
                alt.Tooltip("n_seeds:Q", title="seeds"), alt.Tooltip("peak_mean:Q", title="peak (mean)", format=".3f"),
                alt.Tooltip("peak_ci_lo:Q", title="95% CI low", format=".3f"),
                alt.Tooltip("peak_ci_hi:Q", title="95% CI high", format=".3f")]
     base = alt.Chart(data)
     interval = base.mark_rule(strokeWidth=2).encode(
-        x=alt.X("peak_ci_lo:Q", scale=scale, title="peak split accuracy (mean over seeds, 95% t-interval)"),
+        x=alt.X("peak_ci_lo:Q", scale=scale, title="peak split accuracy (mean over seeds, 95% logit-scale t-interval)"),
         x2="peak_ci_hi:Q", y=y, color=alt.Color("sanity:N", legend=None, scale=palette), tooltip=tooltip)
     points = base.mark_point(filled=True, size=90).encode(
         x=alt.X("peak_mean:Q", scale=scale), y=y, color=colour, shape=alt.Shape("sanity:N", legend=None),

@@ -14,14 +14,13 @@ from bench.store import Build, BuildProblem, Eval, MismatchReport, Model, Run, R
 
 
 def sanity(status: str | None) -> str:
-    """The sanity verdict is the stop rule's: PASS only for a run the rule called converged
-    (a confidence bound on the split accuracy pooled over its last evaluations reached the
-    target, runners/stop.py), never on one noisy reading; RUNNING while the run goes on;
-    FAIL for every other end (max_steps, plateaued, collapsed, diverged, failed): bench/statuses.py."""
+    """The sanity verdict a status stands for (bench/statuses.py): PASS for converged, FAIL for
+    an end a rule decided, UNDECIDED for max_steps, RUNNING, or NO VERDICT (an error, Ctrl-C, a
+    skipped seed). `runs_frame` gives each run the verdict its evidence supports instead."""
     return statuses.verdict(status)
 
 
-EARLY_RULES = ("converged", "futile", "plateaued", "collapsed")   # runners/stop.py: the rules a verdict comes from
+EARLY_RULES = ("converged", "futile", "plateaued", "collapsed")   # bench/stop.py: the rules a verdict comes from
 
 
 def early_verdict(status: str | None, step) -> str | None:
@@ -30,6 +29,48 @@ def early_verdict(status: str | None, step) -> str | None:
     if status not in EARLY_RULES or step is None or step != step:
         return None
     return f"{sanity(status)} by {status} at step {int(step)}"
+
+
+def decision_text(verdict: str, rule, step) -> str:
+    """How a run's verdict was reached: "PASS by converged at step 60", "FAIL by calibration at
+    step 0", "UNDECIDED: budget at step 80"; the verdict alone where no rule decided."""
+    if not isinstance(rule, str) or step is None or step != step:
+        return verdict
+    return f"{verdict}{': budget' if rule == 'budget' else f' by {rule}'} at step {int(step)}"
+
+
+LABEL_ONLY = "label only"          # evidence_problem's start for a run whose rules have nothing to replay
+
+
+def _with_decisions(engine: Engine, runs: pd.DataFrame) -> pd.DataFrame:
+    """`runs` with each run's verdict recomputed from its stored evidence (bench/verdicts.py):
+    `sanity` (the verdict), `decided_by` (the rule), `decided_step`, `decision` (its reason),
+    `evidence_problem` (None, or why the stored status is not what the evidence says; a run with
+    no split evaluation stored at all keeps its status's verdict, flagged as a label) and, for an
+    UNDECIDED run, `projection` (where the futility rule's optimistic line reaches the target)."""
+    from bench import verdicts
+
+    with engine.connect() as c:
+        evidence = verdicts.from_store(c, list(runs.run))
+    rows = []
+    for rid in runs.run:
+        ev = evidence.get(rid)
+        if ev is None:
+            rows.append((statuses.NO_VERDICT, None, None, None, "no evidence", None))
+            continue
+        if not ev.evals and ev.status not in verdicts.NO_CLAIM and ev.status != statuses.MISCALIBRATED:
+            # nothing to replay the rules over: the label stands, and says it is only a label
+            rows.append((statuses.verdict(ev.status), None, None, None,
+                         f"{LABEL_ONLY}: no split evaluation stored, {ev.status!r} is as recorded", None))
+            continue
+        d = verdicts.decide(ev)
+        proj = verdicts.projection(ev)[1] if d.verdict == statuses.UNDECIDED else None
+        rows.append((d.verdict, d.rule, d.step, d.reason, verdicts.check(ev), proj))
+    r = runs.copy()
+    (r["sanity"], r["decided_by"], r["decided_step"], r["decision"], r["evidence_problem"],
+     r["projection"]) = ([x[i] for x in rows] for i in range(6))
+    r["decided_step"] = r.decided_step.astype("Int64")
+    return r
 
 
 # split accuracy as training sees it (rollout format) and as the trained policy answers (train format)
@@ -103,15 +144,14 @@ def runs_frame(engine: Engine, build_id: str | None = None) -> pd.DataFrame:
                   .where(Eval.benchmark.notin_(SPLIT_EVALS)).group_by(Eval.run_id))
     runs = runs.merge(best, on="run", how="left").merge(lastv, on="run", how="left")
     runs["precision"] = [pair_name(r, t) for r, t in zip(runs.rollout_dtype, runs.train_dtype)]
-    runs["sanity"] = [sanity(st) for st in runs.status]
     runs["config_fp"] = [fingerprint(c) for c in runs.config]
-    return runs
+    return _with_decisions(engine, runs)
 
 
 def report_columns() -> list[str]:
     return ["run", "model", "build", "algo", "precision", "engine", "config_fp", "staleness", "status", "sanity",
-            "peak_accuracy", "final_accuracy", "steps_to_target", "wall_to_target", "best_eval", "last_eval",
-            "mean_kl", "mean_kl_k1", "max_abs_dp", "log_ratio_slope", "steps"]
+            "decided_by", "decided_step", "peak_accuracy", "final_accuracy", "steps_to_target", "wall_to_target",
+            "best_eval", "last_eval", "mean_kl", "mean_kl_k1", "max_abs_dp", "log_ratio_slope", "steps"]
 
 
 def ranked(runs: pd.DataFrame) -> pd.DataFrame:

@@ -46,9 +46,12 @@ def _ended(runs: pd.DataFrame, run_ids: list[str]) -> list[dict]:
             continue
         r = by_id.loc[rid]
         out.append({"run": rid, "seed": _int(r.get("seed")), "status": _text(r.get("status")),
+                    "verdict": _text(r.get("sanity")), "decided_by": _text(r.get("decided_by")),
+                    "decided_step": _int(r.get("decided_step")),
                     "stop_reason": _text(r.get("stop_reason")), "steps": _int(r.get("steps")),
                     "steps_to_pass": _int(r.get("steps_to_target")) if r.get("sanity") == "PASS" else None,
-                    "kl_warning_step": _int(r.get("kl_warning_step"))})
+                    "kl_warning_step": _int(r.get("kl_warning_step")),
+                    "projection": _text(r.get("projection")), "evidence_problem": _text(r.get("evidence_problem"))})
     return out
 
 
@@ -113,20 +116,22 @@ def offline_ratios(mismatch: pd.DataFrame | None) -> list[dict]:
 
 
 def report_summary(cells: pd.DataFrame, runs: pd.DataFrame, mismatch: pd.DataFrame | None = None) -> dict:
-    """{"cells", "pass", "fail", "running": counts; "per_cell": verdict, passes, status and
-    each run's ending; "mismatch_ratios"; "offline_mismatch_ratios"} for the ranked cells."""
+    """{"cells", "pass", "fail", "undecided", "running": counts; "per_cell": verdict, passes and
+    what they support, status and each run's ending; "mismatch_ratios"; "offline_mismatch_ratios"}
+    for the ranked cells."""
     per_cell = []
     for c in cells.itertuples():
         per_cell.append({"algo": c.algo, "precision": c.precision, "build": c.build, "trainer": c.trainer,
                          "engine": _text(getattr(c, "engine", None)), "config_fp": _text(getattr(c, "config_fp", None)),
                          "staleness": _int(getattr(c, "staleness", 0)) or 0,
-                         "sanity": c.sanity, "passes": c.passes, "status": c.status,
+                         "sanity": c.sanity, "passes": c.passes, "pass_lower": _num(getattr(c, "pass_lower", None)),
+                         "evidence": _text(getattr(c, "evidence", None)), "status": c.status,
                          "decided": getattr(c, "decided", None),
                          "steps_to_pass_median": _num(c.steps_to_pass_median),
                          "kl_k3_median": _num(c.kl_k3_median), "runs": _ended(runs, list(c.runs))})
     verdicts = [c["sanity"] for c in per_cell]
     return {"cells": len(per_cell), "pass": verdicts.count("PASS"), "fail": verdicts.count("FAIL"),
-            "running": verdicts.count("RUNNING"), "per_cell": per_cell,
+            "undecided": verdicts.count("UNDECIDED"), "running": verdicts.count("RUNNING"), "per_cell": per_cell,
             "mismatch_ratios": mismatch_ratios(cells), "offline_mismatch_ratios": offline_ratios(mismatch)}
 
 

@@ -2,7 +2,7 @@
 (`bench report --early`).
 
 Every native run records its shadow decisions (store table run_decisions: per rule of
-runners/stop.py EARLY_RULES, the first step at which it would have ended the run and the status
+bench/stop.py EARLY_RULES, the first step at which it would have ended the run and the status
 it would have given, whether the rule was on or not). The rules are pure functions of the
 stored split evaluations, so a run recorded before that table existed gets its decisions
 recomputed (back-filled) from its evals and its stored StopConfig: `shadow_decisions` returns
@@ -30,22 +30,24 @@ from sqlalchemy import select
 
 from bench.store import Build, Eval, Run, RunDecision, session
 
-from . import stop as stop_rules
+from bench import stop as stop_rules
+from bench.verdicts import stop_config
 from .runs import config_from_dict
 
 FINISHED = ("converged", "plateaued", "collapsed", "futile", "diverged", "max_steps")
-DEFAULT_ON = (stop_rules.CONVERGED, stop_rules.PLATEAUED, stop_rules.COLLAPSED)   # today's defaults
+# the rules on by default before futility was (2026-12-02): what the FAIL steps are measured against
+DEFAULT_ON = (stop_rules.CONVERGED, stop_rules.PLATEAUED, stop_rules.COLLAPSED)
 
 
 def _config(run: Run):
-    """The run's StopConfig and max_steps from its stored config (defaults for missing keys)."""
-    cfg = config_from_dict(run.config)
-    return cfg.stop, cfg.max_steps
+    """The run's StopConfig and max_steps from its stored config (the defaults of its day for
+    missing stop keys: bench/verdicts.py `stop_config`; RunConfig's for the rest)."""
+    return stop_config(run.config or {}), config_from_dict(run.config).max_steps
 
 
 def recompute(s, run: Run) -> dict[str, list]:
     """The shadow decisions of `run` recomputed from its stored split evaluations:
-    {rule: [step, status, reason]} (runners/stop.py `first_decisions`)."""
+    {rule: [step, status, reason]} (bench/stop.py `first_decisions`)."""
     stop_cfg, max_steps = _config(run)
     build = s.get(Build, run.build_id)
     problems = build.n_kept or 0

@@ -10,7 +10,7 @@ from bench import configdiff
 from bench.errors import ConfigError
 from bench.knobs import check, knob
 
-from .stop import StopConfig
+from bench.stop import StopConfig
 
 if TYPE_CHECKING:
     from .algos import AlgoConfig

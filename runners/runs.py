@@ -24,7 +24,7 @@ from bench.statuses import FAILED, RESUMABLE, RUNNING
 from bench.store import Build, Model, Run, bench_home, session
 from bench.store.schema import BuildProblem, utcnow
 
-from . import stop as stop_rules
+from bench import stop as stop_rules
 from .algos import AlgoConfig, get_loss
 from .presets import PRESETS, Benchmark, RunConfig, check_run_config, preset_defaults
 
@@ -194,9 +194,10 @@ def run_to_end(store, run_id: str, train: Callable[[], tuple[str, str]]) -> None
     record_end(store, run_id, status, reason)
 
 
-def resume_run(store, run_id: str, progress=None, device: str | None = None) -> str:
+def resume_run(store, run_id: str, progress=None, device: str | None = None, replay_stop_rules: bool = False) -> str:
     """Continue a killed or failed run from its last checkpoint, on `device` (default: the
-    device it started on; a resume elsewhere is appended to its provenance's `resumes`)."""
+    device it started on; a resume elsewhere is appended to its provenance's `resumes`).
+    `replay_stop_rules`: recompute the stop rules' state under the stored config (`extend_run`)."""
     with session(store) as s:
         run = resumable_run(s, run_id)
         build, m, ref = resolve_inputs(s, run.build_id, None)
@@ -213,12 +214,58 @@ def resume_run(store, run_id: str, progress=None, device: str | None = None) -> 
             run.provenance = {**(run.provenance or {}), "resumes": [*(run.provenance or {}).get("resumes", []),
                                                                      {"step": run.step, "device": device}]}
     _check_ckpt_dir(ckpt_dir)
-    _train(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress, device=device)
+    _train(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress, device=device,
+           replay_stop_rules=replay_stop_rules)
     return run_id
 
 
+def extend_run(store, run_id: str, max_steps: int, progress=None, device: str | None = None) -> str:
+    """Continue a run that reached its budget undecided (`max_steps`, UNDECIDED) under the larger
+    budget `max_steps`, from its last checkpoint: its stored config gets the new max_steps, its
+    stop rules' state is recomputed under it (the futility rule projects to max_steps; its upper
+    bound only rises with the horizon, so no earlier step would have decided), and it trains on as
+    a run started with that budget would, bit for bit on the same device and CPU kind. The
+    extension is appended to the run's provenance (`extends`). The run becomes a run with the new
+    budget: another settings fingerprint, so another cell than its siblings at the old one."""
+    from bench.statuses import EXTENDABLE, verdict
+
+    with session(store) as s:
+        run = s.get(Run, run_id)
+        if run is None:
+            raise RunError(f"no run {run_id!r}; `bench runs` lists them")
+        if run.status not in EXTENDABLE:
+            raise RunError(f"run {run_id} is {run.status} ({verdict(run.status)}): only a run that reached its budget "
+                           "undecided (max_steps) can be extended" + ("; `bench runs resume` continues it"
+                                                                     if run.status in RESUMABLE else ""))
+        if run.trainer != "native":
+            raise RunError(f"run {run_id} ran on {run.trainer}: `bench runs extend` continues native runs only "
+                           "(relaunch verl with a larger --max-steps)")
+        cfg = config_from_dict(run.config)
+        if max_steps <= cfg.max_steps:
+            raise RunError(f"--max-steps {max_steps} is not above run {run_id}'s budget of {cfg.max_steps}")
+        if cfg.max_steps % cfg.eval_every:
+            raise RunError(f"run {run_id}'s budget max_steps={cfg.max_steps} is not a multiple of eval_every="
+                           f"{cfg.eval_every}: its last evaluation (step {cfg.max_steps}) is one a run with a larger "
+                           "budget would not make, so the extension could not equal such a run; start a run with "
+                           f"--max-steps {max_steps} instead")
+        started_on = (run.provenance or {}).get("device", "cpu")
+        try:
+            resolve_device(device or started_on)
+        except ValueError as e:
+            raise RunError(f"run {run_id} started on {started_on}: {e}") from None
+        if not Path(run.checkpoint_dir or "").exists():
+            raise RunError(f"run {run_id} has no checkpoint directory here ({run.checkpoint_dir}): it cannot be "
+                           "continued on this machine")
+        run.config = {**run.config, "max_steps": max_steps}
+        prov = run.provenance or {}
+        run.provenance = {**prov, "extends": [*prov.get("extends", []),
+                                              {"step": run.step, "from": cfg.max_steps, "to": max_steps}]}
+        run.status, run.stop_reason = RUNNING, None
+    return resume_run(store, run_id, progress=progress, device=device, replay_stop_rules=True)
+
+
 def _train(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress, rollout_engine=None,
-           device: str = "cpu") -> None:
+           device: str = "cpu", replay_stop_rules: bool = False) -> None:
     from .trainer import NativeTrainer     # here: torch and the engines, which the verl runner does not need
 
     def fit() -> tuple[str, str]:
@@ -227,6 +274,8 @@ def _train(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, pr
             trainer = NativeTrainer(store, run_id, cfg, algo, precision, engine, ref, split, ckpt_dir, progress,
                                     rollout_engine, device)
             trainer.load_checkpoint()
+            if replay_stop_rules:
+                trainer.replay_stop_rules()
             return trainer.fit()
         finally:
             if trainer is not None:

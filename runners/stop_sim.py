@@ -1,4 +1,4 @@
-"""Simulated split-accuracy sequences for the stop rules' error rates (runners/stop.py's module
+"""Simulated split-accuracy sequences for the stop rules' error rates (bench/stop.py's module
 doc quotes them; tests/test_stop.py re-runs them at a fixed seed and checks the stated bounds).
 
 A shape is a true accuracy curve p(step); a simulated run reads Binomial(n, p(step)) / n at every
@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from .stop import CONVERGED, FUTILE, PLATEAUED, StopConfig, first_decisions
+from bench.stop import CONVERGED, FUTILE, PLATEAUED, StopConfig, first_decisions
 
 N_DEFAULT = 177 * 4       # graded samples of one split evaluation on the embedded default build
 EVERY, MAX_STEPS = 5, 150  # the tiny preset's evaluation interval and step budget

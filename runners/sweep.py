@@ -37,15 +37,15 @@ from bench.engines import resolve_engine
 from bench.errors import ConfigError
 from bench.fingerprint import fingerprint
 from bench.precision import Precision
-from bench.statuses import FAILED, FINISHED, SKIPPED, verdict
+from bench.statuses import FAILED, FAILING, FINISHED, SKIPPED
 from bench.store import Build, Run, session
 from bench.store.schema import utcnow
 
 from .runs import latest_build, resolve_inputs, start_run
 from .presets import get_preset
 
-# a seed ending so decides its cell (a skipped seed was decided by another)
-FAIL_STATUSES = tuple(x for x in FINISHED if verdict(x) == "FAIL" and x != SKIPPED)
+# a seed ending so (a rule's FAIL) decides its cell; one undecided at its budget does not
+FAIL_STATUSES = FAILING
 PROGRESS_PREFIX = "progress: "     # a step line on a subprocess cell's stderr (`bench run --progress-lines`)
 
 

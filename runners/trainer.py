@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from sqlalchemy import delete
+from sqlalchemy import delete, select
 
 from bench import calibration, statuses
 from bench.device import peak_memory_mb, reset_peak_memory, synchronize
@@ -49,7 +49,7 @@ from bench.routes import TrainRoutes, pad_routes, routed
 from bench.problems import Problem, SourceSpec, load_problems
 from bench.store import Eval, Run, RunDecision, RunStep, session
 
-from . import stop as stop_rules
+from bench import stop as stop_rules
 from .algos import LossInputs, get_loss, leave_one_out_advantages
 from .draws import BENCHMARK_EVAL, SPLIT_EVAL, eval_seed
 from .logprobs import response_logprobs
@@ -203,7 +203,8 @@ class NativeTrainer:
         os.replace(tmp, self.ckpt_path)
 
     def load_checkpoint(self) -> None:
-        """Restore from the last checkpoint (or the start) and drop later steps from the store."""
+        """Restore from the last checkpoint (or the start) and drop later steps from the store (the
+        run's peak and final accuracy then read off the evaluations left)."""
         if self.ckpt_path.exists():
             # state dicts copy to the device
             state = torch.load(self.ckpt_path, weights_only=False, map_location="cpu")
@@ -224,6 +225,11 @@ class NativeTrainer:
             s.execute(delete(RunDecision).where(RunDecision.run_id == self.run_id, RunDecision.step > self.step))
             run = s.get(Run, self.run_id)
             run.step, run.status, run.stop_reason = self.step, statuses.RUNNING, None
+            split = [a for _, a in s.execute(select(Eval.step, Eval.score).where(
+                Eval.run_id == self.run_id, Eval.benchmark == "split").order_by(Eval.step)).all()]
+            run.peak_accuracy, run.final_accuracy = (max(split), split[-1]) if split else (None, None)
+            if run.steps_to_target is not None and run.steps_to_target > self.step:
+                run.steps_to_target = run.wall_to_target = None
 
     # ---------------------------------------------------------- pieces
     def _step_prompts(self, step: int) -> list[int]:
@@ -381,7 +387,7 @@ class NativeTrainer:
         if self.step == 0:
             cal = self.calibrate()
             if not cal["ok"]:
-                return statuses.FAILED, cal["message"]
+                return statuses.MISCALIBRATED, cal["message"]
             acc = self._eval_and_record()
             stop_rules.after_eval(self.stop_state, cfg.stop, 0, acc["split"], len(self.split) * cfg.eval_split_m,
                                   max_steps=cfg.max_steps)
@@ -393,12 +399,15 @@ class NativeTrainer:
             metrics = self.train_step()
             self.step += 1
             in_a_row = self.learner.scaler.skipped_in_a_row
+            if in_a_row:                  # the evidence a `diverged` end rests on (bench/verdicts.py)
+                metrics["nonfinite_in_a_row"] = in_a_row
             if in_a_row >= cfg.max_nonfinite_in_a_row:
                 self._record(metrics, time.time() - t0)
                 return statuses.DIVERGED, (f"{in_a_row} optimizer steps in a row skipped for a "
                                              f"non-finite loss or gradient (loss {metrics['loss']:.4g}, grad norm "
                                              f"{metrics['grad_norm']:.4g} at step {self.step})")
             if any(not torch.isfinite(p).all() for p in self.learner.master.parameters()):
+                metrics["nonfinite_weights"] = 1.0
                 self._record(metrics, time.time() - t0)
                 return statuses.DIVERGED, f"non-finite weights at step {self.step}"
             if stop_rules.after_step(self.stop_state, cfg.stop, self.step, metrics["kl_k3"]):
@@ -434,8 +443,20 @@ class NativeTrainer:
             s.get(Run, self.run_id).calibration = result
         return result
 
+    def replay_stop_rules(self) -> None:
+        """The stop rules' state recomputed from the evaluations it holds, under this run's
+        config (a larger max_steps: `bench runs extend`), the KL early warning's series kept;
+        the stored shadow decisions replaced by the recomputed ones."""
+        old = self.stop_state
+        self.stop_state = stop_rules.StopState(kl=old.kl, kl_warning_step=old.kl_warning_step)
+        for step, accuracy, n in old.evals:
+            stop_rules.after_eval(self.stop_state, self.cfg.stop, step, accuracy, n, max_steps=self.cfg.max_steps)
+        with session(self.store) as s:
+            s.execute(delete(RunDecision).where(RunDecision.run_id == self.run_id))
+        self._record_decisions()
+
     def _record_decisions(self) -> None:
-        """Store the stop rules' shadow decisions so far (runners/stop.py: every rule, on or off)."""
+        """Store the stop rules' shadow decisions so far (bench/stop.py: every rule, on or off)."""
         with session(self.store) as s:
             for rule, (step, status, reason) in self.stop_state.shadow.items():
                 s.merge(RunDecision(run_id=self.run_id, rule=rule, step=step, status=status, reason=reason,

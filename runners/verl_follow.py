@@ -31,7 +31,7 @@ from sqlalchemy import delete
 from bench import statuses
 from bench.store import Eval, Run, RunStep, session
 
-from . import stop as stop_rules
+from bench import stop as stop_rules
 from .presets import PRESETS, RunConfig, preset_defaults
 from .verl_runner import map_metrics
 
@@ -73,15 +73,6 @@ SPLIT_ESTIMATOR = ("verl's training reward over the last pass over the split (ce
                    "B x G rollouts, each graded once, the policy moving between steps)")
 
 
-def pooled_steps(ends: list[int], width: int) -> list[int]:
-    """The distinct training steps (indices into the run's per-step rewards) behind evaluations
-    whose windows end at `ends` (exclusive), each window the `width` steps before its end:
-    ⋃ᵢ [max(0, endᵢ − width), endᵢ), ascending. Windows overlap when evaluations come more often
-    than every `width` steps: B=16 on a 1,460-problem split (width 92) evaluated every 10 steps,
-    three evaluations cover 92 + 2·10 = 112 steps, not 3·92 = 276."""
-    return sorted({i for end in ends for i in range(max(0, end - width), end)})
-
-
 @dataclass
 class Follower:
     """Turns verl's per-step metrics into bench's steps, evals and stop decisions."""
@@ -111,7 +102,7 @@ class Follower:
         every step grades B × G responses) and n = those steps × B × G. Each step counts once
         however many windows hold it, so n is not overstated when evaluations come more often
         than the window is long."""
-        steps = pooled_steps(self.eval_ends[-self.cfg.stop.hold:], self.rewards.maxlen)
+        steps = stop_rules.pooled_steps(self.eval_ends[-self.cfg.stop.hold:], self.rewards.maxlen)
         if not steps:
             return 0.0, 0
         acc = sum(self.history[i] for i in steps) / len(steps)
@@ -164,7 +155,7 @@ class Follower:
         training step are computed from the rollout's μ and the actor's π at the weights that
         sampled the batch, before that step's update (bypass cells: the first micro-batch's π_θ
         is still those weights). Judged on k3 against the pair's band (bench/calibration.py);
-        outside it the run ends `failed` and verl is stopped."""
+        outside it the run ends `miscalibrated` (FAIL) and verl is stopped."""
         from bench import calibration
 
         self.calibrated = True
@@ -181,7 +172,7 @@ class Follower:
                                                                           "prob_abs_diff_mean", "prob_abs_diff_max")}},
                                        run.rollout_dtype, run.train_dtype)
             run.calibration = result
-        return None if result["ok"] else (statuses.FAILED, result["message"])
+        return None if result["ok"] else (statuses.MISCALIBRATED, result["message"])
 
     def _write(self, step: int, m: dict, evals: dict[str, tuple[int, float]], converged: bool = False) -> None:
         clean = {k: _finite(v) for k, v in m.items()}

@@ -233,14 +233,17 @@ def test_status_kinds_and_verdict_colours_by_hand():
     from leaderboard.colours import VERDICT_COLOURS, status_css, status_kind, verdict_css
 
     assert [status_kind(s) for s in ("converged", "converged ×2", "converged, futile", "running, max_steps",
-                                     "skipped ×2, plateaued", "plateaued", "max_steps ×3", "", None)] == \
-        ["pass", "pass", "early", "pending", "early", "fail", "fail", None, None]
+                                     "skipped ×2, plateaued", "plateaued", "max_steps ×3", "max_steps, plateaued",
+                                     "", None)] == \
+        ["pass", "pass", "early", "pending", "early", "fail", "undecided", "fail", None, None]
     assert verdict_css("PASS") == "background-color: #c7e9c0; color: #00441b; font-weight: 600"
     assert VERDICT_COLOURS["FAIL"][0] in verdict_css("FAIL") and VERDICT_COLOURS["RUNNING"][0] in \
         verdict_css("RUNNING")
+    # UNDECIDED is neither green nor red (nor RUNNING's amber): a colour of its own
+    assert len({VERDICT_COLOURS[v] for v in ("PASS", "FAIL", "UNDECIDED", "RUNNING")}) == 4
     assert verdict_css("converged") == "" and status_css(None) == ""
     assert "italic" in status_css("futile") and "italic" not in status_css("max_steps")
-    assert len({status_css(s) for s in ("converged", "running", "futile", "plateaued")}) == 4
+    assert len({status_css(s) for s in ("converged", "running", "futile", "plateaued", "max_steps")}) == 5
 
 
 def test_chart_labels_name_only_what_tells_the_cells_apart():
@@ -302,15 +305,18 @@ def test_leaderboard_chart_carries_each_cells_peak_interval_and_the_pass_line(tm
     assert list(line.target) == [0.95]
     marks = [(layer["mark"]["type"], layer["encoding"]["x"]["field"]) for layer in spec["layer"]]
     assert ("rule", "target") in marks and ("point", "peak_mean") in marks and ("rule", "peak_ci_lo") in marks
-    # the table's order (ranked) and, for fp32, the two seeds' mean and Student-t interval by hand:
-    # mean 0.965, s = 0.00707107, half = t(0.975, 1) · s/√2 = 12.7062047 · 0.005
+    # the table's order (ranked) and, for fp32, the two seeds' mean and Student-t interval on the logit
+    # scale by hand: logits ln(0.97/0.03) = 3.476099, ln(0.96/0.04) = 3.178054; mean 3.327077,
+    # s = 0.210749, half = t(0.975, 1) · s/√2 = 12.7062047 · 0.149022; mapped back by σ
     assert list(points.cell) == ["grpo · fp32", "grpo · bf16", "grpo · fp8→fp16", "grpo · fp16"]
     fp32 = points.set_index("cell").loc["grpo · fp32"]
+    half = 12.7062047 * 0.210749 / math.sqrt(2)
     assert (fp32.peak_mean, fp32.peak_ci_lo, fp32.peak_ci_hi) == pytest.approx(
-        (0.965, 0.965 - 12.7062047 * 0.005, 0.965 + 12.7062047 * 0.005), abs=1e-6)
-    assert fp32.sanity == "PASS" and fp32.n_seeds == 2
-    one = points.set_index("cell").loc["grpo · bf16"]       # one seed: its peak, no interval
-    assert one.peak_mean == pytest.approx(0.90) and math.isnan(one.peak_ci_lo) and one.sanity == "FAIL"
+        (0.965, 1 / (1 + math.exp(-(3.327077 - half))), 1 / (1 + math.exp(-(3.327077 + half)))), abs=1e-5)
+    assert fp32.sanity == "PASS" and fp32.n_seeds == 2 and fp32.peak_ci_hi < 1
+    assert fp32.evidence == "2/2 pass: p ≥ 0.22"
+    one = points.set_index("cell").loc["grpo · bf16"]       # one seed: its peak, no interval; its budget ran out
+    assert one.peak_mean == pytest.approx(0.90) and math.isnan(one.peak_ci_lo) and one.sanity == "UNDECIDED"
     assert points.set_index("cell").sanity.to_dict()["grpo · fp16"] == "RUNNING"
     # the same numbers as the table below it (the cell statistics, not recomputed)
     table = at.dataframe[0].value.set_index("precision")
@@ -337,6 +343,6 @@ def test_leaderboard_table_colours_verdicts_and_tells_early_and_pending_apart(tm
     sanity, status = list(df.columns).index("sanity"), list(df.columns).index("status")
     for i, (verdict, st) in enumerate(zip(df.sanity, df.status)):
         assert VERDICT_COLOURS[verdict][0] in css[(i, sanity)], (verdict, css.get((i, sanity)))
-        kind = {"converged ×2": "pass", "running": "pending", "futile": "early", "max_steps": "fail"}[st]
+        kind = {"converged ×2": "pass", "running": "pending", "futile": "early", "max_steps": "undecided"}[st]
         assert KIND_COLOURS[kind] in css[(i, status)], (st, css.get((i, status)))
     assert "italic" in css[(list(df.status).index("futile"), status)]

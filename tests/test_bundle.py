@@ -311,3 +311,55 @@ def test_a_continuation_imports_though_a_resume_retimed_its_steps(source, tmp_pa
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["runs_updated"] == [rid]
     assert _views(url, source["runs"]) == _views(source["url"], source["runs"])
+
+
+def test_a_status_its_evaluations_do_not_support_is_refused(source, tmp_path):
+    """The exploit of the verdicts issue: a run at its budget whose `status` alone is rewritten to
+    converged, the bundle resealed: refused at import, naming the rule and the readings."""
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    name = f"runs/{source['runs'][0]}.json"
+    _write(tmp_path / "edited.tar.gz", _reseal(_edit_json(_members(source["bundle"]), name,
+                                                           lambda o: o.update(status="converged"))))
+    r = _cli("runs", "import", str(tmp_path / "edited.tar.gz"), "--db", url)
+    err = " ".join(r.stderr.split())
+    assert r.exit_code == 2 and err.count("error:") == 1, r.output
+    assert "status 'converged' is not supported by its evaluations" in err and "the converged rule" in err
+    assert "by the budget rule at step 2" in err and "readings " in err and "nothing imported" in err
+    assert _counts(url)["runs"] == 0
+
+
+def test_a_gated_run_from_before_its_status_imports_as_miscalibrated(source, tmp_path):
+    """A bundle from a bench that stored the calibration gate's end as `failed`: it reads as
+    `miscalibrated` (FAIL), as the store's migration reads it."""
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    name = f"runs/{source['runs'][0]}.json"
+
+    def gated(o):
+        o.update(status="failed", step=0, steps=[], evals=[], peak_accuracy=None, final_accuracy=None,
+                 stop_reason="step-0 calibration failed (band)")
+        o["calibration"].update(ok=False, failed=["band"])
+
+    _write(tmp_path / "gated.tar.gz", _reseal(_edit_json(_members(source["bundle"]), name, gated)))
+    r = _cli("runs", "import", str(tmp_path / "gated.tar.gz"), "--db", url)
+    assert r.exit_code == 0, r.output
+    per_run = {x["run"]: x for x in json.loads(_cli("report", "--runs", "--db", url, "--json").stdout)["runs"]}
+    gate = per_run[source["runs"][0]]
+    assert (gate["status"], gate["sanity"], gate["decided_by"], gate["decided_step"]) == (
+        "miscalibrated", "FAIL", "calibration", 0)
+
+
+def test_the_report_recomputes_a_status_edited_in_the_store(source, tmp_path):
+    """A stored run whose status is rewritten in the store itself: the report gives the verdict its
+    evaluations support (UNDECIDED at its budget) and says the status is not supported."""
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    assert _cli("runs", "import", str(source["bundle"]), "--db", url).exit_code == 0
+    with session(open_store(url)) as s:
+        s.get(Run, source["runs"][0]).status = "converged"
+    runs = {x["run"]: x for x in json.loads(_cli("report", "--runs", "--db", url, "--json").stdout)["runs"]}
+    edited, honest = runs[source["runs"][0]], runs[source["runs"][1]]
+    assert (honest["sanity"], honest["decided_by"], honest["decided_step"]) == ("UNDECIDED", "budget", 2)
+    assert (edited["status"], edited["sanity"], edited["decided_by"]) == ("converged", "UNDECIDED", "budget")
+    cells = json.loads(_cli("report", "--db", url, "--json").stdout)["cells"]
+    assert [(c["sanity"], c["passes"], c["evidence"]) for c in cells] == [("UNDECIDED", "0/2", "0/2 pass: p ≥ 0.00")]
+    text = " ".join(_cli("report", "--db", url).stdout.split())
+    assert "NOT SUPPORTED BY ITS EVALUATIONS: status 'converged' is not supported" in text

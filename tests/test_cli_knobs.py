@@ -220,7 +220,7 @@ def test_explicit_flags_override_the_preset(captured, store_with_build):
 def test_stop_rule_flags_reach_the_nested_stop_config(captured, store_with_build):
     """The StopConfig knobs are flat options (`--futility-window`), set on cfg.stop; the rest of
     the stop config keeps its defaults, and a sweep passes them on by name."""
-    from runners.stop import StopConfig
+    from bench.stop import StopConfig
 
     r = CliRunner().invoke(app, ["run", "--algo", "grpo", "--futility", "--futility-window", "6", "--no-plateau",
                                  "--device", "cpu", "--db", store_with_build])

@@ -1,6 +1,7 @@
 """A cell decided by its first failing seed (runners/sweep.py): real runs of the tiny model with a
-tiny step limit (every seed ends max_steps, a FAIL), in process and in subprocesses, and the
-report's "decided after k of N seeds"."""
+tiny step limit and a futility window of 3 evaluations (every seed ends futile at step 4, a FAIL by
+the futility rule: split accuracy ~0.5, at most ~0.72 projected), in process and in subprocesses,
+and the report's "decided after k of N seeds"."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from bench.store import Run, open_store, session
 from leaderboard.cells import cells_frame
 from leaderboard.queries import runs_frame
 
-FAST = ["--max-steps", "2", "--eval-every", "2", "--prompts-per-step", "2", "--samples-per-prompt", "2"]
+FAST = ["--max-steps", "6", "--eval-every", "2", "--futility-window", "3", "--prompts-per-step", "2",
+        "--samples-per-prompt", "2"]
 
 
 @pytest.fixture
@@ -34,17 +36,17 @@ def _runs(url):
 
 @pytest.mark.integration
 def test_the_first_failing_seed_decides_the_cell_in_process(url):
-    """`bench run --seeds 3` (jobs 1): seed 0 ends max_steps, so seeds 1 and 2 are never started
+    """`bench run --seeds 3` (jobs 1): seed 0 ends futile, so seeds 1 and 2 are never started
     but recorded skipped with the reason; the report says so; a second call adds nothing."""
     r = CliRunner().invoke(app, ["run", "--algo", "pg-seq-is", "--dtype", "fp32", "--seeds", "3", *FAST,
                                  "--db", url, "--json"])
     assert r.exit_code == 0, r.output
-    assert [x["status"] for x in json.loads(r.stdout)] == ["max_steps", "skipped", "skipped"]
+    assert [x["status"] for x in json.loads(r.stdout)] == ["futile", "skipped", "skipped"]
     runs = _runs(url)
-    assert [(s, st) for s, st, *_ in runs] == [(0, "max_steps"), (1, "skipped"), (2, "skipped")]
+    assert [(s, st) for s, st, *_ in runs] == [(0, "futile"), (1, "skipped"), (2, "skipped")]
     first = runs[0][4]
     for _, _, reason, step, _ in runs[1:]:
-        assert reason.startswith("not run: the cell was decided when seed 0 ended max_steps") and first in reason
+        assert reason.startswith("not run: the cell was decided when seed 0 ended futile") and first in reason
         assert step == 0
     cells = cells_frame(runs_frame(open_store(url)))
     assert len(cells) == 1
@@ -63,7 +65,7 @@ def test_the_first_failing_seed_decides_the_cell_in_process(url):
 @pytest.mark.slow
 def test_the_first_failing_seed_stops_the_cells_other_processes(url):
     """`bench sweep --seeds 3 --jobs 2`: seeds 0 and 1 start together in their own processes;
-    the first to end (max_steps: FAIL) decides the cell, the other one is interrupted (recorded
+    the first to end (futile: FAIL) decides the cell, the other one is interrupted (recorded
     skipped at the step it reached) unless it had finished too, and seed 2 is never started.
     Another cell of the same sweep is decided on its own."""
     r = CliRunner().invoke(app, ["sweep", "--algo", "pg-seq-is", "--dtype", "fp32", "--seeds", "3", "--jobs", "2",
@@ -71,14 +73,14 @@ def test_the_first_failing_seed_stops_the_cells_other_processes(url):
     assert r.exit_code == 0, r.output
     runs = _runs(url)
     statuses = [st for _, st, *_ in runs]
-    assert len(runs) == 3 and set(statuses) <= {"max_steps", "skipped"}, runs
+    assert len(runs) == 3 and set(statuses) <= {"futile", "skipped"}, runs
     assert statuses[2] == "skipped" and runs[2][2].startswith("not run: the cell was decided when seed "), runs
-    finished = [x for x in runs if x[1] == "max_steps"]
+    finished = [x for x in runs if x[1] == "futile"]
     assert 1 <= len(finished) <= 2
     for seed, status, reason, step, _ in runs[:2]:
         if status == "skipped":          # interrupted: stopped by the other seed's verdict, before its end
-            assert reason.startswith("interrupted at step ") and step < 2, runs
-            assert f"seed {1 - seed} ended max_steps" in reason
+            assert reason.startswith("interrupted at step ") and step < 4, runs
+            assert f"seed {1 - seed} ended futile" in reason
     k = len(finished)
     c = cells_frame(runs_frame(open_store(url))).iloc[0]
     assert c.decided == f"decided after {k} of 3 seeds" and c.passes == f"0/{k}"

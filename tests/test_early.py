@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from bench.cli import app
 from runners.early import RunShadow, rule_table
-from runners.stop import COLLAPSED, CONVERGED, FUTILE, PLATEAUED
+from bench.stop import COLLAPSED, CONVERGED, FUTILE, PLATEAUED
 
 
 def _shadow(run, status, steps, decisions, off=(FUTILE, PLATEAUED, COLLAPSED)):

@@ -15,6 +15,7 @@ from sqlalchemy import select
 from conftest import app_page
 from typer.testing import CliRunner
 
+from bench import statuses
 from bench.cli import app
 from bench.fingerprint import fingerprint
 from bench.store import Run, RunStep, open_store, session
@@ -57,15 +58,16 @@ def test_every_page_renders_on_real_runs(store):
     assert at.title[0].value == "Leaderboard"
     df = at.dataframe[0].value
     assert len(df) == 4 and set(df.algo) == {"pg-seq-is", "grpo"} and set(df.precision) == {"fp32", "bf16"}
-    assert list(df.sanity) == ["PASS" if st == "converged" else "FAIL" for st in df.status]   # the stop rule's verdict
+    assert list(df.sanity) == [statuses.verdict(st) for st in df.status]   # recomputed: what the statuses say
     for p in PAGES[1:]:
         at = page(url, p)
         assert at.title[0].value
 
 
 def test_pass_is_the_stop_rules_verdict_not_one_noisy_reading(tmp_path):
-    """A run whose readings were 0.954, 0.943, 0.955 and that ended at max_steps did not pass;
-    only a converged run passes; a run still going is RUNNING; passing runs rank first."""
+    """A run whose readings were 0.954, 0.943, 0.955 and that ended at max_steps did not pass (it is
+    UNDECIDED: its budget ran out); only a converged run passes; a run still going is RUNNING;
+    passing runs rank first."""
     from leaderboard.queries import ranked, runs_frame
     from conftest import add_model_and_build
     from bench.store import Eval
@@ -77,13 +79,13 @@ def test_pass_is_the_stop_rules_verdict_not_one_noisy_reading(tmp_path):
                 "conv-fast": ("converged", 0.99, 60), "low": ("plateaued", 0.6, None)}
         for rid, (status, peak, to_target) in runs.items():
             s.add(Run(id=rid, model_id=model_id, build_id="b0", algo="grpo", rollout_dtype="fp32", train_dtype="fp32",
-                      trainer="native", engine="torch", config={}, status=status, peak_accuracy=peak,
-                      steps_to_target=to_target))
+                      trainer="native", engine="torch", config={"max_steps": 30} if rid == "noisy" else {},
+                      status=status, peak_accuracy=peak, steps_to_target=to_target, step=30 if rid == "noisy" else 0))
         s.flush()
         for step, score in ((10, 0.954), (20, 0.943), (30, 0.955)):
             s.add(Eval(run_id="noisy", step=step, benchmark="split", n=4, score=score))
     df = runs_frame(engine).set_index("run")
-    assert df.sanity.to_dict() == {"noisy": "FAIL", "conv": "PASS", "live": "RUNNING", "conv-fast": "PASS",
+    assert df.sanity.to_dict() == {"noisy": "UNDECIDED", "conv": "PASS", "live": "RUNNING", "conv-fast": "PASS",
                                    "low": "FAIL"}
     # converged runs by steps to target; then by peak, a single reading >= 0.95 earning nothing
     assert list(ranked(df.reset_index()).run) == ["conv-fast", "conv", "live", "noisy", "low"]

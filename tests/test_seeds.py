@@ -10,6 +10,7 @@ from sqlalchemy import func, select, update
 from typer.testing import CliRunner
 
 from bench.cli import app
+from bench.stats import logit_t_interval
 from bench.store import Run, RunStep, open_store, session
 from conftest import add_model_and_build
 from runners.sweep import parse_seeds
@@ -60,26 +61,28 @@ def test_cells_against_hand_computed_values(tmp_path):
     assert r.exit_code == 0, r.output
     cells = json.loads(r.stdout)["cells"]
     assert [(c["algo"], c["sanity"], c["passes"]) for c in cells] == [
-        ("grpo", "PASS", "2/2"), ("pg-seq-is", "FAIL", "2/3"), ("gspo", "RUNNING", "0/1")]
+        ("grpo", "PASS", "2/2"), ("pg-seq-is", "UNDECIDED", "2/3"), ("gspo", "RUNNING", "0/1")]
     b, a, c = cells
     s_a = math.sqrt(((0.96 - 2.84 / 3) ** 2 + (0.98 - 2.84 / 3) ** 2 + (0.90 - 2.84 / 3) ** 2) / 2)
     assert a["seeds"] == [0, 1, 2] and a["runs"] == ["a0", "a1", "a2"] and a["n_seeds"] == 3
     assert a["peak_mean"] == pytest.approx(2.84 / 3)
-    assert a["peak_ci_lo"] == pytest.approx(2.84 / 3 - 4.302652729911275 * s_a / math.sqrt(3))
-    assert a["peak_ci_hi"] == pytest.approx(2.84 / 3 + 4.302652729911275 * s_a / math.sqrt(3))
+    assert a["peak_t_lo"] == pytest.approx(2.84 / 3 - 4.302652729911275 * s_a / math.sqrt(3))   # the plain one
+    assert a["peak_t_hi"] == pytest.approx(2.84 / 3 + 4.302652729911275 * s_a / math.sqrt(3))   # 1.050: past 1
+    lo, hi = logit_t_interval([0.96, 0.98, 0.90])[1:]                # the interval shown: on the logit scale
+    assert (a["peak_ci_lo"], a["peak_ci_hi"]) == (pytest.approx(lo), pytest.approx(hi)) and 0 < lo < hi < 1
     assert a["peak_sd"] == pytest.approx(s_a)
     assert (a["steps_to_pass_median"], a["steps_to_pass_min"], a["steps_to_pass_max"]) == (50, 40, 60)
     assert a["kl_k3_median"] == pytest.approx(2e-3)
     assert a["pass_rate"] == pytest.approx(2 / 3) and a["status"] == "converged ×2, max_steps"
     s_b = math.sqrt(((0.97 - 0.98) ** 2 + (0.99 - 0.98) ** 2) / 1)
     assert b["peak_mean"] == pytest.approx(0.98)
-    assert b["peak_ci_hi"] - b["peak_mean"] == pytest.approx(12.706204736174707 * s_b / math.sqrt(2))
+    assert b["peak_t_hi"] - b["peak_mean"] == pytest.approx(12.706204736174707 * s_b / math.sqrt(2))
     assert (b["steps_to_pass_median"], b["steps_to_pass_min"], b["steps_to_pass_max"]) == (40, 30, 50)
     assert b["kl_k3_median"] == pytest.approx(6e-4)
     assert c["peak_ci_lo"] is None and c["steps_to_pass_median"] is None
     # the terminal table says the same; --runs lists every run
     r = CliRunner().invoke(app, ["report", "--db", url])
-    assert "2/3" in r.stdout and "50 (40–60)" in r.stdout and "0.947 [0.843, 1.050]" in r.stdout
+    assert "2/3" in r.stdout and "50 (40–60)" in r.stdout and f"0.947 [{lo:.3f}, {hi:.3f}]" in r.stdout
     r = CliRunner().invoke(app, ["report", "--db", url, "--runs", "--json"])
     assert len(json.loads(r.stdout)["runs"]) == 7
 

@@ -376,8 +376,8 @@ def test_report_groups_cells_by_staleness(swept):
                       .stdout)["runs"]
     ks = [x["staleness"] for x in runs]
     assert ks == sorted(ks) and {0, 1, 2} <= set(ks)
-    text = CliRunner().invoke(app, ["report", "--db", url, "--build", build]).stdout
-    assert "┃ K ┃" in text and "pg-seq-is fp32 K=1 (0/1)" in " ".join(text.split())
+    text = CliRunner(env={"COLUMNS": "250"}).invoke(app, ["report", "--db", url, "--build", build]).stdout
+    assert "┃ K ┃" in text and "pg-seq-is fp32 K=1 (0/1 pass: p ≥ 0.00)" in " ".join(text.split())
 
 
 @pytest.mark.integration

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from runners.presets import tiny
-from runners.stop import (COLLAPSED, CONVERGED, PLATEAUED, StopConfig, StopState, after_eval, after_step,
+from bench.stop import (COLLAPSED, CONVERGED, PLATEAUED, StopConfig, StopState, after_eval, after_step,
                           kl_rising)
 
 N = 120 * 4            # problems × avg@4 samples: the graded samples behind one tiny-preset reading
@@ -81,7 +81,7 @@ def test_converges_on_a_pooled_bound_and_needs_hold_evaluations():
 
 
 def test_peak_moves_only_by_min_delta():
-    cfg = StopConfig(patience=4, min_delta=0.01)
+    cfg = StopConfig(patience=4, min_delta=0.01, plateau=True)
     state = StopState()
     after_eval(state, cfg, 0, 0.50, N)
     # creeping noise below min_delta: the raw best rises, the peak and the patience do not reset
@@ -188,6 +188,8 @@ def test_defaults_are_the_documented_ones():
     """StopConfig's defaults (the module docstring, DESIGN.md) and a fresh StopState: nothing read yet."""
     assert StopConfig() == StopConfig(target=0.95, hold=3, confidence=0.9, patience=10, min_delta=0.01,
                                       collapse_drop=0.3, kl_window=20)
+    # futility on (0 false FAIL in 35 real runs), plateaued off (1 false FAIL in 17 sound ones)
+    assert (StopConfig().futility, StopConfig().plateau, StopConfig().collapse) == (True, False, True)
     assert StopState() == StopState(evals=[], peak=-1.0, peak_step=0, evals_since_peak=0, best=-1.0, best_step=0,
                                     bound=None, first_at_target=None, kl=[], kl_warning_step=None)
 
@@ -228,7 +230,7 @@ def test_futility_projection_by_hand():
     #   Sxx = 100·(100 + 0 + 100) = 20,000, b = 100·(1 + 0 + 1)/20,000 = 0.01, residuals 0 (φ = 1),
     #   P = 0.6 + 0.01·30 = 0.9, se = √(0.24·(1/300 + 900/20,000)) = √0.0116 = 0.1077033,
     #   P + z·se = 0.9 + 1.2815516·0.1077033 = 1.038028
-    from runners.stop import futility_projection
+    from bench.stop import futility_projection
 
     p, hi, b = futility_projection([(0, 0.5, 100), (10, 0.6, 100), (20, 0.7, 100)], 40, 0.9)
     assert (p, hi, b) == pytest.approx((0.9, 1.038028, 0.01), abs=2e-6)
@@ -250,7 +252,7 @@ def test_futility_projection_by_hand():
 
 
 def test_futility_needs_its_window_and_a_horizon_and_says_why():
-    from runners.stop import FUTILE
+    from bench.stop import FUTILE
 
     cfg = StopConfig(futility=True, futility_window=4)
     flat = [(s, 0.80, 708) for s in (0, 5, 10, 15)]
@@ -271,7 +273,7 @@ def test_futility_needs_its_window_and_a_horizon_and_says_why():
 
 
 def test_a_rule_that_is_off_is_recorded_but_does_not_stop_the_run():
-    from runners.stop import FUTILE, first_decisions
+    from bench.stop import FUTILE, first_decisions
 
     history = [(s, 0.80, 708) for s in range(0, 80, 5)]         # flat at 0.80: futile, then plateaued
     off = StopConfig(futility=False, plateau=False, futility_window=4, patience=5)

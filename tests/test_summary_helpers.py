@@ -26,11 +26,13 @@ def test_ended_lists_the_known_runs_in_the_order_asked():
     runs = pd.DataFrame([{"run": "a", "seed": 0, "status": "converged", "stop_reason": "bound", "steps": 30,
                           "steps_to_target": 20, "sanity": "PASS", "kl_warning_step": None},
                          {"run": "b", "seed": 1, "status": "max_steps", "stop_reason": "", "steps": 40,
-                          "steps_to_target": 35, "sanity": "FAIL", "kl_warning_step": 12}])
+                          "steps_to_target": 35, "sanity": "UNDECIDED", "kl_warning_step": 12,
+                          "decided_by": "budget", "decided_step": 40, "projection": "its line would not reach 0.95"}])
     out = _ended(runs, ["b", "missing", "a"])
     assert [r["run"] for r in out] == ["b", "a"]                    # an unknown id is skipped, not the rest
-    assert out[0] == {"run": "b", "seed": 1, "status": "max_steps", "stop_reason": None, "steps": 40,
-                      "steps_to_pass": None, "kl_warning_step": 12}
+    assert out[0] == {"run": "b", "seed": 1, "status": "max_steps", "verdict": "UNDECIDED", "decided_by": "budget",
+                      "decided_step": 40, "stop_reason": None, "steps": 40, "steps_to_pass": None,
+                      "kl_warning_step": 12, "projection": "its line would not reach 0.95", "evidence_problem": None}
     assert out[1]["steps_to_pass"] == 20 and out[1]["kl_warning_step"] is None
 
 

@@ -340,13 +340,21 @@ def test_the_message_names_the_criterion_and_what_else_can_explain_a_difference(
 
 @pytest.mark.integration
 def test_a_row_claiming_fewer_steps_than_it_stores_hides_none(source, tmp_path):
+    """A stored row edited to claim fewer steps than it stores (in the store: a bundle claiming so is
+    refused at import, its max_steps status then unsupported by its evaluations)."""
     def edit(o):
         (st,) = [x for x in o["steps"] if x["step"] == 2]
         st["metrics"]["kl_k3"] = 0.0
         o["step"] = 1
 
-    bundle = _edited(source, tmp_path, edit)
+    refused = _edited(source, tmp_path, edit)
     url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    r = _cli("runs", "import", str(refused), "--db", url)
+    assert r.exit_code == 2 and "is not supported by its evaluations" in " ".join(r.stderr.split()), r.output
+    bundle = _edited(source, tmp_path, lambda o: [x for x in o["steps"] if x["step"] == 2][0]["metrics"].update(
+        kl_k3=0.0))
     assert _cli("runs", "import", str(bundle), "--db", url).exit_code == 0
+    with session(open_store(url)) as s:
+        s.get(Run, source["run"]).step = 1
     r = _cli("runs", "verify", source["run"], "--db", url)
     assert r.exit_code == 1 and "DIFFERS at step 2, kl_k3:" in " ".join(r.stdout.split()), r.output

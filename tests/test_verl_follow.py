@@ -103,7 +103,8 @@ def test_calibration_gate_stops_verl_after_its_first_step(store, verl_python, tm
     run_id = start_verl_run(store, "pg-seq-is", Precision.parse("fp16"), cfg, "tiny", job)
     with session(store) as s:
         run = s.get(Run, run_id)
-        assert run.status == "failed" and run.stop_reason.startswith("step-0 calibration failed"), run.stop_reason
+        assert run.status == "miscalibrated", run.stop_reason
+        assert run.stop_reason.startswith("step-0 calibration failed"), run.stop_reason
         assert run.calibration["ok"] is False and run.calibration["k3"] == pytest.approx(0.05)
         assert run.step == 1 and run.peak_accuracy is None
     lines = (tmp_path / "verl" / "run1" / "metrics.jsonl").read_text().splitlines()

@@ -10,7 +10,8 @@ import pytest
 
 from runners.presets import get_preset
 from bench.stats import wilson_lower
-from runners.verl_follow import Follower, pooled_steps
+from bench.stop import pooled_steps
+from runners.verl_follow import Follower
 
 Z = NormalDist().inv_cdf(0.9)           # the stop rule's one-sided 90% bound
 

@@ -1,7 +1,7 @@
 """Mutation testing of bench's core modules with cosmic-ray (`pip install -e ".[dev]"`).
 
     python tools/mutation.py                      # every module below (hours on 1 core: see docs/development.md)
-    python tools/mutation.py runners/stop.py ...  # some of them
+    python tools/mutation.py bench/stop.py ...  # some of them
     python tools/mutation.py --list               # the modules and the tests that cover each
     python tools/mutation.py --rerun-survivors M  # only the last session's survivors of M, e.g. after new tests
 
@@ -37,7 +37,7 @@ MODULES: dict[str, list[str]] = {
     "runners/algos.py": ["tests/test_algos.py"],
     "bench/mismatch.py": ["tests/test_mismatch.py"],
     "bench/formats.py": ["tests/test_formats.py", "-m", "not vllm"],
-    "runners/stop.py": ["tests/test_stop.py"],
+    "bench/stop.py": ["tests/test_stop.py"],
     "bench/stats.py": ["tests/test_stats.py"],
     "bench/calibration.py": ["tests/test_calibration.py", "-m", "not integration"],
     "runners/staleness.py": ["tests/test_staleness_metrics.py",

@@ -248,12 +248,15 @@ def report(csv: Optional[Path] = typer.Option(None, "--csv", help="Also write th
                                       "evaluations."),
            db: Optional[str] = DB_OPT):
     """The leaderboard ranking in the terminal, one row per cell (algorithm × precision on a build, with
-    one trainer, rollout engine, staleness K and settings fingerprint `config`) over its seeds: PASS only
-    when every seed's run converged (the lower confidence bound of split accuracy, pooled over its last
-    evaluations, reached 0.95); passes k/N, peak accuracy mean with a 95% t-interval,
-    median steps to pass (min–max), median KL k3. Cells and runs are grouped by staleness K (a K column
-    when a run is stale; `staleness` in --json). --runs: one row per run. Then a summary (which cells
-    pass, why each run ended, the bf16 ÷ fp16 mismatch ratios) and, apart and never ranked, the paper's
+    one trainer, rollout engine, staleness K and settings fingerprint `config`) over its seeds, each seed's
+    verdict recomputed from its evaluations: PASS only when every seed converged (the lower confidence
+    bound of split accuracy, pooled over its last evaluations, reached 0.95), FAIL once a rule failed a
+    seed, else UNDECIDED; passes k/N with the Clopper–Pearson bound they support, peak accuracy mean
+    with a 95% logit-scale t-interval, median steps to pass (min–max), median KL k3. Cells and runs are
+    grouped by staleness K (a K column when a run is stale; `staleness` in --json). --runs: one row per
+    run with the rule and step that decided it. Then a summary (which cells pass, why each run ended,
+    where an undecided run's trend would reach the target, the bf16 ÷ fp16 mismatch ratios) and, apart
+    and never ranked, the paper's
     published results for the same algorithm × precision cells."""
     from leaderboard.cells import by_staleness, cells_frame, ranked_cells
     from leaderboard.queries import mismatch_frame, runs_frame
@@ -292,7 +295,12 @@ def report(csv: Optional[Path] = typer.Option(None, "--csv", help="Also write th
     _print_reference(reference)
 
 
-_SANITY = {"PASS": "[green]PASS[/]", "RUNNING": "[yellow]RUNNING[/]"}
+_SANITY = {"PASS": "[green]PASS[/]", "FAIL": "[red]FAIL[/]", "UNDECIDED": "[blue]UNDECIDED[/]",
+           "RUNNING": "[yellow]RUNNING[/]", "NO VERDICT": "[dim]NO VERDICT[/]"}
+
+
+def _sanity(verdict) -> str:
+    return _SANITY.get(verdict, "[dim]NO VERDICT[/]")
 
 
 def _write_csv(df, csv: Optional[Path]) -> None:
@@ -321,40 +329,49 @@ def _report_cells(df, csv: Optional[Path], as_json: bool) -> list[dict] | None:
         return _records(df)
     stale = _stale(df)
     t = Table("#", "algo", "precision", *(["K"] if stale else []), "engine", "config", "sanity", "passes",
-              "peak (mean, 95% t-interval)", "steps→pass median (min–max)", "KL k3 median", "seeds", "run")
+              "p(pass) ≥", "peak (mean, 95% logit-t interval)", "steps→pass median (min–max)",
+              "KL k3 median", "seeds", "run")
     for i, r in enumerate(df.itertuples(), 1):
         peak = _f(r.peak_mean) + ("" if r.peak_ci_lo != r.peak_ci_lo else f" [{r.peak_ci_lo:.3f}, {r.peak_ci_hi:.3f}]")
         steps = "-" if r.steps_to_pass_median != r.steps_to_pass_median else (
             f"{r.steps_to_pass_median:g}" + ("" if r.steps_to_pass_min == r.steps_to_pass_max
                                              else f" ({r.steps_to_pass_min:g}–{r.steps_to_pass_max:g})"))
         t.add_row(str(i), r.algo, r.precision, *([str(r.staleness)] if stale else []), _text(r.engine),
-                  short(r.config_fp), _SANITY.get(r.sanity, "[red]FAIL[/]"),
-                  r.passes + (f" ({r.decided})" if isinstance(r.decided, str) else ""), peak, steps,
+                  short(r.config_fp), _sanity(r.sanity),
+                  r.passes + (f" ({r.decided})" if isinstance(r.decided, str) else ""),
+                  f"≥ {r.pass_lower:.2f}", peak, steps,
                   "-" if r.kl_k3_median != r.kl_k3_median else f"{r.kl_k3_median:.2e}",
                   " ".join("-" if x is None else str(x) for x in r.seeds),
                   r.runs[0] if len(r.runs) == 1 else f"{len(r.runs)} runs (--runs)")
     out.print(t)
-    out.print("peak: mean over seeds with a two-sided 95% Student-t interval (mean ± t(0.975, n−1)·s/√n); "
-              "a cell passes only when every seed passes; config: the fingerprint of every setting but the seed "
-              "(runs differing in any other setting, or in engine, are other cells)", highlight=False)
+    out.print("sanity: FAIL once a seed FAILs by a rule, PASS when every seed passes, else UNDECIDED (a seed at its "
+              "budget undecided, or stopped by an error); p(pass) ≥: the one-sided 95% Clopper–Pearson lower bound "
+              "on a seed's pass probability from k of N (1/1: ≥ 0.05, 3/3: ≥ 0.37, 10/10: ≥ 0.74); peak: mean over "
+              "seeds with a two-sided 95% Student-t interval on the logit scale (inside [0, 1]; the plain "
+              "t-interval is peak_t_lo/peak_t_hi in --json and --csv); config: the fingerprint of every setting "
+              "but the seed (runs differing in any other setting, or in engine, are other cells)", highlight=False)
     return None
 
 
 def _report_runs(frame, csv: Optional[Path], as_json: bool) -> list[dict] | None:
     from bench.fingerprint import short
     from leaderboard.cells import by_staleness
-    from leaderboard.queries import ranked, report_columns
+    from leaderboard.queries import decision_text, ranked, report_columns
 
     df = by_staleness(ranked(frame)[report_columns()]) if not frame.empty else frame
     _write_csv(df, csv)
     if as_json:
         return _records(df)
     stale = _stale(df)
-    t = Table("#", "algo", "precision", *(["K"] if stale else []), "engine", "config", "sanity", "status", "peak",
-              "final", "steps→pass", "eval", "KL k3", "max|Δp|", "steps", "run")
+    t = Table("#", "algo", "precision", *(["K"] if stale else []), "engine", "config", "sanity", "decided", "status",
+              "peak", "final", "steps→pass", "eval", "KL k3", "max|Δp|", "steps", "run")
     for i, r in enumerate(df.itertuples(), 1):
+        decided = decision_text(r.sanity, r.decided_by, r.decided_step)
+        decided = decided[len(r.sanity):].lstrip(": ") or "-"
+        if isinstance(r.evidence_problem, str):
+            decided += " [red](status not supported)[/]"
         t.add_row(str(i), r.algo, r.precision, *([str(r.staleness)] if stale else []), _text(r.engine),
-                  short(r.config_fp), _SANITY.get(r.sanity, "[red]FAIL[/]"), r.status,
+                  short(r.config_fp), _sanity(r.sanity), decided, r.status,
                   _f(r.peak_accuracy), _f(r.final_accuracy),
                   "-" if r.steps_to_target != r.steps_to_target or r.steps_to_target is None
                   else str(int(r.steps_to_target)),
@@ -381,6 +398,11 @@ def _ending(run: dict) -> str:
     else:
         text = (f"{run['status']} after {run['steps']} steps"
                 + (f" ({run['stop_reason']})" if run["stop_reason"] else ""))
+    if run.get("projection"):
+        text += f"; undecided: {run['projection']}"
+    problem = run.get("evidence_problem")
+    if problem:
+        text += f"; {problem}" if problem.startswith("label only") else f"; NOT SUPPORTED BY ITS EVALUATIONS: {problem}"
     if run["kl_warning_step"] is not None:
         text += f"; KL early warning at step {run['kl_warning_step']}"
     return seed + text
@@ -402,15 +424,17 @@ def _print_summary(summary: dict) -> None:
     from leaderboard.summary import conditions_text, ratio_text
 
     out.print(f"\n[bold]Summary[/]: {summary['pass']} of {summary['cells']} cells pass on every seed "
-              f"({summary['fail']} fail, {summary['running']} running)", highlight=False)
+              f"({summary['fail']} fail by a rule, {summary['undecided']} undecided, {summary['running']} running)",
+              highlight=False)
     stale = any(c.get("staleness") for c in summary["per_cell"])
     which = _which(summary["per_cell"])
     for c in summary["per_cell"]:
         endings = "; ".join(_ending(r) for r in c["runs"]) or c["status"]
         k = f" K={c.get('staleness', 0)}" if stale else ""
         decided = f", {c['decided']}" if c.get("decided") else ""
-        out.print(f"  {_SANITY.get(c['sanity'], '[red]FAIL[/]')} {escape(c['algo'])} {escape(c['precision'])}{k}"
-                  f"{escape(which(c))} ({c['passes']}{decided}): {escape(endings)}", highlight=False)
+        evidence = c.get("evidence") or c["passes"]
+        out.print(f"  {_sanity(c['sanity'])} {escape(c['algo'])} {escape(c['precision'])}{k}"
+                  f"{escape(which(c))} ({evidence}{decided}): {escape(endings)}", highlight=False)
     ratios = summary["mismatch_ratios"]
     if ratios:
         out.print("Mismatch, bf16 ÷ fp16 (median over seeds of each run's mean KL k3 over its last tenth):",

@@ -1,4 +1,4 @@
-"""`bench run` (native and verl, --resume) and `bench sweep`."""
+"""`bench run` (native and verl, --resume), `bench runs extend` and `bench sweep`."""
 
 from __future__ import annotations
 
@@ -11,12 +11,17 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from bench.cli import DB_OPT, _progress, _store, _user_errors, app, console, fail, out
+from bench import statuses
+from bench.cli import DB_OPT, _progress, _store, _user_errors, app, console, fail, out, runs_app
 from bench.cli.options import DEVICE_METAVAR, Engine, Preset, Trainer, knob_options, parse_device
 from runners.presets import RunConfig
 
 
 # ------------------------------------------------------------------ run / sweep
+
+
+# the ends a command reports with exit 1: an error or Ctrl-C, and the calibration gate's plumbing fault
+_EXIT_1 = (statuses.FAILED, statuses.MISCALIBRATED)
 
 
 def _run_progress(prog, task):
@@ -68,7 +73,7 @@ def _print_run_end(run_id: str, store, as_json: bool = False) -> None:
         out.print(f"run [bold]{r.id}[/]{via} {r.algo} {r.rollout_dtype}/{r.train_dtype}: {r.status} after {r.step} "
                   f"steps ({r.wall_s:.0f}s); peak split accuracy {peak}; {escape(r.stop_reason or '')}",
                   highlight=False)
-    if r.status == "failed":
+    if r.status in _EXIT_1:
         raise typer.Exit(1)
 
 
@@ -177,6 +182,24 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
     _print_run_end(run_id, store, as_json)
 
 
+@runs_app.command("extend")
+def runs_extend(ctx: typer.Context,
+                run_id: str = typer.Argument(..., help="A run that reached its budget undecided (status max_steps)."),
+                max_steps: int = typer.Option(..., "--max-steps", min=1, help="The new budget, above the run's."),
+                device: Optional[str] = typer.Option(None, parser=parse_device, metavar=DEVICE_METAVAR,
+                                                     help="Default: the device the run started on."),
+                as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
+                db: Optional[str] = DB_OPT):
+    """Decide an UNDECIDED run: continue it from its last checkpoint under a larger budget, as a run
+    started with that budget would train (bit for bit on the same device and CPU kind)."""
+    from runners.runs import extend_run
+
+    store = _store(db or (ctx.obj or {}).get("db"))
+    with _step_progress(False, _run_progress) as cb:
+        extend_run(store, run_id, max_steps, progress=cb, device=device)
+    _print_run_end(run_id, store, as_json)
+
+
 def _check_inputs(store, cfg, precision, build_id, model, engine, device) -> None:
     """What start_run would refuse, read before the progress bar is drawn: the engine, the
     formats on the device, the build (start_run checks them all again)."""
@@ -245,7 +268,7 @@ def _print_grid(results: list[dict], as_json: bool = False) -> None:
                       *([str(r.get("seed", "-"))] if seeded else []), r["status"],
                       f"{r['peak']:.3f}" if r["peak"] is not None else "-", str(r["steps"]), r["run"] or "-")
         out.print(t)
-    if any(r["status"] == "failed" for r in results):
+    if any(r["status"] in _EXIT_1 for r in results):
         raise typer.Exit(1)
 
 

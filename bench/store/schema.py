@@ -171,7 +171,7 @@ class Eval(Base):
 
 
 class RunDecision(Base):
-    """A stop rule's shadow decision on a run (runners/stop.py `StopState.shadow`): the first
+    """A stop rule's shadow decision on a run (bench/stop.py `StopState.shadow`): the first
     split evaluation at which `rule` (converged, collapsed, futile, plateaued) would have ended
     the run, and what it would have said, whether or not the rule was on (`rule_on`); no row
     while a rule has not decided. Written by the native trainer after every evaluation."""

@@ -61,19 +61,22 @@ else:
 x = alt.X("train_dtype:N", sort=list(TRAIN_FORMATS), title="training format (π)")
 y = alt.Y("rollout_dtype:N", sort=list(ROLLOUT_FORMATS), title="rollout format (μ)")
 square = alt.Color(f"{metric}:Q", scale=scale, legend=legend)
-if metric == "pass_rate":                  # a cell still running has no verdict yet: amber, not "none passed"
-    square = alt.condition("datum.sanity == 'RUNNING'", alt.value(colours.VERDICT_COLOURS["RUNNING"][0]), square)
+if metric == "pass_rate":   # a cell running or undecided has no verdict yet: amber or blue, not "none passed"
+    square = alt.condition("datum.sanity == 'RUNNING'", alt.value(colours.VERDICT_COLOURS["RUNNING"][0]),
+                           alt.condition("datum.sanity == 'UNDECIDED'",
+                                         alt.value(colours.VERDICT_COLOURS["UNDECIDED"][0]), square))
 chart = alt.Chart(grid).mark_rect(stroke="white").encode(
     x=x, y=y, color=square,
-    tooltip=["rollout_dtype", "train_dtype", "sanity", "passes", "pass_rate", "status", "peak_mean", "peak_ci_lo",
+    tooltip=["rollout_dtype", "train_dtype", "sanity", "evidence", "pass_rate", "status", "peak_mean", "peak_ci_lo",
              "peak_ci_hi", "steps_to_pass_median", "kl_k3_median", *(["router_flip_median"] if moe else [])])
 text = alt.Chart(grid).mark_text().encode(x=x, y=y, text="cell:N", color=ink)
 st.altair_chart(chart + text, width="stretch")
 where = f"{trainer}, {view.engine.iloc[0]}, cfg {short(view.config_fp.iloc[0])}" if not view.empty else trainer
 st.caption(f"{algo} on build {build} ({where}{f', staleness K={k}' if k else ''}), a cell over its seeds: "
-           "the text is the mean peak split accuracy, the verdict (✓ PASS: every seed stopped converged; ✗ FAIL; "
-           "… RUNNING, pending; 'early' when a rule decided it before the run's end) and k/N seeds passed; the "
-           "colour is that pass rate (red none, green all; amber while the cell still runs), or the peak on a "
+           "the text is the mean peak split accuracy, the verdict (✓ PASS: every seed stopped converged; ✗ FAIL: a "
+           "rule decided a seed; ? UNDECIDED: a seed's budget ran out first; … RUNNING, pending; 'early' when a "
+           "rule decided it before the run's end) and k/N seeds passed; the colour is that pass rate (red none, "
+           "green all; amber while the cell still runs, blue while undecided), or the peak on a "
            f"fixed 0–1 scale turning from blue to green at the {PASS_LINE} pass line"
            + ("; router flips: the median over seeds of the share of (token, layer) top-k sets the two engines "
               "chose differently, over each run's last tenth of steps" if moe else "") + ".")

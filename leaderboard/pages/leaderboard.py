@@ -10,7 +10,7 @@ import streamlit as st
 
 from bench.fingerprint import short
 from leaderboard import colours, data, display, verified
-from leaderboard.cells import INTERVAL, cell_columns, cells_frame, ranked_cells
+from leaderboard.cells import INTERVAL, PASS_BOUND, cell_columns, cells_frame, ranked_cells
 from leaderboard.peak_chart import TARGET, peak_chart
 from leaderboard.reference import matching_rows, paper_offline_mismatch, reference_rows
 
@@ -22,7 +22,7 @@ models = f1.multiselect("Model", sorted(runs.model.unique()))
 builds = f2.multiselect("Build", sorted(runs.build.unique()))
 algos = f3.multiselect("Algorithm", sorted(runs.algo.unique()))
 pairs = f4.multiselect("Precision", sorted(runs.precision.unique()))
-verdicts = f5.multiselect("Sanity", ["PASS", "FAIL", "RUNNING"])
+verdicts = f5.multiselect("Sanity", ["PASS", "FAIL", "UNDECIDED", "RUNNING"])
 search = st.text_input("Search", placeholder="run id, algorithm, status …")
 
 view = runs
@@ -46,14 +46,15 @@ else:
     st.altair_chart(peak_chart(cells, TARGET), width="stretch")
 
 default = ["algo", "precision", *(["staleness"] if (cells.staleness > 0).any() else []), "engine", "config_fp",
-           "sanity", "passes", "decided",
+           "sanity", "passes", "evidence", "decided",
            "status", "early", "peak_mean", "peak_ci_lo", "peak_ci_hi", "steps_to_pass_median", "steps_to_pass_min",
            "steps_to_pass_max", "kl_k3_median", "verified", "seeds", "build"]
 cols = st.multiselect("Columns", [*cell_columns(), "verified"], default=default)
-passed = int((cells.sanity == "PASS").sum()) if not cells.empty else 0
-st.caption(f"{len(cells)} cells · {passed} pass the sanity test on every seed (a seed passes when its run converged: "
-           f"the 90% lower bound of split accuracy, pooled over the last evaluations, ≥ 95%) · peak: {INTERVAL}. "
-           + colours.legend_text())
+counts = {v: int((cells.sanity == v).sum()) if not cells.empty else 0 for v in ("PASS", "FAIL", "UNDECIDED")}
+st.caption(f"{len(cells)} cells · {counts['PASS']} pass the sanity test on every seed (a seed passes when its run "
+           "converged: the 90% lower bound of split accuracy, pooled over the last evaluations, ≥ 95%) · "
+           f"{counts['FAIL']} fail by a rule · {counts['UNDECIDED']} undecided (a seed's budget ran out first) · "
+           f"evidence: {PASS_BOUND} · peak: {INTERVAL}. " + colours.legend_text())
 shown = cells[cols].copy()
 if "config_fp" in shown:
     shown["config_fp"] = shown.config_fp.map(short)
@@ -66,6 +67,12 @@ display.dataframe(
         "peak_mean": st.column_config.ProgressColumn("peak acc (mean)", min_value=0, max_value=1, format="%.3f"),
         "peak_ci_lo": st.column_config.NumberColumn("95% CI low", format="%.3f"),
         "peak_ci_hi": st.column_config.NumberColumn("95% CI high", format="%.3f"),
+        "peak_t_lo": st.column_config.NumberColumn("plain t low", format="%.3f"),
+        "peak_t_hi": st.column_config.NumberColumn("plain t high", format="%.3f"),
+        "evidence": st.column_config.TextColumn("seeds passing", help="k of N seeds passed, and the one-sided 95% "
+                                                "Clopper–Pearson lower bound on a seed's pass probability they "
+                                                "support (1/1: ≥ 0.05; 10/10: ≥ 0.74)"),
+        "pass_lower": st.column_config.NumberColumn("pass p ≥", format="%.2f"),
         "peak_sd": st.column_config.NumberColumn("peak sd", format="%.3f"),
         "pass_rate": st.column_config.ProgressColumn("pass rate", min_value=0, max_value=1, format="%.2f"),
         "steps_to_pass_median": st.column_config.NumberColumn("steps to pass (median)", format="%g"),
@@ -73,7 +80,7 @@ display.dataframe(
         "steps_to_pass_max": st.column_config.NumberColumn("max", format="%g"),
         "kl_k3_median": st.column_config.NumberColumn("KL k3 (median, last 10%)", format="%.2e"),
         "early": st.column_config.TextColumn("early verdicts", help="Seeds whose verdict a stop rule gave before "
-                                             "max_steps: the rule and the step (runners/stop.py)"),
+                                             "max_steps: the rule and the step (bench/stop.py)"),
         "decided": st.column_config.TextColumn("decided", help="A cell decided by its first failing seed: the "
                                                "seeds run of those asked"),
         "verified": st.column_config.TextColumn("verified", help="`bench runs verify`: the latest re-run of each "

@@ -10,7 +10,7 @@ import streamlit as st
 from bench.fingerprint import short
 from leaderboard import data, display, verified
 from leaderboard.cells import settings_spread, with_cell_key
-from leaderboard.queries import early_verdict
+from leaderboard.queries import decision_text
 
 st.title("Run")
 url, runs = data.runs_or_stop()
@@ -29,9 +29,12 @@ c[1].metric("sanity test", row.sanity)
 c[2].metric("peak split accuracy", "—" if pd.isna(row.peak_accuracy) else f"{row.peak_accuracy:.3f}")
 c[3].metric("steps", int(info["step"]))
 c[4].metric("steps to pass", "—" if pd.isna(row.steps_to_target) else int(row.steps_to_target))
-early = early_verdict(info["status"], info["step"])
-if early:
-    st.caption(f"early verdict: {early}")
+st.caption(f"decided: {decision_text(row.sanity, row.decided_by, row.decided_step)} — {row.decision} "
+           "(recomputed from the run's evaluations by its own stop rules)")
+if isinstance(row.evidence_problem, str):
+    st.error(f"The stored status is not what the evaluations say: {row.evidence_problem}")
+if isinstance(row.projection, str):
+    st.caption(f"undecided: {row.projection}")
 if info["stop_reason"]:
     st.caption(f"stop reason: {info['stop_reason']}")
 if info.get("staleness"):

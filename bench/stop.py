@@ -18,7 +18,7 @@ each reading:
 - plateaued / collapsed: measured from a peak that moves only on a gain of at least
   `min_delta`, so upward noise of less than min_delta neither resets the patience nor raises
   the bar a later reading must not fall far below. The raw best reading is kept for display.
-- futile (`futility`, off unless set): the run cannot plausibly reach the target by `max_steps`.
+- futile (`futility`, on by default): the run cannot plausibly reach the target by `max_steps`.
   Over the last `futility_window` evaluations (steps xᵢ, accuracies yᵢ over nᵢ graded samples)
   fit the n-weighted least-squares line ȳ + b·(x − x̄) and project it, optimistically, to
   T = max_steps: P = ȳ + max(b, 0)·(T − x̄) — a falling trend is projected flat, a rising one
@@ -85,15 +85,17 @@ class StopConfig:
                             cli=False)
     collapse_drop: float = knob(0.3, help="collapsed: accuracy fell this far below the peak.", gt=0, cli=False)
     kl_window: int = knob(20, help="Early warning: KL (k3) rising steadily over this many steps.", ge=4, cli=False)
-    futility: bool = knob(False, help="End a run as futile (FAIL) once even an optimistic projection of its recent "
-                          "split accuracy stays below the target at max_steps (runners/stop.py). Off: the rule "
-                          "is only recorded (shadow decisions).")
+    futility: bool = knob(True, help="End a run as futile (FAIL) once even an optimistic projection of its recent "
+                          "split accuracy stays below the target at max_steps (bench/stop.py; measured: 0 false "
+                          "FAIL in 35 real runs and 4,000 simulated rising ones). Off: the rule is only recorded "
+                          "(shadow decisions).")
     futility_window: int = knob(10, help="Futility: the projection fits the last this many split evaluations.",
                                 unit="evaluations", ge=3)
     futility_confidence: float = knob(0.95, help="Futility: the projection's one-sided upper bound at this level "
                                       "must stay below the target.", gt=0.5, lt=1)
-    plateau: bool = knob(True, help="End a run as plateaued after `patience` evaluations without a gain (off: only "
-                         "recorded, the run goes on).")
+    plateau: bool = knob(False, help="End a run as plateaued (FAIL) after `patience` evaluations without a gain "
+                         "(measured: 1 false FAIL in 17 sound runs, so off by default: only recorded, the run goes "
+                         "on).")
     collapse: bool = knob(True, help="End a run as collapsed when its split accuracy falls far below its peak (off: "
                           "only recorded).")
 
@@ -157,6 +159,15 @@ def futility_projection(evals: list[tuple[int, float, int]], max_steps: int,
     proj = ym + max(b, 0.0) * (max_steps - xm)
     se = math.sqrt(phi * pq * (1 / w + (max_steps - xm) ** 2 / sxx))
     return proj, proj + NormalDist().inv_cdf(confidence) * se, b
+
+
+def pooled_steps(ends: list[int], width: int) -> list[int]:
+    """The distinct training steps (indices into the run's per-step rewards) behind evaluations
+    whose windows end at `ends` (exclusive), each window the `width` steps before its end:
+    ⋃ᵢ [max(0, endᵢ − width), endᵢ), ascending. Windows overlap when evaluations come more often
+    than every `width` steps: B=16 on a 1,460-problem split (width 92) evaluated every 10 steps,
+    three evaluations cover 92 + 2·10 = 112 steps, not 3·92 = 276."""
+    return sorted({i for end in ends for i in range(max(0, end - width), end)})
 
 
 def _futile(state: StopState, cfg: StopConfig, max_steps: int | None) -> tuple[str, str] | None:
