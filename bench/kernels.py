@@ -66,15 +66,21 @@ from .formats import PrecisionError, split_k_matmul
 _NATIVE_FLAGS = {"bf16": ("amx_bf16", "avx512_bf16"), "fp16": ("amx_fp16", "avx512_fp16")}
 
 
-def _cpu_flags() -> set[str]:
+def cpuinfo_field(key: str) -> str | None:
+    """The value of the first `key` line of /proc/cpuinfo ("flags", "model name", "vendor_id"),
+    or None where there is none (no such file: not Linux)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+                if line.startswith(key):
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return set()
+    return None
+
+
+def _cpu_flags() -> set[str]:
+    return set((cpuinfo_field("flags") or "").split())
 
 
 def cpu_16bit_flags() -> list[str]:

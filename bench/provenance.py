@@ -54,14 +54,9 @@ def git_commit(path: Path | None = None) -> dict[str, str | bool | None]:
 
 
 def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from .kernels import cpuinfo_field
+
+    return cpuinfo_field("model name") or platform.processor() or platform.machine()
 
 
 def device_facts(device: str = "cpu") -> dict:

@@ -33,7 +33,7 @@ class Status:
     name: str
     meaning: str
     terminal: bool          # the run has ended (no step follows unless it is resumed or extended)
-    resumable: bool         # `bench run --resume` / `bench runs resume` continues it
+    resumable: bool         # `bench run --resume RUN` continues it
     extendable: bool        # `bench runs extend RUN --max-steps N` continues it under a larger budget
     verdict: str            # the sanity verdict: one of VERDICTS
 

@@ -88,6 +88,13 @@ def _readings(evals) -> str:
     return ", ".join(f"{a:.3f}@{s}" for s, a, _ in evals[-5:]) or "none"
 
 
+def graded_evals(ev: Evidence) -> list[tuple[int, float, int]]:
+    """The split evaluations in step order as the stop rules read them: (step, accuracy, graded
+    samples), n = problems × the stored m for a native run, the stored n for verl."""
+    verl = ev.trainer == "verl"
+    return [(int(s), float(a), int(n) if verl else ev.problems * int(n)) for s, a, n in sorted(ev.evals)]
+
+
 def replay(ev: Evidence) -> tuple[StopState, tuple[int, str, str] | None]:
     """The run's stop rules over its stored split evaluations, in order: (the final state, the
     first decision of a rule that is on as (step, status, reason), or None)."""
@@ -98,16 +105,15 @@ def replay(ev: Evidence) -> tuple[StopState, tuple[int, str, str] | None]:
     width = max(1, math.ceil(ev.problems / max(1, int(ev.config.get("prompts_per_step") or 1)))) if verl else 0
     per_step = int(ev.config.get("prompts_per_step") or 1) * int(ev.config.get("samples_per_prompt") or 1)
     ends: list[int] = []
-    for step, acc, n in sorted(ev.evals):
+    for step, acc, graded in graded_evals(ev):
         pooled = None
         if verl:
             ends.append(sum(1 for s, _ in history if s <= step))
             idx = pooled_steps(ends[-cfg.hold:], width)
             pooled = ((sum(history[i][1] for i in idx) / len(idx), len(idx) * per_step) if idx else (0.0, 0))
-        graded = int(n) if verl else ev.problems * int(n)
-        d = after_eval(state, cfg, int(step), float(acc), graded, pooled=pooled, max_steps=max_steps)
+        d = after_eval(state, cfg, step, acc, graded, pooled=pooled, max_steps=max_steps)
         if d is not None:
-            return state, (int(step), *d)
+            return state, (step, *d)
     return state, None
 
 
@@ -151,11 +157,11 @@ def decide(ev: Evidence) -> Decision:
                     f"readings {_readings(sorted(ev.evals))})")
 
 
-def check(ev: Evidence) -> str | None:
+def check(ev: Evidence, d: Decision | None = None) -> str | None:
     """None when the claimed status is the one the evidence supports (a run without an end,
     `running`, `failed` or `skipped`, claims none and is never refused); else why not, with the
-    rule and the readings."""
-    d = decide(ev)
+    rule and the readings. `d`: decide(ev), where the caller has it already."""
+    d = decide(ev) if d is None else d
     if ev.status in NO_CLAIM and d.rule is None:
         return None
     if d.status == ev.status and (d.step is None or d.step == ev.step):
@@ -181,8 +187,7 @@ def projection(ev: Evidence) -> tuple[float | None, str]:
     `futility_projection`) reaches the target, and that in words. (None, why not) when the trend
     is flat or falling, or there are too few evaluations."""
     cfg = stop_config(ev.config)
-    window = [(s, a, ev.problems * n if ev.trainer != "verl" else n) for s, a, n in sorted(ev.evals)]
-    window = window[-cfg.futility_window:]
+    window = graded_evals(ev)[-cfg.futility_window:]
     last = window[-1][0] if window else ev.step
     fit = futility_projection(window, last, cfg.futility_confidence)
     if fit is None:

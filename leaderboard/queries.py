@@ -65,7 +65,7 @@ def _with_decisions(engine: Engine, runs: pd.DataFrame) -> pd.DataFrame:
             continue
         d = verdicts.decide(ev)
         proj = verdicts.projection(ev)[1] if d.verdict == statuses.UNDECIDED else None
-        rows.append((d.verdict, d.rule, d.step, d.reason, verdicts.check(ev), proj))
+        rows.append((d.verdict, d.rule, d.step, d.reason, verdicts.check(ev, d), proj))
     r = runs.copy()
     (r["sanity"], r["decided_by"], r["decided_step"], r["decision"], r["evidence_problem"],
      r["projection"]) = ([x[i] for x in rows] for i in range(6))

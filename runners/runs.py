@@ -194,6 +194,16 @@ def run_to_end(store, run_id: str, train: Callable[[], tuple[str, str]]) -> None
     record_end(store, run_id, status, reason)
 
 
+def _resume_device(run: Run, device: str | None) -> tuple[str, str]:
+    """(the device the run started on, the device it continues on: `device`, default that one),
+    or RunError when it cannot be resolved here."""
+    started_on = (run.provenance or {}).get("device", "cpu")
+    try:
+        return started_on, resolve_device(device or started_on)
+    except ValueError as e:
+        raise RunError(f"run {run.id} started on {started_on}: {e}") from None
+
+
 def resume_run(store, run_id: str, progress=None, device: str | None = None, replay_stop_rules: bool = False) -> str:
     """Continue a killed or failed run from its last checkpoint, on `device` (default: the
     device it started on; a resume elsewhere is appended to its provenance's `resumes`).
@@ -205,11 +215,7 @@ def resume_run(store, run_id: str, progress=None, device: str | None = None, rep
         cfg = config_from_dict(run.config)
         algo, precision, engine, ckpt_dir = (run.algo, Precision(run.rollout_dtype, run.train_dtype), run.engine,
                                              Path(run.checkpoint_dir))
-        started_on = (run.provenance or {}).get("device", "cpu")
-        try:
-            device = resolve_device(device or started_on)
-        except ValueError as e:
-            raise RunError(f"run {run_id} started on {started_on}: {e}") from None
+        started_on, device = _resume_device(run, device)
         if device != started_on:
             run.provenance = {**(run.provenance or {}), "resumes": [*(run.provenance or {}).get("resumes", []),
                                                                      {"step": run.step, "device": device}]}
@@ -235,7 +241,7 @@ def extend_run(store, run_id: str, max_steps: int, progress=None, device: str | 
             raise RunError(f"no run {run_id!r}; `bench runs` lists them")
         if run.status not in EXTENDABLE:
             raise RunError(f"run {run_id} is {run.status} ({verdict(run.status)}): only a run that reached its budget "
-                           "undecided (max_steps) can be extended" + ("; `bench runs resume` continues it"
+                           "undecided (max_steps) can be extended" + (f"; `bench run --resume {run_id}` continues it"
                                                                      if run.status in RESUMABLE else ""))
         if run.trainer != "native":
             raise RunError(f"run {run_id} ran on {run.trainer}: `bench runs extend` continues native runs only "
@@ -248,11 +254,7 @@ def extend_run(store, run_id: str, max_steps: int, progress=None, device: str | 
                            f"{cfg.eval_every}: its last evaluation (step {cfg.max_steps}) is one a run with a larger "
                            "budget would not make, so the extension could not equal such a run; start a run with "
                            f"--max-steps {max_steps} instead")
-        started_on = (run.provenance or {}).get("device", "cpu")
-        try:
-            resolve_device(device or started_on)
-        except ValueError as e:
-            raise RunError(f"run {run_id} started on {started_on}: {e}") from None
+        _resume_device(run, device)            # refused here, before anything is written
         if not Path(run.checkpoint_dir or "").exists():
             raise RunError(f"run {run_id} has no checkpoint directory here ({run.checkpoint_dir}): it cannot be "
                            "continued on this machine")

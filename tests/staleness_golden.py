@@ -57,17 +57,6 @@ FP32_TOLERANCE = {"rel": 1e-3, "noise_abs": 1e-3}
 KERNEL_ENV = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR")
 
 
-def _cpu_vendor() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
-
-
 def cpu_kind() -> str:
     """The CPU kind an fp32 GEMM's rounding order depends on: avx512-amx, avx512 or avx2 (a Xeon
     with AMX and AVX512-FP16 rounded the fp32 pin's loss otherwise than the avx512 CPU it was
@@ -76,11 +65,11 @@ def cpu_kind() -> str:
     their fp32 kernels by vendor and model as well as by instruction set, so an Intel CPU without
     AMX is a kind of its own ("avx512-GenuineIntel") that no snapshot claims. A library switch
     in the environment (KERNEL_ENV) makes a kind of its own as well ("avx2+ONEDNN_MAX_CPU_ISA=AVX2")."""
-    from bench.kernels import _cpu_flags
+    from bench.kernels import _cpu_flags, cpuinfo_field
 
     flags = _cpu_flags()
     kind = "avx2" if "avx512f" not in flags else ("avx512-amx" if "amx_tile" in flags else "avx512")
-    vendor = _cpu_vendor()
+    vendor = cpuinfo_field("vendor_id") or "unknown"
     if vendor != ("GenuineIntel" if kind == "avx512-amx" else "AuthenticAMD"):
         kind += f"-{vendor}"
     return kind + "".join(f"+{k}={os.environ[k]}" for k in KERNEL_ENV if os.environ.get(k))

@@ -400,9 +400,11 @@ def _ending(run: dict) -> str:
                 + (f" ({run['stop_reason']})" if run["stop_reason"] else ""))
     if run.get("projection"):
         text += f"; undecided: {run['projection']}"
+    from leaderboard.queries import LABEL_ONLY
+
     problem = run.get("evidence_problem")
     if problem:
-        text += f"; {problem}" if problem.startswith("label only") else f"; NOT SUPPORTED BY ITS EVALUATIONS: {problem}"
+        text += f"; {problem}" if problem.startswith(LABEL_ONLY) else f"; NOT SUPPORTED BY ITS EVALUATIONS: {problem}"
     if run["kl_warning_step"] is not None:
         text += f"; KL early warning at step {run['kl_warning_step']}"
     return seed + text
