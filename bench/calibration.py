@@ -123,6 +123,7 @@ BANDS = {
     "fp8": Band(mean_abs=1.5e-1, k3=3e-2),
     "int8": Band(mean_abs=1.5e-1, k3=4e-2),
     "nvfp4": Band(mean_abs=2e-1, k3=8e-2),
+    "mxfp4": Band(mean_abs=3e-1, k3=2e-1),
 }
 BANDS.update({"bf16+router32": BANDS["bf16"], "fp16+router32": BANDS["fp16"]})   # MoE: the base format's
 
@@ -146,7 +147,7 @@ BANDS.update({"bf16+router32": BANDS["bf16"], "fp16+router32": BANDS["fp16"]})  
 #                  grows with √n: hence KAPPA_MAX too) and 4.5 at 2 x 4 (3.8 where |κ̂| > 0.1,
 #                  nvfp4); T = 0.7 gives 54-55.
 TWIN_RATIO = {"fp32": 0.0, "fp16": 2.0, "bf16": 2.0, "bf16+head32": 2.0, "fp8": 1.5, "int8": 1.5, "nvfp4": 1.5,
-              "bf16+router32": 2.0, "fp16+router32": 2.0}
+              "mxfp4": 1.5, "bf16+router32": 2.0, "fp16+router32": 2.0}
 KAPPA_MAX = 0.1
 Z_MIN = 6.0
 Z_REF = 4.0

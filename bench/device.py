@@ -51,8 +51,8 @@ def device_supports(dtype: str, device: str = "cpu") -> bool:
 
     fmt = formats.get(dtype)
     try:
-        a = torch.ones(16, 16, dtype=fmt.dtype, device=device)
-        ok = bool(torch.isfinite((a @ a).float()).all())
+        a = torch.ones(16, 64, dtype=fmt.dtype, device=device)       # K = 64: whole blocks of every format
+        ok = bool(torch.isfinite((a @ a.t()).float()).all())
         if ok and fmt.quant is not None:
             ok = bool(torch.isfinite(fmt.matmul(a, *fmt.quantize(a.float())).float()).all())
         return ok

@@ -17,3 +17,7 @@ class BenchError(Exception):
 class ConfigError(BenchError, ValueError):
     """A setting out of its declared bounds or of the wrong type; the message names the knob
     (its CLI flag) and the bound."""
+
+
+class PrecisionError(BenchError, ValueError):
+    """A dtype or precision pair that cannot be parsed or run; the message says what to write."""

@@ -51,7 +51,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import formats, kernels, moe
-from .formats import Format, W8A8STE, float_step
+from .formats import Format
+from .gemms import W8A8STE
+from .grids import float_step
 from .fused_projections import fuse_projections, fused_groups, unfuse_projections
 from .precision import canon
 

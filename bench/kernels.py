@@ -31,7 +31,7 @@ but fp32/fp32 ever computes identically, on any CPU:
    instructions; the W8A8 / W4A4 scaled GEMMs on every device): the reduction dimension in
    SPLIT_K equal slices whose fp32 partial sums are added in order
        y = round( ((P_0 + P_1) + P_2) + P_3 ),  P_s = x[:, K_s] W[:, K_s]ᵀ   (fp32)
-   (bench.formats.split_k_matmul), where the trainer's GEMM reduces K in one pass: the same
+   (bench.gemms.split_k_matmul), where the trainer's GEMM reduces K in one pass: the same
    real sum in another fp32 order, so fp32-level differences (~2^-24 relative) reach the final
    rounding as they do between a GPU's decode and prefill kernels. Where the CPU has the
    16-bit instructions, torch's own kernels run in both engines, and their blocking differs
@@ -59,7 +59,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import formats
-from .formats import PrecisionError, split_k_matmul
+from .errors import PrecisionError
+from .gemms import split_k_matmul
 
 # ------------------------------------------------------------ which 16-bit instructions the CPU has
 

@@ -37,7 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .formats import W8A8STE, Format, float_step, split_k_matmul
+from .formats import Format
+from .gemms import W8A8STE, split_k_matmul
+from .grids import float_step
 
 EXPERT_WEIGHTS = ("gate_up_proj", "down_proj")
 MODES = ("native", "upcast", "split_k")     # how a 16-bit expert / router GEMM computes (module docstring)

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from itertools import product
 
 from . import formats
-from .formats import PrecisionError, ROLLOUT_FORMATS, TRAIN_FORMATS
+from .errors import PrecisionError
+from .formats import ROLLOUT_FORMATS, TRAIN_FORMATS
 
 CLASSIC = ("fp32", "fp16", "bf16")       # the paper's 16/32-bit formats
 

@@ -30,7 +30,7 @@ class BuildConfig:
     columns: ColumnMap = knob(help="Which columns hold the id, problem, answer, solution.", cli=False,
                               default_factory=ColumnMap)
     engine: str = knob("auto", help="Rollout engine: auto (vllm when importable), torch, vllm.", cli=False)
-    dtype: str = knob("bf16", help="Rollout format: fp32, bf16, bf16+head32, fp16, fp8, int8, nvfp4.", cli=False)
+    dtype: str = knob("bf16", help="Rollout format: fp32, bf16, bf16+head32, fp16, fp8, int8, nvfp4, mxfp4.", cli=False)
     k: int = knob(40, help="Rollouts per problem.", unit="rollouts", ge=1)
     lo: float = knob(0.2, help="Keep problems with lo <= accuracy (inclusive); --band LO HI.", cli=False)
     hi: float = knob(0.8, help="Keep problems with accuracy <= hi (inclusive); --band LO HI.", cli=False)

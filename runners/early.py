@@ -12,14 +12,18 @@ pool overlapping windows of training rewards and are left out.
 
 Per rule, over the finished runs on which the rule was off (a run that a rule stopped cannot
 show what it would have said later; converged is always on, and is the verdict itself):
-- the run's final verdict is PASS when it converged, FAIL for any other finished status;
+- the run's outcome is its verdict (bench/statuses.py): PASS when it converged, FAIL when a rule
+  ended it, UNDECIDED at its budget. Runs the calibration gate ended have no evaluations for a
+  rule to read and are left out;
 - the rule agrees when it did not decide (it says nothing, the run ends as the other rules
-  say) or when its verdict (converged: PASS; futile, plateaued, collapsed: FAIL) is the final one;
+  say) or when what it said holds: converged's PASS on a PASS; a FAIL (futile, plateaued,
+  collapsed) on a run that did not pass within its budget, FAIL or UNDECIDED — futility's claim
+  is exactly that the budget will not reach the bar. A FAIL on a run that passed is a false FAIL;
 - steps saved: Σ over its agreeing decisions of (the run's steps − the decision's step), as a
   share of Σ steps of the runs measured;
-- a FAIL decision's step against the step today's default rules (converged, plateaued at
-  patience 10, collapsed, max_steps) take on that run: the smallest of their shadow steps and
-  the run's own end.
+- a FAIL decision's step against the step at which today's default rules, other than the one
+  measured (converged, futile, collapsed: StopConfig's defaults), end that run: the smallest of
+  their shadow steps and the run's own end.
 """
 
 from __future__ import annotations
@@ -30,13 +34,15 @@ from sqlalchemy import select
 
 from bench.store import Build, Eval, Run, RunDecision, session
 
+from bench import statuses
 from bench import stop as stop_rules
 from bench.verdicts import stop_config
 from .runs import config_from_dict
 
-FINISHED = ("converged", "plateaued", "collapsed", "futile", "diverged", "max_steps")
-# the rules on by default before futility was (2026-12-02): what the FAIL steps are measured against
-DEFAULT_ON = (stop_rules.CONVERGED, stop_rules.PLATEAUED, stop_rules.COLLAPSED)
+# the ends a rule can be measured against: every finished status but the step-0 gate's
+FINISHED = tuple(s for s in statuses.FINISHED if s != statuses.MISCALIBRATED)
+# the rules today's defaults turn on: what a FAIL decision's step is measured against
+DEFAULT_ON = tuple(r for r in stop_rules.EARLY_RULES if stop_rules.StopConfig().on(r))
 
 
 def _config(run: Run):
@@ -74,15 +80,20 @@ class RunShadow:
     run: str
     status: str
     steps: int
-    verdict: str                      # PASS | FAIL
+    verdict: str                      # PASS | FAIL | UNDECIDED (bench/statuses.py)
     on: dict[str, bool]               # rule → whether it could end this run
     decisions: dict[str, list]        # rule → [step, status, reason]
     source: str                       # recorded | recomputed
 
-    def today_step(self) -> int:
-        """The step at which today's default rules end the run: the soonest shadow step of
-        converged, plateaued and collapsed, or the run's own end."""
-        return min([self.steps, *(self.decisions[r][0] for r in DEFAULT_ON if r in self.decisions)])
+    def today_step(self, besides: str | None = None) -> int:
+        """The step at which today's default rules, other than `besides`, end the run: the
+        soonest of their shadow steps, or the run's own end."""
+        return min([self.steps, *(self.decisions[r][0] for r in DEFAULT_ON if r != besides and r in self.decisions)])
+
+    def holds(self, says: str) -> bool:
+        """Whether a rule's verdict holds on this run: PASS on a run that passed, FAIL on one
+        that did not pass within its budget (FAIL or UNDECIDED)."""
+        return (self.verdict == statuses.PASS) == (says == statuses.PASS)
 
 
 def finished_shadows(store, build_id: str | None = None) -> list[RunShadow]:
@@ -95,13 +106,13 @@ def finished_shadows(store, build_id: str | None = None) -> list[RunShadow]:
         for run in s.scalars(q.order_by(Run.created_at)):
             decisions, source = shadow_decisions(s, run)
             stop_cfg, _ = _config(run)
-            out.append(RunShadow(run.id, run.status, run.step, "PASS" if run.status == stop_rules.CONVERGED else "FAIL",
+            out.append(RunShadow(run.id, run.status, run.step, statuses.verdict(run.status),
                                  {r: stop_cfg.on(r) for r in stop_rules.EARLY_RULES}, decisions, source))
     return out
 
 
 def says(rule: str) -> str:
-    return "PASS" if rule == stop_rules.CONVERGED else "FAIL"
+    return statuses.PASS if rule == stop_rules.CONVERGED else statuses.FAIL
 
 
 def rule_table(shadows: list[RunShadow]) -> list[dict]:
@@ -113,16 +124,17 @@ def rule_table(shadows: list[RunShadow]) -> list[dict]:
     for rule in stop_rules.EARLY_RULES:
         measured = [r for r in shadows if rule == stop_rules.CONVERGED or not r.on[rule]]
         decided = [r for r in measured if rule in r.decisions]
-        agree = [r for r in decided if says(rule) == r.verdict]
+        agree = [r for r in decided if r.holds(says(rule))]
         total = sum(r.steps for r in measured)
         saved = sum(r.steps - r.decisions[rule][0] for r in agree)
-        ratios = sorted(r.decisions[rule][0] / r.today_step() for r in agree
-                        if says(rule) == "FAIL" and r.today_step() > 0)
+        ratios = sorted(r.decisions[rule][0] / r.today_step(rule) for r in agree
+                        if says(rule) == statuses.FAIL and r.today_step(rule) > 0)
+        fail = says(rule) == statuses.FAIL
         rows.append({"rule": rule, "says": says(rule), "runs": len(measured), "decided": len(decided),
                      "agree": len(measured) - len(decided) + len(agree),
                      "agreement": None if not measured else (len(measured) - len(decided) + len(agree)) / len(measured),
-                     "false_fail": sum(1 for r in decided if says(rule) == "FAIL" and r.verdict == "PASS"),
-                     "false_pass": sum(1 for r in decided if says(rule) == "PASS" and r.verdict == "FAIL"),
+                     "false_fail": sum(1 for r in decided if fail and not r.holds(says(rule))),
+                     "false_pass": sum(1 for r in decided if not fail and not r.holds(says(rule))),
                      "steps_saved": None if not total else saved / total,
                      "fail_step_vs_today_median": _median(ratios),
                      "recomputed": sum(1 for r in measured if r.source == "recomputed")})

@@ -251,10 +251,11 @@ def precision_overrides(p: Precision) -> list[str]:
     rollout=fp8 is vLLM in bf16 with `actor_rollout_ref.rollout.quantization=fp8`, verl's online
     fp8, which is *block-wise* (128×128 weight blocks, dynamic per-token-group activations:
     finer scales than bench's per-channel/per-token fp8) and leaves lm_head in bf16. verl 0.9.1
-    has no W8A8 int8 or online NVFP4 rollout, no fp32-head option for its vLLM rollout or its
+    has no W8A8 int8 or online NVFP4 or MXFP4 rollout, no fp32-head option for its vLLM rollout or its
     FSDP actor, and no fp8 training outside QAT recipes: those cells are refused (VerlError) and run natively."""
     refused = {"int8": "an int8 rollout (vLLM and verl have no W8A8 int8 path)",
                "nvfp4": "an nvfp4 rollout (vLLM runs NVFP4 only from pre-quantized checkpoints)",
+               "mxfp4": "an mxfp4 rollout (vLLM runs MXFP4 only from pre-quantized checkpoints)",
                "bf16+head32": "an fp32 lm_head (verl exposes no head dtype for vLLM or FSDP)",
                "bf16+router32": "an fp32 MoE router (verl exposes no router dtype for vLLM or FSDP)",
                "fp16+router32": "an fp32 MoE router (verl exposes no router dtype for vLLM or FSDP)"}

@@ -253,7 +253,7 @@ def test_every_user_error_class_is_a_bench_error():
     from bench.bundle import BundleError
     from bench.device import DeviceError
     from bench.errors import BenchError, ConfigError
-    from bench.formats import PrecisionError
+    from bench.errors import PrecisionError
     from bench.models import ModelError
     from bench.problems import SourceError
     from bench.store import StoreError

@@ -13,12 +13,13 @@ from typer.testing import CliRunner
 
 from bench.cli import app
 from runners.early import RunShadow, rule_table
+from bench.statuses import verdict
 from bench.stop import COLLAPSED, CONVERGED, FUTILE, PLATEAUED
 
 
 def _shadow(run, status, steps, decisions, off=(FUTILE, PLATEAUED, COLLAPSED)):
     on = {r: r not in off for r in (CONVERGED, COLLAPSED, FUTILE, PLATEAUED)}
-    return RunShadow(run, status, steps, "PASS" if status == CONVERGED else "FAIL", on,
+    return RunShadow(run, status, steps, verdict(status), on,
                      {r: [s, r, ""] for r, s in decisions.items()}, "recorded")
 
 
@@ -26,7 +27,8 @@ def test_rule_table_by_hand():
     shadows = [
         # a run that passed at 60; futility never decided, plateaued would have said FAIL at 50
         _shadow("a", CONVERGED, 60, {CONVERGED: 60, PLATEAUED: 50}),
-        # two runs to max_steps 150: futile at 90 and 100, plateaued at 120 and never
+        # two runs to max_steps 150 (UNDECIDED: a FAIL holds, they did not pass within the budget):
+        # futile at 90 and 100, plateaued at 120 and never
         _shadow("b", "max_steps", 150, {FUTILE: 90, PLATEAUED: 120}),
         _shadow("c", "max_steps", 150, {FUTILE: 100}),
         # plateau on here: not measured for plateaued (it ended the run), measured for futility
@@ -34,11 +36,12 @@ def test_rule_table_by_hand():
     ]
     rows = {r["rule"]: r for r in rule_table(shadows)}
     f = rows[FUTILE]
-    # futility: 4 runs, 3 decided, all FAIL runs: agreement 4/4; saved (60 + 50 + 30) / (60+150+150+110)
-    #   = 140 / 470; steps ÷ today's: b 90/120 = 0.75, c 100/150 = 0.667, d 80/110 = 0.727 → median 0.727
+    # futility: 4 runs, 3 decided, none passed: agreement 4/4; saved (60 + 50 + 30) / (60+150+150+110)
+    #   = 140 / 470; steps ÷ today's other rules (converged, collapsed; plateaued is off by default):
+    #   b 90/150 = 0.6, c 100/150 = 0.667, d 80/110 = 0.727 → median 0.667
     assert (f["runs"], f["decided"], f["agree"], f["false_fail"]) == (4, 3, 4, 0)
     assert f["steps_saved"] == pytest.approx(140 / 470)
-    assert f["fail_step_vs_today_median"] == pytest.approx(80 / 110)
+    assert f["fail_step_vs_today_median"] == pytest.approx(100 / 150)
     p = rows[PLATEAUED]
     # plateaued: runs a, b, c (d had it on); decided a (FAIL on a PASS run: false FAIL) and b;
     #   agreement (3 − 2 + 1)/3; saved (150 − 120) / 360

@@ -9,11 +9,13 @@ import pytest
 import torch
 from torch import nn
 
-from bench import formats
+from bench import formats, gemms, grids, quantizers
 from bench.calibration import BANDS
 from bench.format_modules import QuantLinear, RolloutWeights, prepare_compute_model
-from bench.formats import W8A8STE
-from bench.formats import FORMATS, PrecisionError, e2m1_round, float_step, w8a8_matmul
+from bench.errors import PrecisionError
+from bench.formats import FORMATS
+from bench.gemms import W8A8STE, w8a8_matmul
+from bench.grids import e2m1_round, float_step
 from bench.precision import ALL_PAIRS, Precision, parse_list
 
 FP8, INT8, NVFP4 = FORMATS["fp8"], FORMATS["int8"], FORMATS["nvfp4"]
@@ -162,7 +164,8 @@ def test_int8_integer_gemm_edges_are_the_fp32_gemms(case):
 
 _INT_MM_PROBE = """
 import torch
-from bench.formats import FORMATS, int_mm_exact, w8a8_matmul
+from bench.formats import FORMATS
+from bench.gemms import int_mm_exact, w8a8_matmul
 q = FORMATS["int8"]
 a = torch.full((4, 128), 127, dtype=torch.int8)
 w = torch.full((8, 128), 127, dtype=torch.int8)
@@ -173,13 +176,14 @@ rw = torch.randint(-127, 128, (24, 256), dtype=torch.int8, generator=g)
 random_exact = torch.equal(torch._int_mm(ra, rw.t()).double(), ra.double() @ rw.double().t())
 x = torch.randn(5, 384) * 3
 codes, scale = q.quantize(torch.randn(16, 384))
+exact = int_mm_exact()          # probed before the count: the probe's own torch._int_mm calls are not the GEMM's
 calls = []
 int_mm = torch._int_mm
 torch._int_mm = lambda *a: calls.append(1) or int_mm(*a)
 got = q.quant.matmul(x, codes, scale, None, torch.float32)
 torch._int_mm = int_mm
 same = torch.equal(got.view(torch.int32), w8a8_matmul(q.quant, x, codes, scale, None, torch.float32).view(torch.int32))
-print(saturates, random_exact, int_mm_exact(), bool(calls), same)
+print(saturates, random_exact, exact, bool(calls), same)
 """
 
 
@@ -238,8 +242,8 @@ def test_int8_rollouts_are_those_of_the_fp32_gemm(monkeypatch):
     int_mm = torch._int_mm
     monkeypatch.setattr(torch, "_int_mm", lambda *a: calls.append(1) or int_mm(*a))
     got = TorchEngine(str(TINY_MATH_DIR), "int8", threads=1).generate(prompts, 4, sp)
-    assert bool(calls) == formats.int_mm_exact()              # the integer GEMM ran where it is exact
-    monkeypatch.setattr(formats.Int8, "matmul", formats.Quantizer.matmul)
+    assert bool(calls) == gemms.int_mm_exact()              # the integer GEMM ran where it is exact
+    monkeypatch.setattr(quantizers.Int8, "matmul", quantizers.Quantizer.matmul)
     want = TorchEngine(str(TINY_MATH_DIR), "int8", threads=1).generate(prompts, 4, sp)
     assert [[s.token_ids for s in r] for r in got] == [[s.token_ids for s in r] for r in want]
     assert [[s.logprobs for s in r] for r in got] == [[s.logprobs for s in r] for r in want]
@@ -263,9 +267,9 @@ def test_fp32_grid_step_is_float_step_by_bits():
     v = _fp32_sweep()
     v = v[torch.isfinite(v)]
     for grid in ((3, -6), (1, 0)):                                   # e4m3, e2m1
-        assert torch.equal(formats.fp32_grid_step(v, *grid), float_step(v, *grid))
+        assert torch.equal(grids.fp32_grid_step(v, *grid), float_step(v, *grid))
     with pytest.raises(ValueError, match="not a normal fp32 number"):
-        formats.fp32_grid_step(v, 7, -126)                           # bf16's grid
+        grids.fp32_grid_step(v, 7, -126)                           # bf16's grid
 
 
 def test_e4m3_code_values_are_the_float8_cast_on_an_fp32_sweep():

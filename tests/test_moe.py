@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from bench import formats, moe
 from bench.engines import Sampling
 from bench.engines.torch_engine import TorchEngine
-from bench.errors import ConfigError
+from bench.errors import ConfigError, PrecisionError
 from bench.format_modules import RolloutWeights
 from bench.formats import FORMATS
 from bench.format_modules import prepare_compute_model
@@ -238,7 +238,7 @@ def test_router32_formats_parse_train_and_stay_out_of_all():
     assert parse_list("bf16+router32;fp16") == [Precision("bf16+router32", "bf16+router32"), Precision("fp16", "fp16")]
     from bench.engines.vllm_engine import vllm_format_kwargs
 
-    with pytest.raises(formats.PrecisionError, match="fp32 router"):
+    with pytest.raises(PrecisionError, match="fp32 router"):
         vllm_format_kwargs("bf16+router32")
 
 

@@ -80,7 +80,7 @@ def test_split_k_sums_its_slices_in_order():
     """Products 1, 2^-24, 2^-24, −1 (exact sum 2^-23). Four slices, left to right:
     ((1 + 2^-24) + 2^-24) − 1 = 0, each 1 + 2^-24 a tie rounding to even (1). Two slices:
     P0 = 1 + 2^-24 → 1, P1 = 2^-24 − 1 = −(1 − 2^-24) exactly, sum 2^-24."""
-    from bench.formats import split_k_matmul
+    from bench.gemms import split_k_matmul
 
     x = torch.tensor([[1.0, 2.0 ** -24, 2.0 ** -24, -1.0]])
     w = torch.ones(1, 4)
@@ -104,7 +104,7 @@ def test_split_k_linear_flips_some_roundings_by_one_ulp(dtype):
     """The rollout engine's 16-bit GEMM against the trainer's one-pass upcast GEMM: the same
     real sum in another fp32 order, so a few outputs round to the neighbouring 16-bit value and
     none further (bar the fp32 sum's own error on outputs that cancel to near 0)."""
-    from bench.formats import FLOAT_GRIDS, float_step
+    from bench.grids import FLOAT_GRIDS, float_step
 
     torch.manual_seed(0)
     a, b = torch.nn.Linear(384, 384).to(dtype), torch.nn.Linear(384, 384).to(dtype)

@@ -36,7 +36,10 @@ ROOT = Path(__file__).resolve().parent.parent
 MODULES: dict[str, list[str]] = {
     "runners/algos.py": ["tests/test_algos.py"],
     "bench/mismatch.py": ["tests/test_mismatch.py"],
-    "bench/formats.py": ["tests/test_formats.py", "-m", "not vllm"],
+    "bench/formats.py": ["tests/test_formats.py", "tests/test_mxfp4.py", "-m", "not vllm"],
+    "bench/quantizers.py": ["tests/test_formats.py", "tests/test_mxfp4.py", "-m", "not vllm"],
+    "bench/gemms.py": ["tests/test_formats.py", "tests/test_rollout_kernels.py", "-m", "not vllm"],
+    "bench/grids.py": ["tests/test_formats.py", "tests/test_mxfp4.py", "-m", "not vllm"],
     "bench/stop.py": ["tests/test_stop.py"],
     "bench/stats.py": ["tests/test_stats.py"],
     "bench/calibration.py": ["tests/test_calibration.py", "-m", "not integration"],

@@ -38,7 +38,8 @@ def print_early(store, build_id: str | None, as_json: bool) -> None:
     out.print(f"{len(shadows)} finished native run(s); {back} without recorded decisions, recomputed from their split "
               "evaluations. A rule is measured only on runs it could not stop (run with it off: a run a rule "
               "ended cannot show what it would have done later); converged is always on, so its row is the verdict "
-              "itself. Agreement: the rule did not decide, or said what the run's final verdict says (PASS: "
-              "converged; FAIL: any other end). Steps saved: the steps after its agreeing decisions, as a share of "
-              "the measured runs' steps. Today's: the step the default rules (converged, plateaued, collapsed, "
-              "max_steps) end the run at.", highlight=False)
+              "itself. Agreement: the rule did not decide, or what it said holds (PASS: the run converged; FAIL: "
+              "the run did not pass within its budget, by a rule (FAIL) or at max_steps (UNDECIDED)). Steps saved: "
+              "the steps after its agreeing decisions, as a share of the measured runs' steps. Today's: the step "
+              "the default rules other than the one measured (converged, futile, collapsed) end the run at.",
+              highlight=False)

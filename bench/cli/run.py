@@ -107,7 +107,7 @@ _RUN_PANEL = "Run settings (RunConfig; default: the preset's)"
 @knob_options(RunConfig, defaults=_preset_values(), panel=_RUN_PANEL, before="checkpoint_dir")
 def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` shows them)."),
         dtype: str = typer.Option("fp32", help="Precision: fp32 | bf16 | bf16+head32 | fp16 | fp8 (both engines) or "
-                                               "rollout=X,train=Y (rollout may also be int8 or nvfp4, "
+                                               "rollout=X,train=Y (rollout may also be int8, nvfp4 or mxfp4, "
                                                "rollout-only formats)."),
         build_id: Optional[str] = typer.Option(None, "--build", help="Build id (default: the latest complete build)."),
         model: Optional[str] = typer.Option(None, help="Only builds of this model (and check the build's model)."),

@@ -22,7 +22,7 @@ import tempfile
 from typing import Iterable, Sequence
 
 from .. import formats
-from ..formats import PrecisionError
+from ..errors import PrecisionError
 from ..moe import checkpoint_names
 from . import Sample, Sampling, row_seed
 

@@ -33,7 +33,10 @@ stats = cell_stats.cells_frame(view)
 split = stats.precision.str.split("→")
 stats["rollout_dtype"], stats["train_dtype"] = split.str[0], split.str[-1]
 
-grid = pd.DataFrame([(r, t) for r in ROLLOUT_FORMATS for t in TRAIN_FORMATS], columns=["rollout_dtype", "train_dtype"])
+# the formats of `all`, then any named one (mxfp4, +router32) this view has runs of
+rollouts = list(dict.fromkeys([*ROLLOUT_FORMATS, *stats.rollout_dtype]))
+trains = list(dict.fromkeys([*TRAIN_FORMATS, *stats.train_dtype]))
+grid = pd.DataFrame([(r, t) for r in rollouts for t in trains], columns=["rollout_dtype", "train_dtype"])
 grid = grid.merge(stats, on=["rollout_dtype", "train_dtype"], how="left")
 grid["cell"] = [("—" if pd.isna(v) else f"{v:.2f}") + (f" {colours.VERDICT_MARKS[s]}" if n else "")
                 + (" early" if colours.status_kind(status) == "early" else "") + (f" {k}" if n else "")
@@ -58,8 +61,8 @@ elif metric == "peak_mean":
                         alt.value("white"), alt.value("black"))
 else:
     scale, legend, ink = alt.Scale(scheme="viridis", reverse=True), alt.Legend(), alt.value("black")
-x = alt.X("train_dtype:N", sort=list(TRAIN_FORMATS), title="training format (π)")
-y = alt.Y("rollout_dtype:N", sort=list(ROLLOUT_FORMATS), title="rollout format (μ)")
+x = alt.X("train_dtype:N", sort=trains, title="training format (π)")
+y = alt.Y("rollout_dtype:N", sort=rollouts, title="rollout format (μ)")
 square = alt.Color(f"{metric}:Q", scale=scale, legend=legend)
 if metric == "pass_rate":   # a cell running or undecided has no verdict yet: amber or blue, not "none passed"
     square = alt.condition("datum.sanity == 'RUNNING'", alt.value(colours.VERDICT_COLOURS["RUNNING"][0]),
