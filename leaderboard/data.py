@@ -94,6 +94,11 @@ def mismatch(url: str) -> pd.DataFrame:
     return queries.mismatch_frame(_engine(url))
 
 
+@st.cache_data(ttl=TTL, show_spinner=False)
+def checks(url: str) -> pd.DataFrame:
+    return queries.check_frame(_engine(url))
+
+
 def store_url() -> str:
     """The store's URL once its engine is known to work (else the page has stopped)."""
     engine()

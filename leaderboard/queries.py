@@ -10,7 +10,8 @@ from sqlalchemy.engine import Engine
 from bench import statuses
 from bench.fingerprint import fingerprint
 from bench.precision import pair_name
-from bench.store import Build, BuildProblem, Eval, MismatchReport, Model, Run, RunStep, RunVerification
+from bench.store import (Build, BuildProblem, CheckReport, Eval, MismatchReport, Model, Run, RunStep,
+                         RunVerification)
 
 
 def sanity(status: str | None) -> str:
@@ -218,6 +219,28 @@ def verifications_frame(engine: Engine, run_ids: list[str] | None = None) -> pd.
         q = q.where(RunVerification.run_id.in_(run_ids))
     df = _read(engine, q.order_by(RunVerification.created_at.desc(), RunVerification.id.desc()))
     return df if not df.empty else pd.DataFrame(columns=VERIFICATION_COLUMNS)
+
+
+def check_frame(engine: Engine) -> pd.DataFrame:
+    """`bench check` reports, newest first: one row per report × pair, with its verdict, the
+    broken lines and where the mismatch enters."""
+    rows = _read(engine, select(CheckReport.id, Model.name.label("model"), CheckReport.engine, CheckReport.ok,
+                                CheckReport.contract_digest, CheckReport.conditions, CheckReport.pairs,
+                                CheckReport.created_at)
+                 .join(Model, Model.id == CheckReport.model_id).order_by(CheckReport.created_at.desc()))
+    out = []
+    for r in rows.itertuples():
+        cond = r.conditions or {}
+        for p in r.pairs or []:
+            broken = [f"{v['metric']}: {v['reason']}" for v in p.get("verdicts", []) if not v.get("ok")]
+            m = p.get("metrics") or {}
+            out.append({"report": r.id, "model": r.model, "created_at": r.created_at, "engine": r.engine,
+                        "cpu_16bit": cond.get("cpu_16bit"), "contract": r.contract_digest, "pair": p.get("pair"),
+                        "verdict": "PASS" if not broken else "FAIL", "lines": len(p.get("verdicts", [])),
+                        "broken": "; ".join(broken), "enters": p.get("enters") or "", "kl_k3": m.get("kl_k3"),
+                        "kl_full": m.get("kl_full"), "token_mult_prob_error": m.get("token_mult_prob_error"),
+                        "flags": "; ".join(p.get("flags") or []), "layers": p.get("layers") or []})
+    return pd.DataFrame(out)
 
 
 def mismatch_frame(engine: Engine) -> pd.DataFrame:

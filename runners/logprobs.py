@@ -146,3 +146,18 @@ def response_logprobs_entropy(model, ids, attn, tok, pos,
     chunk = max(1, (max_logit_elements or LOGIT_CHUNK_ELEMENTS) // max(1, n * vocab))
     out = [_chunk_logprobs_entropy(head, h[:, t0:t0 + chunk], tok[:, t0:t0 + chunk]) for t0 in range(0, t, chunk)]
     return torch.cat([a for a, _ in out], dim=1), torch.cat([b for _, b in out], dim=1)
+
+
+@torch.no_grad()
+def response_log_softmax(model, ids, attn, pos) -> torch.Tensor:
+    """The whole fp32 log-softmax at every response position [N, T, V], no grad: the rows
+    `response_logprobs` gathers its sampled tokens from (the same head, the same fp32
+    log-softmax, so the same bits at those tokens on a CPU). [N, T, V] at once: for a full
+    vocabulary only on small batches (`bench check`)."""
+    parts = split_head(model)
+    if parts is None:
+        logits = model(input_ids=ids, attention_mask=attn).logits
+        return torch.log_softmax(logits.gather(1, pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1])).float(), dim=-1)
+    body, head = parts
+    h = body(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
+    return torch.log_softmax(head(h.gather(1, pos.unsqueeze(-1).expand(-1, -1, h.shape[-1]))).float(), dim=-1)

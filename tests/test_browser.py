@@ -2,12 +2,8 @@
 `bench leaderboard` on a free port, on a store filled by real short runs."""
 
 import os
-import shutil
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -16,10 +12,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.integration]
 SHOTS = Path(os.environ.get("BENCH_SCREENSHOTS", Path(__file__).parent.parent / "out" / "screenshots"))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, str(Path(__file__).parent.parent / "tools"))
+from screenshot import chromium, serve  # noqa: E402  (tools/screenshot.py: the docs' screenshots start the same way)
 
 
 @pytest.fixture(scope="module")
@@ -30,20 +24,7 @@ def served(tmp_path_factory):
     url = f"sqlite:///{tmp / 'store.db'}"
     os.environ["BENCH_HOME"] = str(tmp / "home")
     fill(url, tmp)
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "bench.cli", "leaderboard", "--db", url, "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            if urllib.request.urlopen(f"{base}/_stcore/health", timeout=2).status == 200:
-                break
-        except OSError:
-            time.sleep(0.5)
-    else:
-        proc.kill()
-        pytest.fail("bench leaderboard did not come up")
+    proc, base = serve(url)
     yield base, url
     proc.terminate()
     proc.wait(10)
@@ -51,18 +32,7 @@ def served(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    chromium = shutil.which("chromium") or "/usr/bin/chromium"
-    driver_path = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = chromium
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--window-size=1500,1100"):
-        opts.add_argument(flag)
-    d = webdriver.Chrome(service=Service(driver_path), options=opts)
+    d = chromium(1500, 1100)
     yield d
     d.quit()
 

@@ -47,6 +47,7 @@ class Sample:
     logprobs: list[float]          # mu, per sampled token
     finish_reason: str             # "stop" | "length"
     routes: object = None          # MoE + built-in engine: int [positions, layers, k] (bench/routes.py)
+    distributions: object = None   # built-in engine, record_distributions: fp32 [T, V] log-probs drawn from
 
 
 class RolloutEngine(Protocol):

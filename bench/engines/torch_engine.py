@@ -79,7 +79,8 @@ class TorchEngine:
     def __init__(self, model_path: str, dtype: str = "fp32", max_batch: int = 512,
                  threads: int | None = None, model=None, tokenizer=None, track_updates: bool = False,
                  prepared: bool = False, device: str = "cpu", vllm_kernels: bool = True,
-                 preallocated_cache: bool = True, record_routes: bool = False, share_prompts: bool = True):
+                 preallocated_cache: bool = True, record_routes: bool = False, share_prompts: bool = True,
+                 record_distributions: bool = False):
         """`dtype`: any format of bench/formats.py. `model`: an fp32 model to take over (it is
         modified, and moved to `device`). `track_updates`: record `sync_stats` at every
         update_weights (keeps an fp32 copy of the linear weights). `prepared`: sample from
@@ -94,7 +95,9 @@ class TorchEngine:
         MoE model's samples carry the experts chosen at every position (`Sample.routes`, bench/routes.py).
         `share_prompts`: a prompt's n samples share one prefill (its keys, values and last logits
         copied to each row: `shared_prompts`); False prefills every row (the baseline of
-        benchmarks/rollout_engine.py). Samples are the same either way (tests/test_kv_cache.py)."""
+        benchmarks/rollout_engine.py). Samples are the same either way (tests/test_kv_cache.py).
+        `record_distributions`: each sample carries the whole distribution every token was drawn
+        from (`Sample.distributions`, fp32 [T, V] log-probs: `bench check`'s full-vocabulary KL)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from .kv_cache import BufferPool
@@ -124,6 +127,7 @@ class TorchEngine:
         self._cache_pool = BufferPool() if self.device.type == "cpu" else None    # cache buffers between batches
         self.share_prompts = share_prompts
         self.record_routes = record_routes and is_moe(self.model)
+        self.record_distributions = record_distributions
         self.eos = self.tokenizer.eos_token_id
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos
 
@@ -197,6 +201,7 @@ class TorchEngine:
         live = torch.arange(b)                       # original row of each batch row (CPU)
         tokens: list[list[int]] = [[] for _ in range(b)]
         logps: list[list[float]] = [[] for _ in range(b)]
+        dists: list[list[torch.Tensor]] = [[] for _ in range(b)]
         finish = ["length"] * b
         # the prompt's last position only: a full [B, W, V] prefill would not fit for a real vocabulary
         with head_over_rows(self.model, rows) as expanded:
@@ -215,6 +220,9 @@ class TorchEngine:
             tok = inverse_cdf_sample(lp, uniforms[live, t].to(dev))
             tok_lp = lp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
             done = (tok == self.eos).cpu()
+            if self.record_distributions:
+                for row, dist in zip(live.tolist(), lp.float().cpu()):
+                    dists[row].append(dist)
             for row, x, l, d in zip(live.tolist(), tok.tolist(), tok_lp.tolist(), done.tolist()):
                 tokens[row].append(x)
                 logps[row].append(l)
@@ -237,5 +245,6 @@ class TorchEngine:
             routes.close()
         return [Sample(token_ids=tokens[r], logprobs=logps[r], finish_reason=finish[r],
                        text=self.tokenizer.decode([x for x in tokens[r] if x != self.eos], skip_special_tokens=False),
-                       routes=None if routes is None else routes.sample(r))
+                       routes=None if routes is None else routes.sample(r),
+                       distributions=torch.stack(dists[r]) if self.record_distributions else None)
                 for r in range(b)]

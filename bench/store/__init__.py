@@ -20,10 +20,10 @@ from sqlalchemy.orm import Session
 
 from bench.errors import BenchError
 
-from .schema import (Base, Build, BuildProblem, BuildRollout, Eval, MismatchReport, Model, Run, RunDecision,
-                     RunStep, RunVerification)
+from .schema import (Base, Build, BuildProblem, BuildRollout, CheckReport, Eval, MismatchReport, Model, Run,
+                     RunDecision, RunStep, RunVerification)
 
-__all__ = ["Base", "Build", "BuildProblem", "BuildRollout", "Eval", "MismatchReport", "Model", "Run",
+__all__ = ["Base", "Build", "BuildProblem", "BuildRollout", "CheckReport", "Eval", "MismatchReport", "Model", "Run",
            "RunDecision", "RunStep", "RunVerification", "StoreError", "bench_home", "default_url", "open_store",
            "session", "get_or_create_model"]
 

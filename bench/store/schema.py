@@ -229,3 +229,18 @@ class MismatchReport(Base):
     max_tokens: Mapped[int | None] = mapped_column(Integer)      # the response budget the samples had
     device: Mapped[str | None] = mapped_column(String(20))
     cpu_16bit: Mapped[str | None] = mapped_column(String(10))    # cpu_kernel_path() on a CPU; None on a GPU
+
+
+class CheckReport(Base):
+    """One `bench check`: a model's engine pairs judged against a tolerance contract, with the
+    conditions it was measured under and each pair's metrics, layers and verdicts (JSON)."""
+
+    __tablename__ = "check_reports"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id"))
+    engine: Mapped[str] = mapped_column(String(20))
+    ok: Mapped[bool] = mapped_column(Boolean)
+    contract_digest: Mapped[str] = mapped_column(String(40))
+    conditions: Mapped[dict] = mapped_column(JSON)
+    pairs: Mapped[list] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)

@@ -1,6 +1,7 @@
-"""Offline mismatch reports (`bench mismatch`), side by side per precision pair, with the
-conditions each was measured under; the bf16 ÷ fp16 ratio pairs reports of the same conditions
-only (leaderboard/summary.py `offline_ratios`)."""
+"""The newest `bench check` (each pair's verdict against its contract, where a broken pair's
+mismatch enters, each layer's relative error), then the offline mismatch reports (`bench
+mismatch`), side by side per precision pair, with the conditions each was measured under; the
+bf16 ÷ fp16 ratio pairs reports of the same conditions only (leaderboard/summary.py `offline_ratios`)."""
 
 import pandas as pd
 import streamlit as st
@@ -14,6 +15,21 @@ ROUTER_COLUMNS = ("router_replay", "router_flip_frac", "router_token_flip_frac",
 
 st.title("Training–inference mismatch")
 url = data.store_url()
+checks = data.checks(url)
+if not checks.empty:
+    newest = checks[checks.report == checks.report.iloc[0]]
+    first = newest.iloc[0]
+    st.subheader("Consistency check (`bench check`)")
+    st.caption(f"{first.model}, {first.engine} engine, {first.created_at:%Y-%m-%d %H:%M}, contract {first.contract}"
+               f"{', CPU 16-bit path ' + first.cpu_16bit if first.cpu_16bit else ''}: "
+               f"{(newest.verdict == 'PASS').sum()} of {len(newest)} pairs meet their contract (docs/check.md).")
+    display.dataframe(newest[["pair", "verdict", "lines", "broken", "enters", "kl_k3", "kl_full",
+                              "token_mult_prob_error", "flags"]], hide_index=True, width="stretch")
+    pick = st.selectbox("Layers of", list(newest.pair), help="Each layer's output against an fp32 forward of the "
+                        "same tokens: the rollout side, the training side, and the two sides' divergence.")
+    layers = newest[newest.pair == pick].iloc[0].layers
+    if layers:
+        display.dataframe(pd.DataFrame(layers), hide_index=True, width="stretch")
 reports = data.mismatch(url)
 if reports.empty:
     st.info("No mismatch reports yet. Run `bench mismatch --model tiny-math --dtype all`.")

@@ -1,0 +1,359 @@
+"""`bench check`: the training–inference consistency of each precision pair at step 0, measured
+cheaply enough for every CI run, and judged by a tolerance contract (bench/contract.py).
+
+Per pair, with identical weights in both engines (an fp32 master, each engine's copy in its
+format), the rollout engine samples `prompts × n` responses at T = 1, top-p = 1; the training
+engine scores the same tokens. With d_t = log π_t − log μ_t on the sampled tokens:
+
+    kl_k1_token             mean_t (log μ_t − log π_t)                         (verl's rollout_corr/kl)
+    kl_k3                   mean_t (e^{d_t} − 1 − d_t)                         KL[μ‖π], low variance
+    chi2_token              mean_t e^{2 d_t} − 1 (d clamped to ±20)            the IS weight's variance
+    abs_logp_diff_mean/max  mean_t / max_t |d_t|
+    token_mult_prob_error   mean_t exp|d_t|                                    NeMo-RL's name
+Where the rollout engine gives the whole distribution it drew each token from (the built-in
+engine: `record_distributions`; vLLM returns top-k only, so these are not measured there):
+    kl_full                 mean over sampled positions of Σ_v μ_v (log μ_v − log π_v)
+    tok_kl_max_mean / _max  D_KL^{tok,max} of Trust Region Masking (arXiv 2512.23075): each
+                            sequence's largest kl_full term, averaged / maximised over sequences
+The noise floor, each side computed twice on the same input:
+    noise_rollout           max |Δ log μ| between two generations with the same seeds (inf when
+                            a sampled token differs): a rollout engine that does not repeat itself
+    noise_train             max |Δ log π| between two scoring forwards of the same batch
+    buffers                 floating-point buffers (RoPE's inv_freq, …) of either engine's model
+                            that differ from the fp32 master's (bench/calibration.py)
+Where the mismatch enters (built-in engine and native trainer): the output of every layer —
+embedding, each attention and MLP block, the final norm, the head — on the sampled sequences
+(one prefill of each engine's model, the fp32 master's the reference), as relative errors
+    e_side(L) = ‖h_side(L) − h_fp32(L)‖ / ‖h_fp32(L)‖,   divergence(L) = ‖h_rollout(L) − h_train(L)‖ / ‖h_fp32(L)‖
+over every prompt and response position; the contract bounds each layer's divergence
+(`layer:<name>`), and a broken line names the first layer past its bound, or the buffer, or the
+sampling after the head when every layer agrees (a temperature or top-p on one side).
+
+Every metric is also reported by bucket: of response length (LENGTH_BUCKETS tokens) and of the
+fp32 reference's entropy at the token (ENTROPY_BUCKETS nats): a small final gap can come from
+policy saturation (miles #2722).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from bench.calibration import buffer_mismatches
+from bench.engines import Sampling, make_engine
+from bench.format_modules import prepare_compute_model
+from bench.knobs import check as check_knobs
+from bench.models import load_model, load_tokenizer, render_prompt, resolve_model
+from bench.precision import Precision
+from bench.problems import SourceSpec, load_problems
+
+from .check_config import CheckConfig
+from .logprobs import pack, response_log_softmax
+
+LENGTH_BUCKETS = ((1, 16), (17, 32), (33, None))            # response tokens, inclusive
+ENTROPY_BUCKETS = ((0.0, 0.1), (0.1, 1.0), (1.0, None))     # nats, [lo, hi)
+SAFETY_BOUND = 20.0
+ONE_SIDED_HEAD = ("one-sided fp32 head: only one engine computes lm_head and the logits in fp32 (NeMo-RL #3936 "
+                  "found a one-sided fp32 head worse than none); give both sides bf16+head32 or neither")
+
+
+# ------------------------------------------------------------------ metrics (pure)
+
+def token_metrics(mu: torch.Tensor, pi: torch.Tensor, mask: torch.Tensor,
+                  dist_mu: torch.Tensor | None = None, dist_pi: torch.Tensor | None = None) -> dict:
+    """The sampled-token metrics of the module doc over mask [N, T] (log μ, log π [N, T]); with
+    the whole distributions (log-probs [N, T, V]) the full-vocabulary ones too, else None."""
+    m = mask.bool()
+    d = (pi.double() - mu.double())[m]
+    if not d.numel():
+        raise ValueError("bench check needs at least one response token")
+    out = {"tokens": int(d.numel()), "kl_k1_token": (-d).mean().item(),
+           "kl_k3": (torch.expm1(d) - d).mean().item(),
+           "chi2_token": (d.clamp(-SAFETY_BOUND, SAFETY_BOUND).mul(2).exp().mean() - 1.0).item(),
+           "abs_logp_diff_mean": d.abs().mean().item(), "abs_logp_diff_max": d.abs().max().item(),
+           "token_mult_prob_error": d.abs().exp().mean().item()}
+    kl = position_kl(dist_mu, dist_pi)
+    if kl is None:
+        return {**out, "kl_full": None, "tok_kl_max_mean": None, "tok_kl_max": None}
+    worst = kl.masked_fill(~m, -math.inf).amax(-1)[m.any(-1)]                 # per sequence with tokens
+    return {**out, "kl_full": kl[m].mean().item(), "tok_kl_max_mean": worst.mean().item(),
+            "tok_kl_max": worst.max().item()}
+
+
+def position_kl(dist_mu: torch.Tensor | None, dist_pi: torch.Tensor | None) -> torch.Tensor | None:
+    """KL(μ_t ‖ π_t) = Σ_v μ_v (log μ_v − log π_v) at every position [N, T] (float64), from
+    log-prob rows [N, T, V]; None without both. A token μ gives probability 0 adds nothing."""
+    if dist_mu is None or dist_pi is None:
+        return None
+    lm, lp = dist_mu.double(), dist_pi.double()
+    return torch.where(lm > -math.inf, lm.exp() * (lm - lp), 0.0).sum(-1)
+
+
+def bucket_rows(mu, pi, mask, lengths_of: torch.Tensor, entropy: torch.Tensor, kl: torch.Tensor | None) -> dict:
+    """Per bucket of response length and of the reference's entropy at the token: tokens, kl_k3,
+    abs_logp_diff_mean, kl_full (None without distributions); empty buckets are left out."""
+    m = mask.bool()
+    d = (pi.double() - mu.double())
+    length = lengths_of.unsqueeze(-1).expand_as(d)
+
+    def row(name, sel):
+        sel = sel & m
+        if not sel.any():
+            return None
+        x = d[sel]
+        return {"bucket": name, "tokens": int(sel.sum()), "kl_k3": (torch.expm1(x) - x).mean().item(),
+                "abs_logp_diff_mean": x.abs().mean().item(), "kl_full": None if kl is None else kl[sel].mean().item()}
+
+    def label(lo, hi, unit):
+        return f"≥ {lo:g} {unit}" if hi is None else f"{lo:g}–{hi:g} {unit}"
+
+    by_len = [row(label(lo, hi, "tokens"), (length >= lo) & (length <= (hi or 1 << 30))) for lo, hi in LENGTH_BUCKETS]
+    by_ent = [row(label(lo, hi, "nats"), (entropy >= lo) & (entropy < (hi or math.inf))) for lo, hi in ENTROPY_BUCKETS]
+    return {"length": [r for r in by_len if r], "entropy": [r for r in by_ent if r]}
+
+
+def relative_errors(outputs: dict[str, torch.Tensor], reference: dict[str, torch.Tensor],
+                    scale: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
+    """‖h(L) − h_ref(L)‖ / ‖h_scale(L)‖ per layer L of `reference` (Frobenius, fp64; `scale`
+    defaults to the reference; 0 where the difference and the scale are both 0)."""
+    out = {}
+    for name, ref in reference.items():
+        diff = (outputs[name].double() - ref.double()).norm().item()
+        size = (scale or reference)[name].double().norm().item()
+        out[name] = diff / size if size > 0 else (0.0 if diff == 0 else math.inf)
+    return out
+
+
+# ------------------------------------------------------------------ layers
+
+def layer_points(model) -> list[tuple[str, torch.nn.Module]]:
+    """The modules whose outputs the layer table reads, in order: embedding, each decoder layer's
+    attention and MLP (an MoE block where there is one), the final norm, the head; [] for a
+    model bench cannot take apart (then no layer table)."""
+    body = getattr(model, "base_model", None)
+    layers = getattr(body, "layers", None)
+    if body is None or layers is None or not hasattr(model, "lm_head"):
+        return []
+    points = [("embedding", body.embed_tokens)] if hasattr(body, "embed_tokens") else []
+    for i, layer in enumerate(layers):
+        attn = getattr(layer, "self_attn", None)
+        mlp = getattr(layer, "mlp", None) or getattr(layer, "block_sparse_moe", None)
+        points += [(f"layers.{i}.attention", attn)] if attn is not None else []
+        points += [(f"layers.{i}.mlp", mlp)] if mlp is not None else []
+    if hasattr(body, "norm"):
+        points.append(("final_norm", body.norm))
+    return points + [("head", model.lm_head)]
+
+
+@torch.no_grad()
+def layer_outputs(model, ids: torch.Tensor, attn: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Each layer point's output (fp32, CPU) at the non-pad positions of one prefill of
+    `model` on ids/attn [N, W]; {} when the model has no layer points."""
+    points = layer_points(model)
+    if not points:
+        return {}
+    sel = attn.bool()
+    got: dict[str, torch.Tensor] = {}
+
+    def hook(name):
+        def save(_mod, _inp, output):
+            h = output[0] if isinstance(output, tuple) else output
+            h = getattr(h, "logits", h)
+            got[name] = h[sel.to(h.device)].float().cpu()
+        return save
+
+    handles = [mod.register_forward_hook(hook(name)) for name, mod in points]
+    try:
+        model(input_ids=ids, attention_mask=attn, use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    return got
+
+
+def layer_table(rollout: dict, train: dict, reference: dict) -> list[dict]:
+    """Per layer: the rollout side's and the training side's relative error against the fp32
+    reference, and the divergence between the two sides, relative to the reference too."""
+    if not (rollout and train and reference):
+        return []
+    e_r, e_t = relative_errors(rollout, reference), relative_errors(train, reference)
+    div = relative_errors(rollout, train, scale=reference)
+    return [{"layer": name, "rollout": e_r[name], "train": e_t[name], "divergence": div[name]} for name in reference]
+
+
+# ------------------------------------------------------------------ the measurement
+
+@dataclass
+class PairResult:
+    pair: Precision
+    metrics: dict                                  # name → value (None: not measured); the contract judges them
+    buckets: dict = field(default_factory=dict)    # "length" / "entropy": rows of bucket_rows
+    layers: list = field(default_factory=list)     # rows of layer_table
+    buffers: list = field(default_factory=list)    # "rollout engine: …" / "training engine: …" lines
+    flags: list = field(default_factory=list)      # warnings that judge nothing (a one-sided fp32 head)
+    plot: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"pair": self.pair.name, "rollout": self.pair.rollout, "train": self.pair.train,
+                "metrics": self.metrics, "buckets": self.buckets, "layers": self.layers, "buffers": self.buffers,
+                "flags": self.flags, "plot": self.plot}
+
+
+def _noise_rollout(first, again) -> float:
+    """max |Δ log μ| between two generations of the same rows (inf when a token differs)."""
+    worst = 0.0
+    for a, b in zip((s for row in first for s in row), (s for row in again for s in row)):
+        if a.token_ids != b.token_ids:
+            return math.inf
+        if a.logprobs:
+            worst = max(worst, max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)))
+    return worst
+
+
+def _padded(rows: list[torch.Tensor | None], t_max: int) -> torch.Tensor | None:
+    """[N, t_max, V] log-prob rows from per-sample [T_i, V] (−inf beyond a sample's length); None
+    when any is missing."""
+    if not rows or any(r is None for r in rows):
+        return None
+    v = rows[0].shape[-1]
+    out = torch.full((len(rows), t_max, v), -math.inf)
+    for i, r in enumerate(rows):
+        out[i, :r.shape[0]] = r
+    return out
+
+
+def measure(cfg: CheckConfig, pairs: list[Precision], out_dir: Path | None = None, progress=None,
+            engine_hook=None) -> list[PairResult]:
+    """Every pair's PairResult. One rollout pass (twice: the noise floor) per rollout format,
+    shared by its training formats; each training format scores with a fresh compute copy of
+    the fp32 master (twice). `engine_hook(engine, rollout)`: called on each rollout engine after
+    it is made (the tests inject faults there)."""
+    check_knobs(cfg)
+    torch.manual_seed(cfg.seed)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    ref = resolve_model(cfg.model)
+    tok = load_tokenizer(ref)
+    problems = load_problems(SourceSpec(cfg.source, limit=cfg.prompts, seed=cfg.seed))
+    prompts = [render_prompt(ref, tok, p.problem) for p in problems]
+    sampling = Sampling(1.0, 1.0, cfg.max_tokens or (64 if ref.embedded else 1024), cfg.seed)
+    base = load_model(ref, torch.float32).to(cfg.device).eval()
+    results = []
+    for rollout in dict.fromkeys(p.rollout for p in pairs):
+        kw = ({"model": copy.deepcopy(base), "tokenizer": tok, "threads": cfg.threads, "device": cfg.device,
+               "record_distributions": True} if cfg.engine == "torch" else {})
+        eng = make_engine(cfg.engine, ref.path, rollout, **kw)
+        if engine_hook is not None:
+            engine_hook(eng, rollout)
+        try:
+            samples = eng.generate(prompts, cfg.n, sampling)
+            noise_rollout = _noise_rollout(samples, eng.generate(prompts, cfg.n, sampling))
+            flat = [(i, s) for i, row in enumerate(samples) for s in row]
+            pids = [tok.encode(p, add_special_tokens=False) for p in prompts]
+            ids, attn, tk, pos, mask = pack([pids[i] for i, _ in flat], [s.token_ids for _, s in flat],
+                                            tok.pad_token_id)
+            t_max = mask.shape[1]
+            mu = torch.zeros(len(flat), t_max)
+            for k, (_, s) in enumerate(flat):
+                mu[k, :len(s.logprobs)] = torch.tensor(s.logprobs)
+            dist_mu = _padded([s.distributions for _, s in flat], t_max)
+            dev = [t.to(cfg.device) for t in (ids, attn, pos)]
+            dist_ref = response_log_softmax(base, *dev).cpu()
+            entropy = -(dist_ref.exp() * dist_ref).nan_to_num(0.0).sum(-1)
+            h_ref = layer_outputs(base, *dev[:2])
+            engine_model = getattr(eng, "model", None)
+            h_roll = layer_outputs(engine_model, *dev[:2]) if isinstance(engine_model, torch.nn.Module) else {}
+            roll_buffers = buffer_mismatches(base, engine_model)
+            for pair in (p for p in pairs if p.rollout == rollout):
+                model = prepare_compute_model(copy.deepcopy(base), pair.train, cfg.device).eval()
+                dist_pi = response_log_softmax(model, *dev).cpu()
+                noise_train = (dist_pi - response_log_softmax(model, *dev).cpu()).abs().nan_to_num(0.0)[
+                    mask.bool()].max().item()
+                pi = dist_pi.gather(-1, tk.unsqueeze(-1)).squeeze(-1) * mask
+                kl = position_kl(dist_mu, dist_pi)
+                lines = [f"rollout engine: {x}" for x in (roll_buffers or [])] + [
+                    f"training engine: {x}" for x in buffer_mismatches(base, model)]
+                metrics = {**token_metrics(mu, pi, mask, dist_mu, dist_pi), "noise_rollout": noise_rollout,
+                           "noise_train": noise_train,
+                           "buffers": None if roll_buffers is None else float(len(lines))}
+                layers = layer_table(h_roll, layer_outputs(model, *dev[:2]), h_ref)
+                result = PairResult(pair, metrics, bucket_rows(mu, pi, mask, mask.sum(-1), entropy, kl), layers,
+                                    lines, [ONE_SIDED_HEAD] if (pair.rollout == "bf16+head32") != (
+                                        pair.train == "bf16+head32") else [])
+                if out_dir is not None and layers:
+                    result.plot = plot_layers(layers, out_dir / f"{pair.rollout}-{pair.train}" / "layers.png",
+                                              pair.name)
+                results.append(result)
+                if progress:
+                    progress(result)
+                del model
+        finally:
+            eng.close()
+    return results
+
+
+def plot_layers(rows: list[dict], path: Path, title: str) -> str:
+    """Each side's relative error against fp32 and the divergence between them, per layer (log
+    scale): where the mismatch enters."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(rows)), 4))
+    x = range(len(rows))
+    floor = 1e-12                                         # a zero on a log axis
+    for key, label in (("rollout", "rollout engine vs fp32"), ("train", "training engine vs fp32"),
+                       ("divergence", "rollout vs training")):
+        ax.plot(x, [max(r[key], floor) for r in rows], marker="o", label=label)
+    ax.set_yscale("log")
+    ax.set_xticks(list(x), [r["layer"] for r in rows], rotation=60, ha="right", fontsize=8)
+    ax.set(ylabel="relative error ‖Δh‖ / ‖h_fp32‖", title=f"where the mismatch enters — {title}")
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return str(path)
+
+
+def judged_values(result: PairResult) -> dict[str, float | None]:
+    """What the contract judges of one pair: its metrics (not the token count) and each layer's
+    divergence as `layer:<name>`."""
+    from bench.contract import LAYER
+
+    return {**{k: v for k, v in result.metrics.items() if k != "tokens"},
+            **{f"{LAYER}{r['layer']}": r["divergence"] for r in result.layers}}
+
+
+def where_it_enters(result: PairResult, broken: list) -> str:
+    """Where a pair's broken lines say the mismatch enters: the engine that does not repeat
+    itself, a buffer that differs, the first layer (in model order) past its bound, or — every
+    layer within the contract while the sampled-token lines broke — the sampling after the head."""
+    from bench.contract import LAYER
+
+    if not broken:
+        return ""
+    names = {v.metric for v in broken}
+    if "(pair)" in names:
+        return "not judged: the contract has no lines for this pair"
+    parts = []
+    for side in ("rollout", "train"):
+        if f"noise_{side}" in names:
+            parts.append(f"the {'rollout' if side == 'rollout' else 'training'} engine does not repeat itself "
+                         f"(max |Δ log p| {result.metrics[f'noise_{side}']:.3g} between two identical passes)")
+    if "buffers" in names:
+        parts.append("a buffer differs from the fp32 master's: " + "; ".join(result.buffers))
+    first = next((r for r in result.layers if f"{LAYER}{r['layer']}" in names), None)
+    if first is not None:
+        parts.append(f"the mismatch enters at {first['layer']}: the engines' outputs there differ by "
+                     f"{first['divergence']:.3g} of its norm (rollout vs fp32 {first['rollout']:.3g}, training vs fp32 "
+                     f"{first['train']:.3g})")
+    elif names - {"noise_rollout", "noise_train", "buffers"} and not parts:
+        parts.append("after the head: every layer agrees within the contract, the sampled distribution does not "
+                     "(a temperature or top-p on one side, or a different sampler)" if result.layers else
+                     "not located: this engine's layers are not inspectable (vLLM runs in its own workers)")
+    return "; ".join(parts)
