@@ -227,11 +227,12 @@ def _padded(rows: list[torch.Tensor | None], t_max: int) -> torch.Tensor | None:
 
 
 def measure(cfg: CheckConfig, pairs: list[Precision], out_dir: Path | None = None, progress=None,
-            engine_hook=None) -> list[PairResult]:
+            engine_hook=None, engine_for=None) -> list[PairResult]:
     """Every pair's PairResult. One rollout pass (twice: the noise floor) per rollout format,
     shared by its training formats; each training format scores with a fresh compute copy of
     the fp32 master (twice). `engine_hook(engine, rollout)`: called on each rollout engine after
-    it is made (the tests inject faults there)."""
+    it is made (the tests inject faults there); `engine_for(rollout)`: an engine already running
+    the master's weights in that format, instead of a new one (closed after its pairs)."""
     check_knobs(cfg)
     torch.manual_seed(cfg.seed)
     if cfg.threads:
@@ -246,7 +247,7 @@ def measure(cfg: CheckConfig, pairs: list[Precision], out_dir: Path | None = Non
     for rollout in dict.fromkeys(p.rollout for p in pairs):
         kw = ({"model": copy.deepcopy(base), "tokenizer": tok, "threads": cfg.threads, "device": cfg.device,
                "record_distributions": True} if cfg.engine == "torch" else {})
-        eng = make_engine(cfg.engine, ref.path, rollout, **kw)
+        eng = engine_for(rollout) if engine_for is not None else make_engine(cfg.engine, ref.path, rollout, **kw)
         if engine_hook is not None:
             engine_hook(eng, rollout)
         try:

@@ -119,3 +119,39 @@ def test_short_run_on_vllm(vllm_engine, tmp_path):
     # vLLM fp32 vs the trainer's fp32 after each weight push: tiny mismatch, every step
     assert all(abs(x.metrics["kl_k1"]) < 1e-3 and x.metrics["prob_abs_diff_mean"] < 1e-4 for x in steps), \
         [x.metrics["prob_abs_diff_mean"] for x in steps]
+
+
+def test_check_on_vllm_measures_what_vllm_gives_and_fails_closed_on_the_rest(vllm_engine):
+    """`bench check --engine vllm`: the sampled-token metrics and the noise floor are measured;
+    the full-vocabulary KL, the buffers and the layer table are not (vLLM returns top-k
+    log-probs and runs its model in its own workers), so a contract line for them fails closed
+    and a broken pair cannot be located."""
+    from bench.contract import Contract, Line, derive, judge_pair
+    from bench.models import load_model, resolve_model
+    from runners.check import judged_values, measure, where_it_enters
+    from runners.check_config import CheckConfig
+
+    class Kept:                     # the session's engine, left open after the check
+        def __init__(self, e):
+            self.e = e
+
+        def generate(self, *a, **k):
+            return self.e.generate(*a, **k)
+
+        def close(self):
+            pass
+
+    master = load_model(resolve_model("tiny-math"), torch.float32)
+    vllm_engine.update_weights(master.named_parameters())
+    (r,) = measure(CheckConfig(engine="vllm", prompts=4, n=2, threads=1), [Precision("fp32", "fp32")],
+                   engine_for=lambda rollout: Kept(vllm_engine))
+    m = r.metrics
+    assert m["kl_full"] is None and m["tok_kl_max"] is None and m["buffers"] is None and r.layers == []
+    assert m["noise_rollout"] == 0.0 and m["noise_train"] == 0.0 and m["kl_k3"] < 1e-8
+    values = judged_values(r)
+    own = derive({"fp32": [values]}, 4.0, "tiny-math", "vllm", "test")
+    assert "kl_full" not in own.pairs["fp32"] and all(v.ok for v in judge_pair(own, "fp32", values))
+    strict = Contract("tiny-math", "vllm", {"fp32": {**own.pairs["fp32"], "kl_full": Line("bound", 1.0)}})
+    broken = [v for v in judge_pair(strict, "fp32", values) if not v.ok]
+    assert [(v.metric, v.reason) for v in broken] == [("kl_full", "not measured (this engine cannot give it)")]
+    assert where_it_enters(r, broken).startswith("not located")
