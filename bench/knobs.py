@@ -12,6 +12,8 @@ metadata (as TRL's `GRPOConfig` does), and everything else reads them from there
 
 Metadata keys: help (one sentence or two), unit (what the number counts: "prompts", "steps"),
 ge / gt / le / lt (bounds; None values are always allowed where the field's type admits None),
+finite (a float knob is a finite number unless it says finite=False: `--lr inf` is a typo, not
+a run that diverges),
 flag (the CLI name when it is not the field's), cli (False: not a command-line option, e.g.
 nested configs or knobs that must keep their default), nested (True on a field holding a knob
 dataclass whose own CLI knobs are options of the verbs that read the outer config, under their
@@ -21,6 +23,7 @@ own names: RunConfig.stop's `futility` is `bench run --futility`; `cli_knobs` li
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import MISSING, Field, field
 from functools import lru_cache
@@ -31,10 +34,11 @@ _BOUNDS = ("ge", "gt", "le", "lt")
 
 
 def knob(default=MISSING, *, help: str, unit: str | None = None, ge=None, gt=None, le=None, lt=None,
-         flag: str | None = None, cli: bool = True, nested: bool = False, default_factory=MISSING) -> Field:
+         flag: str | None = None, cli: bool = True, nested: bool = False, finite: bool = True,
+         default_factory=MISSING) -> Field:
     """A dataclass field with its help, unit and bounds (see the module doc)."""
     meta = {"help": help, "unit": unit, "ge": ge, "gt": gt, "le": le, "lt": lt, "flag": flag, "cli": cli,
-            "nested": nested}
+            "nested": nested, "finite": finite}
     if default_factory is not MISSING:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -119,6 +123,8 @@ def check_value(cls, name: str, value, where: str = ""):
     if typ is bool and not isinstance(value, bool):
         raise ConfigError(f"{label} must be true or false, got {value!r}")
     m = f.metadata
+    if typ is float and m.get("finite", True) and not math.isfinite(value):
+        raise ConfigError(f"{label} must be a finite number{bound}{unit}, got {value!r}")
     if typ in (int, float):
         bad = ((m.get("ge") is not None and not value >= m["ge"]) or (m.get("gt") is not None and not value > m["gt"])
                or (m.get("le") is not None and not value <= m["le"])

@@ -19,6 +19,7 @@ from bench.knobs import base_type, cli_knobs, flag_of, knob_fields, types_of
 from bench.store import BuildProblem, Run, open_store, session
 from bench.grading import GradeConfig
 from datasets_build.config import BuildConfig
+from runners.check_config import CheckConfig
 from runners.mismatch_config import MismatchConfig
 from runners.presets import PRESETS, RunConfig
 
@@ -32,6 +33,7 @@ VERBS = {
     "build": (BuildConfig, ["build", "--engine", "torch", "--dtype", "fp32", "--device", "cpu"]),
     "mismatch": (MismatchConfig, ["mismatch", "--dtype", "fp32", "--device", "cpu"]),
     "grade": (GradeConfig, ["grade", "RESPONSES"]),              # a JSONL of one gradable row; no store
+    "check": (CheckConfig, ["check", "--dtype", "fp32", "--device", "cpu"]),
 }
 NO_STORE = {"grade"}
 
@@ -60,7 +62,8 @@ def _bad_values(f, typ) -> list[str]:
         out.append(m["le"] + step)
     if m.get("lt") is not None:
         out.append(m["lt"])
-    return [str(int(v)) if typ is int else repr(float(v)) for v in dict.fromkeys(out)]
+    vals = [str(int(v)) if typ is int else repr(float(v)) for v in dict.fromkeys(out)]
+    return vals + (["inf", "nan"] if typ is float and m.get("finite", True) else [])       # a float knob is finite
 
 
 def _table():
@@ -80,13 +83,16 @@ def _table():
 EXAMPLES = [("run", "max_steps", "-3"), ("run", "lr", "-1"), ("run", "lr", "0"), ("run", "prompts_per_step", "-8"),
             ("run", "gpu_memory_utilization", "1.5"), ("run", "loss_scale_backoff", "1"),
             ("sweep", "lr", "-1"), ("sweep", "max_tokens", "0"), ("build", "k", "-1"), ("build", "confidence", "1"),
-            ("build", "top_p", "1.5"), ("mismatch", "n", "0"), ("grade", "timeout", "0"), ("grade", "workers", "0")]
+            ("build", "top_p", "1.5"), ("mismatch", "n", "0"), ("grade", "timeout", "0"), ("grade", "workers", "0"),
+            # house review 2026-12-02: a float knob given inf (`--lr inf` stored a run as diverged)
+            ("run", "lr", "inf"), ("run", "weight_decay", "inf"), ("run", "loss_scale_init", "inf"),
+            ("run", "grad_clip", "inf")]
 
 
 def test_every_numeric_knob_is_bounded():
     """Each numeric CLI knob of every config declares a lower bound, so the table below holds
     at least one bad value for each of them."""
-    for cls in (RunConfig, BuildConfig, MismatchConfig, GradeConfig):
+    for cls in (RunConfig, BuildConfig, MismatchConfig, GradeConfig, CheckConfig):
         for f in _numeric(cls):
             m = f.metadata
             assert m.get("ge") is not None or m.get("gt") is not None, (cls.__name__, f.name)
@@ -125,7 +131,7 @@ def test_bad_value_is_refused_with_nothing_written(verb, name, value, store_with
     text = " ".join(r.output.split())
     assert r.exit_code == 2, (r.exit_code, r.output, r.exception)
     assert flag in text and "error:" in text, text               # one message naming the knob...
-    assert re.search(r"must be (>=|>|<=|<|in [\[(])|integers >= 0", text), text     # ...and its bound
+    assert re.search(r"must be (a finite number )?(>=|>|<=|<|in [\[(])|integers >= 0", text), text  # ...its bound
     assert len(r.output.strip().splitlines()) == 1, r.output      # one line, no traceback
     assert _files(bench_home) == before                           # nothing new under BENCH_HOME
     with session(open_store(store_with_build)) as s:
