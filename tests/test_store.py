@@ -112,3 +112,18 @@ def test_migrations_0006_and_0007_keep_old_reports_without_conditions(db_url):
     assert "run_verifications" not in inspect(engine).get_table_names()
     command.upgrade(cfg, "head")
     assert {"engine", "limit", "cpu_16bit"} <= {c["name"] for c in inspect(engine).get_columns("mismatch_reports")}
+
+
+@pytest.mark.parametrize("argv", [["report"], ["runs"], ["runs", "show", "r0"], ["builds"], ["leaderboard"]])
+def test_a_read_only_verb_refuses_a_store_that_does_not_exist(tmp_path, argv):
+    """Reading a store nothing was recorded in says so and exits 2; it creates neither the folder
+    nor an empty store (house review 2026-12-02: `bench report` on a misspelt path answered "no
+    runs yet", exit 0, and left an empty store behind)."""
+    from typer.testing import CliRunner
+
+    from bench.cli import app
+
+    where = tmp_path / "no" / "such" / "dir"
+    r = CliRunner().invoke(app, [*argv, "--db", f"sqlite:///{where / 'x.db'}"])
+    assert r.exit_code == 2 and "no store at" in r.output, (r.exit_code, r.output)
+    assert not (tmp_path / "no").exists()

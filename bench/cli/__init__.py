@@ -61,11 +61,13 @@ def fail(msg: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def _store(url: str | None):
+def _store(url: str | None, read_only: bool = False):
+    """The store at `url` (opened and migrated); `read_only` verbs (report, runs, builds,
+    leaderboard) refuse a store that does not exist instead of creating an empty one."""
     from bench.store import StoreError, open_store
 
     try:
-        return open_store(url)
+        return open_store(url, must_exist=read_only)
     except StoreError as e:
         fail(str(e))
 

@@ -175,7 +175,7 @@ def builds(ctx: typer.Context, as_json: bool = typer.Option(False, "--json"), db
     data = [{"id": b.build, "model": b.model, "status": b.status, "source": b.source, "engine": b.engine,
              "dtype": b.dtype, "k": int(b.k), "band": [b.lo, b.hi], "shard": b.shard, "problems": int(b.n_problems),
              "kept": None if b.n_kept != b.n_kept else int(b.n_kept), "created_at": str(b.created_at)}
-            for b in builds_frame(_store(db)).itertuples()]
+            for b in builds_frame(_store(db, read_only=True)).itertuples()]
     if as_json:
         out.print_json(json.dumps(data))
         return
@@ -195,7 +195,7 @@ def builds_show(ctx: typer.Context, build_id: str, as_json: bool = typer.Option(
     """Show one build's manifest."""
     from bench.store import Build, session
 
-    store = _store(db or (ctx.obj or {}).get("db"))
+    store = _store(db or (ctx.obj or {}).get("db"), read_only=True)
     with session(store) as s:
         b = s.get(Build, build_id)
         if b is None:

@@ -24,7 +24,7 @@ def runs(ctx: typer.Context, as_json: bool = typer.Option(False, "--json"), db: 
         return
     from leaderboard.queries import runs_frame
 
-    df = runs_frame(_store(db))
+    df = runs_frame(_store(db, read_only=True))
     if as_json:
         df = df.drop(columns=["config"], errors="ignore")          # `bench runs show RUN --json` has it
         out.print_json(df.to_json(orient="records", date_format="iso") if not df.empty else "[]")
@@ -49,7 +49,7 @@ def runs_export(ctx: typer.Context,
     from bench.bundle import BundleError, export_runs
 
     try:
-        manifest = export_runs(_store(db or (ctx.obj or {}).get("db")), run_ids, out_path)
+        manifest = export_runs(_store(db or (ctx.obj or {}).get("db"), read_only=True), run_ids, out_path)
     except BundleError as e:
         fail(str(e))
     out.print(f"{len(manifest['runs'])} run(s) on {len(manifest['builds'])} build(s) → {out_path} (split hash "
@@ -187,7 +187,7 @@ def runs_show(ctx: typer.Context, run_id: str, as_json: bool = typer.Option(Fals
     """Show one run: settings, status, evaluations and its last step's metrics."""
     from runners.presets import config_diff
 
-    info = _run_info(_store(db or (ctx.obj or {}).get("db")), run_id)
+    info = _run_info(_store(db or (ctx.obj or {}).get("db"), read_only=True), run_id)
     preset, diff = config_diff(info["config"])
     info["config_diff"] = None if diff is None else {"preset": preset, "changed": [
         {"key": k, "preset": a, "run": b} for k, a, b in diff]}
@@ -263,7 +263,7 @@ def report(csv: Optional[Path] = typer.Option(None, "--csv", help="Also write th
     from leaderboard.reference import matching_rows, paper_offline_mismatch
     from leaderboard.summary import report_summary
 
-    store = _store(db)
+    store = _store(db, read_only=True)
     if early:
         from bench.cli.early import print_early
 
@@ -508,7 +508,7 @@ def leaderboard(db: Optional[str] = DB_OPT, port: int = typer.Option(8501, help=
     from bench.store import default_url
 
     url = db or default_url()
-    _store(url)                                   # a bad URL fails here, readably
+    _store(url, read_only=True)                   # a bad or empty URL fails here, readably
     app_path = Path(lb.__file__).parent / "app.py"
     cmd = streamlit_argv(app_path, url, port, address, headless)
     console.print(f"leaderboard on http://{address}:{port} (store {url})", highlight=False)

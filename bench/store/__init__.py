@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from sqlalchemy import create_engine, event, text
+from sqlalchemy import create_engine, event, inspect, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
@@ -147,11 +147,17 @@ def _sqlite_transactions(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN" if info["query_only"] else "BEGIN IMMEDIATE")
 
 
-def open_store(url: str | None = None, migrate: bool = True) -> Engine:
+def open_store(url: str | None = None, migrate: bool = True, must_exist: bool = False) -> Engine:
     """Connect to `url` (default: BENCH_DB_URL or the SQLite file under BENCH_HOME), check the
     connection, and bring the schema to the latest migration. Several processes may open and
-    write one store at once (SQLite: see `_sqlite_transactions`)."""
+    write one store at once (SQLite: see `_sqlite_transactions`). `must_exist` (the read-only
+    verbs): a store nothing was ever recorded in — no SQLite file, or a database without bench's
+    tables — is a StoreError, and nothing is created."""
     url = url or default_url()
+    if must_exist and url.startswith("sqlite:///") and ":memory:" not in url \
+            and not Path(url[len("sqlite:///"):]).expanduser().is_file():
+        raise StoreError(f"no store at {_redact(url)}: nothing has been recorded there (give --db the URL of an "
+                         "existing store, or record something first, e.g. `bench build --model tiny-math`)")
     try:
         if url.startswith("sqlite:///"):
             Path(url[len("sqlite:///"):]).expanduser().parent.mkdir(parents=True, exist_ok=True)
@@ -161,6 +167,9 @@ def open_store(url: str | None = None, migrate: bool = True) -> Engine:
             _sqlite_transactions(engine)
         with engine.connect() as c:
             c.execute(text("SELECT 1"))
+        if must_exist and not inspect(engine).has_table("runs"):
+            raise StoreError(f"no store at {_redact(url)}: the database has no bench tables (nothing has been "
+                             "recorded there)")
         if migrate:
             upgrade(engine)
         return engine
