@@ -10,6 +10,16 @@ from it; `ConfigError` is a setting out of its bounds (bench/knobs.py).
 from __future__ import annotations
 
 
+def did_you_mean(name: str, choices) -> str:
+    """" (did you mean 'x'?)" for the closest of `choices` to a misspelt `name` (difflib's ratio
+    ≥ 0.6, case ignored), else ""."""
+    import difflib
+
+    lower = {str(c).lower(): str(c) for c in choices}
+    close = difflib.get_close_matches(str(name).strip().lower(), list(lower), n=1, cutoff=0.6)
+    return f" (did you mean {lower[close[0]]!r}?)" if close else ""
+
+
 class BenchError(Exception):
     """Bad input: the message says what is wrong and what to do instead (CLI: one line, exit 2)."""
 

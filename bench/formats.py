@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from bench.errors import PrecisionError
+from bench.errors import PrecisionError, did_you_mean
 from bench.grids import FLOAT_GRIDS, float_step
 from bench.quantizers import FP8E4M3, MXFP4, NVFP4, Int8, Quantizer
 
@@ -137,7 +137,7 @@ def canonical(name: str) -> str:
     try:
         return _ALIASES[name.strip().lower()]
     except KeyError:
-        raise PrecisionError(f"unknown dtype {name!r}; choose one of "
+        raise PrecisionError(f"unknown dtype {name!r}{did_you_mean(name, _ALIASES)}; choose one of "
                              f"{', '.join(ROLLOUT_FORMATS + NAMED_FORMATS)}") from None
 
 

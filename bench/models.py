@@ -11,7 +11,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.errors import BenchError
+from bench.errors import BenchError, did_you_mean
 
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 TINY_MATH = "tiny-math"
@@ -51,8 +51,8 @@ def resolve_model(name: str) -> ModelRef:
         return ModelRef(name, str(p.resolve()), False)
     if "/" in name and not name.startswith((".", "/")) and name.count("/") == 1:
         return ModelRef(name, name, False)
-    raise ModelError(f"unknown model {name!r}: use 'tiny-math', 'tiny-math-moe', a model directory, "
-                     "or a hub id owner/name")
+    raise ModelError(f"unknown model {name!r}{did_you_mean(name, EMBEDDED)}: use 'tiny-math', 'tiny-math-moe', a "
+                     "model directory, or a hub id owner/name")
 
 
 def weights_hash(ref: ModelRef) -> str | None:

@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from bench.algorithms import SPECS
-from bench.errors import ConfigError
+from bench.errors import ConfigError, did_you_mean
 from bench.mismatch import SAFETY_BOUND, ratio_stats
 
 
@@ -77,10 +77,17 @@ def sequences_in_mean(name: str, mask: torch.Tensor) -> int:
     return int(mask.shape[0])
 
 
-def get_loss(name: str) -> LossFn:
+def check_algo(name: str, where: str = "") -> str:
+    """`name` when it is a registered algorithm, else ConfigError naming the choices and the
+    nearest ("did you mean"); `where`: the text it came from, for the message."""
     if name not in REGISTRY:
-        raise ConfigError(f"unknown algorithm {name!r}; choose one of {', '.join(REGISTRY)}")
-    return REGISTRY[name]
+        raise ConfigError(f"unknown algorithm {name!r}{where}{did_you_mean(name, REGISTRY)}; choose one of "
+                          f"{', '.join(REGISTRY)}")
+    return name
+
+
+def get_loss(name: str) -> LossFn:
+    return REGISTRY[check_algo(name)]
 
 
 # ------------------------------------------------------------------ shared pieces

@@ -94,14 +94,13 @@ def parse_cell(text: str) -> tuple[str, str]:
     """`ALGO:DTYPE` (pg-seq-is:fp16, grpo:rollout=nvfp4,train=fp16) → (algo, dtype), checked."""
     from bench.precision import Precision
 
-    from .algos import REGISTRY
+    from .algos import check_algo
 
     algo, sep, dtype = text.partition(":")
     if not sep or not algo or not dtype:
         raise ConfigError(f"bad cell {text!r}: write ALGO:DTYPE, e.g. pg-seq-is:fp16 or "
                           "grpo:rollout=nvfp4,train=fp16")
-    if algo not in REGISTRY:
-        raise ConfigError(f"unknown algorithm {algo!r} in {text!r}; choose one of {', '.join(REGISTRY)}")
+    check_algo(algo, f" in {text!r}")
     Precision.parse(dtype)
     return algo, dtype
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 from bench import configdiff
-from bench.errors import ConfigError
+from bench.errors import ConfigError, did_you_mean
 from bench.knobs import check, knob
 
 from bench.stop import StopConfig
@@ -164,7 +164,8 @@ def get_preset(name: str, benchmark: str | None = None, **overrides) -> RunConfi
     first benchmark read from `benchmark` (a problem source) when given; the Dr.GRPO
     normaliser follows max_tokens."""
     if name not in PRESETS:
-        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+        raise ConfigError(f"unknown preset {name!r}{did_you_mean(name, PRESETS)}; choose one of "
+                          f"{', '.join(PRESETS)}")
     cfg = PRESETS[name]()
     if benchmark is not None:
         if not cfg.benchmarks:

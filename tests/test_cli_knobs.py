@@ -311,3 +311,15 @@ def test_no_progress_bar_before_the_inputs_are_checked(monkeypatch, store_with_b
                          (["--max-steps", "-1"], "--max-steps must be >= 0"), (["--dtype", "fp6"], "unknown dtype")):
         r = CliRunner().invoke(app, ["run", "--algo", "grpo", "--device", "cpu", *args, "--db", store_with_build])
         assert r.exit_code == 2 and needle in r.output, (args, r.output, r.exception)
+
+
+@pytest.mark.parametrize("argv,said", [
+    (["run", "--algo", "pg-seq-si", "--dtype", "fp16"], "unknown algorithm 'pg-seq-si' (did you mean 'pg-seq-is'?)"),
+    (["run", "--algo", "grpo", "--dtype", "bf61"], "unknown dtype 'bf61' (did you mean 'bf16'?)"),
+    (["sweep", "--algo", "grpo,gspoo", "--dtype", "fp16"], "unknown algorithm 'gspoo' (did you mean 'gspo'?)"),
+    (["mismatch", "--model", "tiny-mat", "--dtype", "fp16"], "unknown model 'tiny-mat' (did you mean 'tiny-math'?)"),
+    (["compare", "pg-seq-is:fp16", "grp:fp16"], "unknown algorithm 'grp' in 'grp:fp16' (did you mean 'grpo'?)"),
+])
+def test_a_misspelt_name_suggests_the_nearest(argv, said, store_with_build):
+    r = CliRunner().invoke(app, [*argv, "--db", store_with_build])
+    assert r.exit_code == 2 and said in " ".join(r.output.split()), r.output

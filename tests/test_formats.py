@@ -435,7 +435,8 @@ def test_int8_is_rollout_only_with_one_message(text):
 
 def test_unknown_format_lists_the_formats():
     with pytest.raises(PrecisionError,
-                       match=r"unknown dtype 'fp6'; choose one of fp32, bf16, bf16\+head32, fp16, fp8, int8, nvfp4"):
+                       match=r"unknown dtype 'fp6' \(did you mean 'fp16'\?\); choose one of fp32, bf16, "
+                             r"bf16\+head32, fp16, fp8, int8, nvfp4, mxfp4"):
         Precision.parse("rollout=fp6,train=fp32")
     assert Precision.parse("rollout=fp4,train=fp32") == Precision("nvfp4", "fp32")
 

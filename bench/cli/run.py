@@ -94,10 +94,9 @@ def _run_config(preset: Preset, benchmark: Optional[str], knobs: dict):
 
 def _check_algo(algo: Optional[str]) -> None:
     if algo:
-        from runners.algos import REGISTRY
+        from runners.algos import check_algo
 
-        if algo not in REGISTRY:
-            fail(f"unknown algorithm {algo!r}; choose one of {', '.join(REGISTRY)}")
+        check_algo(algo)
 
 
 _RUN_PANEL = "Run settings (RunConfig; default: the preset's)"
@@ -403,14 +402,11 @@ def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or a
     from bench.device import resolve_device
     from bench.errors import ConfigError
     from bench.precision import parse_list
-    from runners.algos import REGISTRY
+    from runners.algos import REGISTRY, check_algo
     from runners.sweep import parse_seeds, parse_staleness, run_grid
 
     trainer, engine = trainer.value, engine.value
-    algos = list(REGISTRY) if algo == "all" else [a.strip() for a in algo.split(",") if a.strip()]
-    for a in algos:
-        if a not in REGISTRY:
-            raise ConfigError(f"unknown algorithm {a!r}; choose one of {', '.join(REGISTRY)}")
+    algos = list(REGISTRY) if algo == "all" else [check_algo(a.strip()) for a in algo.split(",") if a.strip()]
     staleness = knobs.pop("staleness")
     k_list = None if staleness is None else parse_staleness(staleness)
     _run_config(preset, benchmark, {**knobs, "staleness": None if k_list is None else max(k_list)})
