@@ -10,8 +10,10 @@ fewer, wider operations where a small model's decode step is bound by their numb
 
 An output column of a GEMM is the dot product of its weight row with the activation, summed in
 the kernel's K order whatever the other columns are, so the members' outputs are the numbers
-their own GEMMs give, bit for bit (checked on the CPU's BLAS over decode and prefill shapes;
-tests/test_fused_projections.py compares whole rollouts). On a GPU cuBLAS chooses its kernel
+their own GEMMs give, bit for bit, where the BLAS runs one kernel for both widths: checked on
+the CPUs measured over decode and prefill shapes of 16 columns a member and more
+(tests/test_fused_projections.py compares whole rollouts; an Intel AMX Xeon's MKL takes another
+kernel for a member of fewer than 16 columns, which no real projection has). On a GPU cuBLAS chooses its kernel
 by shape, so there the group rounds as vLLM's fused GEMM does. The members' weights become views of
 the group's (a sync writes them in place), so nothing is copied per sync but the fp32 copy an
 emulated 16-bit GEMM reads.

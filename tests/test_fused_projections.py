@@ -17,9 +17,13 @@ from bench.models import TINY_MATH_DIR
 
 
 def _attn_like(bias: bool):
+    """Members of 32, 16 and 16 columns: a GEMM of fewer than 16 columns takes another kernel on
+    some CPUs' BLAS (an Intel AMX Xeon's MKL rounds a 2-column member of a 5-row activation
+    otherwise), the shapes of no real projection (bench/fused_projections.py)."""
     torch.manual_seed(0)
     m = nn.Module()
-    m.q_proj, m.k_proj, m.v_proj = nn.Linear(8, 6, bias=bias), nn.Linear(8, 2, bias=bias), nn.Linear(8, 2, bias=bias)
+    m.q_proj, m.k_proj, m.v_proj = (nn.Linear(8, 32, bias=bias), nn.Linear(8, 16, bias=bias),
+                                    nn.Linear(8, 16, bias=bias))
     return m
 
 
@@ -31,13 +35,13 @@ def test_members_return_their_columns_of_one_gemm(bias):
         want = [m.q_proj(x), m.k_proj(x), m.v_proj(x)]
         assert fuse_projections(m) == 1 and fuse_projections(m) == 0        # once
         group = m.q_proj._bench_fused_group
-        assert isinstance(group, FusedProjection) and group.base["weight"].shape == (10, 8)
+        assert isinstance(group, FusedProjection) and group.base["weight"].shape == (64, 8)
         calls = []
         real = group._forward
         group._forward = lambda t: calls.append(t) or real(t)
         got = [m.q_proj(x), m.k_proj(x), m.v_proj(x)]
     assert len(calls) == 1                                                  # one GEMM for the three
-    assert [g.shape[-1] for g in got] == [6, 2, 2]
+    assert [g.shape[-1] for g in got] == [32, 16, 16]
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert group._x is None and group._y is None                            # dropped once all took theirs
 
@@ -60,21 +64,21 @@ def test_a_sync_in_place_reaches_the_group():
     m = _attn_like(True)
     fuse_projections(m)
     base = m.q_proj._bench_fused_group.base["weight"]
-    assert m.k_proj.weight.data_ptr() == base[6:8].data_ptr()              # a view, no copy
+    assert m.k_proj.weight.data_ptr() == base[32:48].data_ptr()            # a view, no copy
     with torch.no_grad():
-        m.k_proj.weight.copy_(torch.ones(2, 8))
+        m.k_proj.weight.copy_(torch.ones(16, 8))
         m.k_proj.bias.zero_()
         x = torch.randn(4, 8)
-        assert torch.allclose(m.k_proj(x), x.sum(-1, keepdim=True).expand(4, 2), atol=1e-5)
+        assert torch.allclose(m.k_proj(x), x.sum(-1, keepdim=True).expand(4, 16), atol=1e-5)
         m.q_proj(x), m.v_proj(x)
 
 
 def test_mixed_members_are_left_alone():
     m = _attn_like(False)
-    m.v_proj = nn.Linear(8, 2).to(torch.bfloat16)                          # another dtype
+    m.v_proj = nn.Linear(8, 16).to(torch.bfloat16)                         # another dtype
     assert fuse_projections(m) == 0 and "forward" not in m.q_proj.__dict__
     m = _attn_like(False)
-    m.k_proj = nn.Linear(8, 2, bias=True)                                   # a bias on one member only
+    m.k_proj = nn.Linear(8, 16, bias=True)                                  # a bias on one member only
     assert fuse_projections(m) == 0
     m = _attn_like(False)
     m.v_proj.weight = m.k_proj.weight                                       # a weight shared by two members

@@ -95,7 +95,9 @@ class TorchEngine:
         MoE model's samples carry the experts chosen at every position (`Sample.routes`, bench/routes.py).
         `share_prompts`: a prompt's n samples share one prefill (its keys, values and last logits
         copied to each row: `shared_prompts`); False prefills every row (the baseline of
-        benchmarks/rollout_engine.py). Samples are the same either way (tests/test_kv_cache.py).
+        benchmarks/rollout_engine.py). Samples are the same either way where the CPU's GEMM rounds
+        a row whatever the row count (the AMD EPYCs measured; an Intel AMX Xeon's fp32 GEMM does not,
+        and there fp32 μ moves in its last bits, the tokens unchanged: tests/test_kv_cache.py).
         `record_distributions`: each sample carries the whole distribution every token was drawn
         from (`Sample.distributions`, fp32 [T, V] log-probs: `bench check`'s full-vocabulary KL)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
