@@ -168,6 +168,10 @@ def test_report_prints_the_summary_then_the_reference_after_the_table(tmp_path):
     # the CSV keeps the table only
     import pandas as pd
     assert list(pd.read_csv(csv).algo) == ["pg-seq-is", "pg-seq-is", "grpo", "grpo"]
+    # --runs as a table: each run's deciding rule and step, a status its evidence does not back marked
+    r = CliRunner(env={"COLUMNS": "250"}).invoke(app, ["report", "--db", url, "--runs"])
+    assert r.exit_code == 0, r.output
+    assert "decided" in r.stdout and "converged at step 37" in " ".join(r.stdout.split())
 
 
 def test_report_of_an_empty_store(tmp_path):
