@@ -3,12 +3,14 @@
 A bundle holds `bundle.json` (format, schema version, the runs and builds it carries and the
 sha256 of every other member), one `builds/<id>.json` per build (its row, model, manifest,
 split hash and kept problems with their golds, base accuracy and n) and one `runs/<id>.json`
-per run (its row with config, calibration, provenance and seed, every step and evaluation).
+per run (its row with config, calibration, provenance and seed, every step and evaluation, and
+its state digests with their chain, bench/statedigest.py; a bundle from before them has none).
 
 Import validates everything before it writes: a member missing, extra or altered (its sha256),
 JSON that does not parse or does not have the expected fields, another schema version, a path
 that would land outside the extraction folder, a link, a run whose build is not in the bundle,
-a kept split whose recomputed hash differs from the one recorded. Then one transaction: a build
+a kept split whose recomputed hash differs from the one recorded, state digests whose chain does
+not link. Then one transaction: a build
 already in the store with the same id and another split hash refuses the whole bundle; so does
 a run already in the store whose identity the bundle would change (algorithm, rollout and train
 format, trainer, engine, seed, staleness, config, model, build, created_at), whatever its step,
@@ -48,7 +50,8 @@ from bench.machine_metrics import deterministic
 from bench.problems import split_hash
 from bench import verdicts
 from bench.statuses import CONVERGED, FAILED, MISCALIBRATED, RUNNING
-from bench.store import Build, BuildProblem, Eval, Model, Run, RunStep, get_or_create_model, session
+from bench.statedigest import check_chain
+from bench.store import Build, BuildProblem, Eval, Model, Run, RunDigest, RunStep, get_or_create_model, session
 
 FORMAT = "bench-run-bundle"
 SCHEMA_VERSION = 1
@@ -85,6 +88,7 @@ def _run_record(s, r: Run, shash: str) -> dict:
     m = s.get(Model, r.model_id)
     steps = s.scalars(select(RunStep).where(RunStep.run_id == r.id).order_by(RunStep.step)).all()
     evals = s.scalars(select(Eval).where(Eval.run_id == r.id).order_by(Eval.step, Eval.benchmark)).all()
+    digests = s.scalars(select(RunDigest).where(RunDigest.run_id == r.id).order_by(RunDigest.step)).all()
     return {"id": r.id, "model": {"name": m.name, "path": m.path, "weights_hash": m.weights_hash},
             "build": r.build_id, "split_hash": shash, "algo": r.algo, "rollout_dtype": r.rollout_dtype,
             "train_dtype": r.train_dtype, "trainer": r.trainer, "engine": r.engine, "seed": r.seed,
@@ -96,7 +100,8 @@ def _run_record(s, r: Run, shash: str) -> dict:
             "updated_at": _iso(r.updated_at),
             "steps": [{"step": x.step, "metrics": x.metrics, "created_at": _iso(x.created_at),
                        **{c: getattr(x, c) for c in RunStep.COLUMNS}} for x in steps],
-            "evals": [{"step": e.step, "benchmark": e.benchmark, "n": e.n, "score": e.score} for e in evals]}
+            "evals": [{"step": e.step, "benchmark": e.benchmark, "n": e.n, "score": e.score} for e in evals],
+            "digests": [{"step": d.step, "digest": d.digest, "chain": d.chain} for d in digests]}
 
 
 def _dumps(obj) -> bytes:
@@ -167,6 +172,7 @@ RUN_FIELDS = {"id": str, "model": dict, "build": str, "split_hash": str, "algo":
               "created_at": _OPT_STR, "updated_at": _OPT_STR, "steps": list, "evals": list}
 STEP_FIELDS = {"step": int, "metrics": dict, "created_at": _OPT_STR, **{c: _OPT_NUM for c in RunStep.COLUMNS}}
 EVAL_FIELDS = {"step": int, "benchmark": str, "n": int, "score": _NUM}
+DIGEST_FIELDS = {"step": int, "digest": str, "chain": str}
 MODEL_FIELDS = {"name": str, "path": str, "weights_hash": _OPT_STR}
 
 
@@ -267,6 +273,12 @@ def read_bundle(path: Path) -> tuple[dict, dict[str, dict], dict[str, dict]]:
             _need(len({x["step"] for x in obj["steps"]}) == len(obj["steps"]), f"{name}: a step repeats")
             _need(len({(e["step"], e["benchmark"]) for e in obj["evals"]}) == len(obj["evals"]),
                   f"{name}: an evaluation repeats")
+            digests = obj.setdefault("digests", [])        # bundles from before state digests have none
+            _need(isinstance(digests, list), f"{name}: digests is not a list")
+            for i, d in enumerate(digests):
+                _check_fields(d, DIGEST_FIELDS, f"{name}: digests[{i}]")
+            broken = check_chain(ident, [(d["step"], d["digest"], d["chain"]) for d in digests])
+            _need(broken is None, f"{name}: its state digests do not chain ({broken})")
             _time(obj["created_at"], name), _time(obj["updated_at"], name)
             runs[ident] = obj
         _need(obj["id"] == ident, f"{name} holds id {obj['id']!r}")
@@ -345,8 +357,9 @@ def _step_values(columns: dict, metrics: dict) -> dict:
 
 def _not_a_continuation(s, bundle_run: dict, local: Run) -> str | None:
     """Why the bundle's further-along copy does not continue the stored run (None: it does).
-    Every stored step and evaluation must be in it with the same values, bit for bit; the
-    calibration and provenance too (a resume may only append to the provenance's `resumes`)."""
+    Every stored step, evaluation and state digest must be in it with the same values, bit for
+    bit; the calibration and provenance too (a resume may only append to the provenance's
+    `resumes`)."""
     r = bundle_run
     theirs = {x["step"]: x for x in r["steps"]}
     for st in s.scalars(select(RunStep).where(RunStep.run_id == local.id).order_by(RunStep.step)):
@@ -364,6 +377,10 @@ def _not_a_continuation(s, bundle_run: dict, local: Run) -> str | None:
         if x is None or (x["n"], x["score"]) != (e.n, e.score):
             got = "none" if x is None else f"avg@{x['n']} {x['score']!r}"
             return f"evaluation {e.benchmark} at step {e.step}: stored avg@{e.n} {e.score!r}, bundle {got}"
+    digests = {d["step"]: d["digest"] for d in r["digests"]}
+    for d in s.scalars(select(RunDigest).where(RunDigest.run_id == local.id).order_by(RunDigest.step)):
+        if digests.get(d.step) != d.digest:
+            return f"its state digest at step {d.step} differs"
     if local.calibration is not None and r["calibration"] != local.calibration:
         return "its step-0 calibration differs"
     ours, theirs_p = dict(local.provenance or {}), dict(r["provenance"] or {})
@@ -452,6 +469,7 @@ def _write(engine, builds: dict, runs: dict) -> dict:
             else:
                 s.query(RunStep).filter(RunStep.run_id == rid).delete()
                 s.query(Eval).filter(Eval.run_id == rid).delete()
+                s.query(RunDigest).filter(RunDigest.run_id == rid).delete()
                 for k, v in fields.items():
                     setattr(local, k, v)
                 summary["runs_updated"].append(rid)
@@ -460,4 +478,6 @@ def _write(engine, builds: dict, runs: dict) -> dict:
                               **{c: x[c] for c in RunStep.COLUMNS}) for x in r["steps"])
             s.add_all(Eval(run_id=rid, step=e["step"], benchmark=e["benchmark"], n=e["n"], score=e["score"])
                       for e in r["evals"])
+            s.add_all(RunDigest(run_id=rid, step=d["step"], digest=d["digest"], chain=d["chain"])
+                      for d in r["digests"])
     return summary

@@ -20,7 +20,7 @@ Left out (`NOT_SETTINGS`), because they are not a choice of experiment:
 - preset: the preset's name (its values are stored key by key and counted);
 - verl: the verl job description (paths under the run's own directory, the command line);
 - bookkeeping and resources, which say where and how fast the same run is computed, not what
-  it computes (as the device, which is not in the config either): checkpoint_every, threads,
+  it computes (as the device, which is not in the config either): checkpoint_every, keep_checkpoints, threads,
   rollout_max_batch, gpu_memory_utilization, max_tokens_per_microbatch (the same optimizer
   step up to float rounding), gradient_checkpointing (a recompute).
 
@@ -33,8 +33,8 @@ from __future__ import annotations
 import hashlib
 import json
 
-NOT_SETTINGS = ("seed", "staleness", "preset", "verl", "checkpoint_every", "threads", "rollout_max_batch",
-                "gpu_memory_utilization", "max_tokens_per_microbatch", "gradient_checkpointing")
+NOT_SETTINGS = ("seed", "staleness", "preset", "verl", "checkpoint_every", "keep_checkpoints", "threads",
+                "rollout_max_batch", "gpu_memory_utilization", "max_tokens_per_microbatch", "gradient_checkpointing")
 LENGTH = 12          # hex digits that key a cell
 SHOWN = 6            # hex digits a table shows
 

@@ -151,7 +151,8 @@ def runs_frame(engine: Engine, build_id: str | None = None) -> pd.DataFrame:
 
 def report_columns() -> list[str]:
     return ["run", "model", "build", "algo", "precision", "engine", "config_fp", "staleness", "status", "sanity",
-            "decided_by", "decided_step", "evidence_problem", "peak_accuracy", "final_accuracy", "steps_to_target", "wall_to_target",
+            "decided_by", "decided_step", "evidence_problem",
+            "peak_accuracy", "final_accuracy", "steps_to_target", "wall_to_target",
             "best_eval", "last_eval", "mean_kl", "mean_kl_k1", "max_abs_dp", "log_ratio_slope", "steps"]
 
 

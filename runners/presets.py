@@ -60,6 +60,12 @@ class RunConfig:
     benchmarks: list[Benchmark] = knob(help="Evaluation sets (the preset's; --benchmark replaces the first's "
                                        "source).", cli=False, default_factory=list)
     checkpoint_every: int = knob(10, help="Steps between checkpoints (the unit of --resume).", unit="steps", ge=1)
+    keep_checkpoints: int | None = knob(
+        None, help="Also keep the checkpoint of every step that is a multiple of this (under the run's checkpoint "
+        "directory, kept/), so `bench runs verify RUN --window A:B` can re-run steps A+1..B from step A instead of "
+        "from step 0 (its eval_every keeps one at every evaluation). Each costs one checkpoint: the fp32 weights "
+        "and AdamW's two moments, 12 bytes a parameter (8 MB for tiny-math, 18 GB for a 1.5B model). Unset: only "
+        "the latest.", unit="steps", ge=1)
     seed: int = knob(0, help="Seed of the rollouts, the draws and the optimizer.", ge=0)
     threads: int | None = knob(1, help="Torch threads (one is often faster on a busy 2-core box; paper: torch's "
                                "default).", unit="threads", ge=1)

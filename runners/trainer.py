@@ -27,6 +27,7 @@ import copy
 import math
 import os
 import random
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,7 @@ from pathlib import Path
 import torch
 from sqlalchemy import delete, select
 
-from bench import calibration, statuses
+from bench import calibration, statedigest, statuses
 from bench.device import peak_memory_mb, reset_peak_memory, synchronize
 from bench.engines import Sampling, make_engine
 from bench.errors import ConfigError
@@ -47,7 +48,7 @@ from bench.precision import Precision
 from bench.router_metrics import at_positions, router_metrics
 from bench.routes import TrainRoutes, pad_routes, routed
 from bench.problems import Problem, SourceSpec, load_problems
-from bench.store import Eval, Run, RunDecision, RunStep, session
+from bench.store import Eval, Run, RunDecision, RunDigest, RunStep, session
 
 from bench import stop as stop_rules
 from .algos import LossInputs, get_loss, leave_one_out_advantages
@@ -87,6 +88,11 @@ def step0_gate(learner: TrainingEngine, engine, precision: Precision, batch: Bat
                                                                      calibration.TWIN_RATIO[r]),
                              processing=calibration.processing_metrics(logp_mu, logp_twin, logp_ref, entropy, mask),
                              buffers=buffers)
+
+
+def kept_checkpoint(ckpt_dir: Path, step: int) -> Path:
+    """The checkpoint `--keep-checkpoints` keeps of `step`, under the run's checkpoint directory."""
+    return Path(ckpt_dir) / "kept" / f"step-{step:06d}.pt"
 
 
 @dataclass
@@ -191,16 +197,39 @@ class NativeTrainer:
     def ckpt_path(self) -> Path:
         return self.ckpt_dir / "checkpoint.pt"
 
-    def save_checkpoint(self) -> None:
-        state = {"step": self.step, "wall": self.wall, "model": self.learner.master.state_dict(),
-                 "optimizer": self.learner.opt.state_dict(), "scaler": self.learner.scaler.state_dict(),
-                 "stop": self.stop_state.to_dict(), "rng_torch": torch.get_rng_state(),
+    def training_state(self) -> dict:
+        """What a checkpoint restores and a state digest covers (bench/statedigest.py): the fp32
+        master, the optimizer, the loss scaler, both RNGs and the staleness queue."""
+        state = {"model": self.learner.master.state_dict(), "optimizer": self.learner.opt.state_dict(),
+                 "scaler": self.learner.scaler.state_dict(), "rng_torch": torch.get_rng_state(),
                  "rng_python": random.getstate()}
         if self.cfg.staleness:
             state["staleness"] = self.stale.state()
+        return state
+
+    def kept_path(self, step: int) -> Path:
+        """Where `--keep-checkpoints` keeps the checkpoint of `step`."""
+        return kept_checkpoint(self.ckpt_dir, step)
+
+    def save_checkpoint(self) -> None:
+        state = {"step": self.step, "wall": self.wall, "stop": self.stop_state.to_dict(), **self.training_state()}
         tmp = self.ckpt_path.with_suffix(".tmp")
         torch.save(state, tmp)
         os.replace(tmp, self.ckpt_path)
+        keep = self.cfg.keep_checkpoints
+        if keep and self.step % keep == 0:
+            kept = self.kept_path(self.step)
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self.ckpt_path, kept)
+
+    def record_digest(self) -> None:
+        """The state's digest at this evaluation step and the chain over the run's digests."""
+        digest = statedigest.state_digest(self.training_state())
+        with session(self.store) as s:
+            prev = s.scalars(select(RunDigest.chain).where(RunDigest.run_id == self.run_id, RunDigest.step < self.step)
+                             .order_by(RunDigest.step.desc()).limit(1)).first()
+            s.merge(RunDigest(run_id=self.run_id, step=self.step, digest=digest,
+                              chain=statedigest.link(prev or statedigest.genesis(self.run_id), self.step, digest)))
 
     def load_checkpoint(self) -> None:
         """Restore from the last checkpoint (or the start) and drop later steps from the store (the
@@ -223,6 +252,7 @@ class NativeTrainer:
             s.execute(delete(RunStep).where(RunStep.run_id == self.run_id, RunStep.step > self.step))
             s.execute(delete(Eval).where(Eval.run_id == self.run_id, Eval.step > self.step))
             s.execute(delete(RunDecision).where(RunDecision.run_id == self.run_id, RunDecision.step > self.step))
+            s.execute(delete(RunDigest).where(RunDigest.run_id == self.run_id, RunDigest.step > self.step))
             run = s.get(Run, self.run_id)
             run.step, run.status, run.stop_reason = self.step, statuses.RUNNING, None
             split = [a for _, a in s.execute(select(Eval.step, Eval.score).where(
@@ -392,6 +422,7 @@ class NativeTrainer:
             stop_rules.after_eval(self.stop_state, cfg.stop, 0, acc["split"], len(self.split) * cfg.eval_split_m,
                                   max_steps=cfg.max_steps)
             self._record_decisions()
+            self.record_digest()
         while True:
             if self.step >= cfg.max_steps:
                 return statuses.MAX_STEPS, f"reached max_steps={cfg.max_steps}"
@@ -422,7 +453,10 @@ class NativeTrainer:
                                                 len(self.split) * cfg.eval_split_m, max_steps=cfg.max_steps)
                 self._record_decisions()
             self._record(metrics, time.time() - t0, converged=bool(verdict) and verdict[0] == statuses.CONVERGED)
-            if self.step % cfg.checkpoint_every == 0 or verdict:
+            if "eval/split" in metrics:
+                self.record_digest()
+            if self.step % cfg.checkpoint_every == 0 or verdict or (cfg.keep_checkpoints
+                                                                    and self.step % cfg.keep_checkpoints == 0):
                 self.save_checkpoint()
             if self.progress:
                 self.progress(self.step, cfg.max_steps, metrics)

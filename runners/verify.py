@@ -14,14 +14,24 @@ Bit-identical is required on the device and CPU kind the run's provenance record
 on a CPU the 16-bit kernel path `cpu_kernel_path()`, on a GPU its name; and BENCH_LOWP_MATMUL);
 elsewhere, or when the provenance does not say, every number must lie within
 verify_compare.TOLERANCE and the result says so. Every verification is stored
-(run_verifications). Only the first N steps: a window later in the run from a checkpoint is not
-re-run (a run keeps one checkpoint, its latest, which has no stored steps after it to compare).
+(run_verifications).
+
+`--window A:B` re-runs steps A+1..B from the checkpoint the run kept at step A (`bench run
+--keep-checkpoints K`, under its checkpoint directory's kept/, or `--checkpoint FILE`) instead of
+from step 0: A must be an evaluation step (0, or one with a recorded state digest), the kept
+checkpoint's state must hash to the run's digest at A (bench/statedigest.py: it is the run's own
+state there, not a substitute), and the re-run's steps, evaluations and state digests of A+1..B
+are compared with the stored ones — the digest at B with the chain. So the evaluations that
+decided a verdict (bench/verification.py's deciding window) are re-computed at the cost of the
+window, not of the run. Without a kept checkpoint only a window from step 0 can be re-run.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +45,7 @@ from bench.models import ModelRef, resolve_model, weights_hash
 from bench.kernels import cpu_kernel_path
 from bench.precision import Precision
 from bench.problems import split_hash
-from bench.store import Build, Eval, Model, Run, RunStep, RunVerification, open_store, session
+from bench.store import Build, Eval, Model, Run, RunDigest, RunStep, RunVerification, open_store, session
 
 from . import verify_compare as vc
 from .runs import RunError, _train, config_from_dict, load_split, resolve_inputs
@@ -95,13 +105,54 @@ def kind_text(kind: dict) -> str:
 def _window(s, run_id: str, last_step: int, calibration: dict | None) -> vc.Window:
     steps = s.scalars(select(RunStep).where(RunStep.run_id == run_id, RunStep.step <= last_step)).all()
     evals = s.scalars(select(Eval).where(Eval.run_id == run_id, Eval.step <= last_step)).all()
+    digests = s.scalars(select(RunDigest).where(RunDigest.run_id == run_id, RunDigest.step <= last_step)).all()
     return vc.Window(calibration=calibration,
                      steps={x.step: vc.step_values({c: getattr(x, c) for c in RunStep.COLUMNS}, x.metrics)
                             for x in steps},
-                     evals={(e.step, e.benchmark): (e.n, e.score) for e in evals})
+                     evals={(e.step, e.benchmark): (e.n, e.score) for e in evals},
+                     digests={d.step: d.digest for d in digests})
 
 
-def _inputs(s, run_id: str, steps: int):
+def parse_window(text: str) -> tuple[int, int]:
+    """`A:B` → (A, B), 0 ≤ A < B; VerifyError otherwise."""
+    a, sep, b = text.partition(":")
+    if not sep or not a.strip().isdigit() or not b.strip().isdigit() or int(a) >= int(b):
+        raise VerifyError(f"--window {text!r}: write A:B with 0 <= A < B (re-run steps A+1..B), e.g. 40:55")
+    return int(a), int(b)
+
+
+def _kept(s, run: Run, start: int, checkpoint: Path | None) -> Path:
+    """The checkpoint of step `start` (kept by the run, or given), checked against the run's
+    state digest there; VerifyError when there is none or it is not the run's state."""
+    from bench.statedigest import check_chain, state_digest
+
+    from .trainer import kept_checkpoint
+
+    row = s.get(RunDigest, (run.id, start))
+    if row is None:
+        raise VerifyError(f"run {run.id} recorded no state digest at step {start}: a window starts at 0 or at one of "
+                          "its evaluation steps (runs from before state digests can only be re-run from step 0)")
+    chain = [(d.step, d.digest, d.chain) for d in s.scalars(select(RunDigest).where(RunDigest.run_id == run.id)
+                                                            .order_by(RunDigest.step))]
+    broken = check_chain(run.id, chain)
+    if broken:
+        raise VerifyError(f"run {run.id}'s state digests do not chain ({broken}): its record was edited")
+    path = Path(checkpoint) if checkpoint else (kept_checkpoint(Path(run.checkpoint_dir), start)
+                                                if run.checkpoint_dir else None)
+    if path is None or not path.is_file():
+        raise VerifyError(f"run {run.id} kept no checkpoint of step {start}" + (f" ({path})" if path else "")
+                          + ": start the window at 0, give --checkpoint FILE, or run with --keep-checkpoints K")
+    import torch
+
+    state = torch.load(path, weights_only=False, map_location="cpu")
+    digest = state_digest({k: v for k, v in state.items() if k not in ("step", "wall", "stop")})
+    if state.get("step") != start or digest != row.digest:
+        raise VerifyError(f"{path} is not run {run.id}'s state at step {start}: its state digest {digest[:12]}… "
+                          f"(step {state.get('step')}) is not the recorded {row.digest[:12]}…")
+    return path
+
+
+def _inputs(s, run_id: str, steps: int, start: int = 0, checkpoint: Path | None = None):
     """Everything the re-run needs from the store, each refusal one VerifyError."""
     if steps < 1:
         raise VerifyError(f"--steps {steps}: give at least 1")
@@ -144,14 +195,19 @@ def _inputs(s, run_id: str, steps: int):
                           f"{build.split_hash[:12]}…")
     highest = s.scalar(select(func.max(RunStep.step)).where(RunStep.run_id == run_id)) or 0
     last = min(steps, max(run.step, highest))        # a row claiming fewer steps than it stores hides none
+    if start >= last:
+        raise VerifyError(f"--window {start}:{steps}: run {run_id} stored {last} step(s), none after step {start}")
+    kept = _kept(s, run, start, checkpoint) if start else None
     stored = _window(s, run_id, last, run.calibration)
-    return run, build, model, ref, split, last, stored
+    return run, build, model, ref, split, last, stored, kept
 
 
 # ------------------------------------------------------------------ the re-run
 
-def _copy_rows(scratch, run: Run, build: Build, model: Model, ckpt_dir: Path) -> None:
-    """The run's row (reset to its start), its build and model in the scratch store."""
+def _copy_rows(scratch, run: Run, build: Build, model: Model, ckpt_dir: Path, source=None, start: int = 0) -> None:
+    """The run's row (reset to its start), its build and model in the scratch store; from a kept
+    checkpoint at `start`, also its steps, evaluations and digests up to `start` (read from the
+    `source` session), as a resume finds them."""
     with session(scratch) as s:
         s.add(Model(id=model.id, name=model.name, path=model.path, weights_hash=model.weights_hash))
         s.flush()
@@ -162,13 +218,25 @@ def _copy_rows(scratch, run: Run, build: Build, model: Model, ckpt_dir: Path) ->
         s.add(Run(id=run.id, model_id=model.id, build_id=build.id, algo=run.algo, rollout_dtype=run.rollout_dtype,
                   train_dtype=run.train_dtype, trainer="native", engine=run.engine, config=run.config, seed=run.seed,
                   staleness=run.staleness, status="running", checkpoint_dir=str(ckpt_dir),
-                  provenance=run.provenance))
+                  provenance=run.provenance, calibration=run.calibration if start else None))
+        if start:
+            s.flush()
+            for table in (RunStep, Eval, RunDigest):
+                for row in source.scalars(select(table).where(table.run_id == run.id, table.step <= start)):
+                    s.merge(_clone(row))
+
+
+def _clone(row):
+    """A detached copy of a stored row (its columns), for another session."""
+    table = type(row)
+    return table(**{c.key: getattr(row, c.key) for c in table.__table__.columns})
 
 
 def replay(run: Run, build: Build, model: Model, ref, split, last_step: int, device: str,
-           progress=None) -> vc.Window:
-    """Re-run the run's steps 1..last_step (with its calibration and step-0 evaluation) through
-    the trainer's own path into a scratch store; the re-run window."""
+           progress=None, kept: Path | None = None, start: int = 0, source=None) -> vc.Window:
+    """Re-run the run's steps 1..last_step (with its calibration and step-0 evaluation), or from
+    the checkpoint `kept` at `start` its steps start+1..last_step, through the trainer's own path
+    (a resume) into a scratch store; the re-run window."""
     cfg = config_from_dict(run.config)
     stop_at = max(last_step, 1)
 
@@ -182,7 +250,10 @@ def replay(run: Run, build: Build, model: Model, ref, split, last_step: int, dev
         scratch = open_store(f"sqlite:///{Path(tmp) / 'verify.db'}")
         ckpt_dir = Path(tmp) / "checkpoints"
         ckpt_dir.mkdir()
-        _copy_rows(scratch, run, build, model, ckpt_dir)
+        if kept is not None:
+            shutil.copyfile(kept, ckpt_dir / "checkpoint.pt")
+        with session(source) if source is not None else nullcontext() as src:
+            _copy_rows(scratch, run, build, model, ckpt_dir, src, start)
         try:
             _train(scratch, run.id, cfg, run.algo, Precision(run.rollout_dtype, run.train_dtype), run.engine, ref,
                    split, ckpt_dir, until_window, device=device)
@@ -208,6 +279,8 @@ class Plan:
     split: list
     last_step: int
     requested: int
+    start: int
+    kept: Path | None
     stored: vc.Window
     here: dict
     recorded: dict
@@ -216,11 +289,13 @@ class Plan:
     bench_here: str | None
 
 
-def plan_verification(store, run_id: str, steps: int = DEFAULT_STEPS, device: str | None = None) -> Plan:
+def plan_verification(store, run_id: str, steps: int = DEFAULT_STEPS, device: str | None = None, start: int = 0,
+                      checkpoint: Path | None = None) -> Plan:
     """Every check before the re-run (VerifyError, nothing stored): a native run, its build and
-    split, the model by its weights hash, the device (default: the one the run recorded)."""
+    split, the model by its weights hash, the device (default: the one the run recorded); for a
+    window from `start` > 0 the kept checkpoint, checked against the run's state digest."""
     with session(store) as s:
-        run, build, model, ref, split, last, stored = _inputs(s, run_id, steps)
+        run, build, model, ref, split, last, stored, kept = _inputs(s, run_id, steps, start, checkpoint)
     recorded = recorded_kind(run.provenance)
     want = device or recorded["device"] or "cpu"
     try:
@@ -228,7 +303,8 @@ def plan_verification(store, run_id: str, steps: int = DEFAULT_STEPS, device: st
     except ValueError as e:
         raise VerifyError(f"run {run_id} ran on {want}: {e}") from None
     here = machine_kind(device)
-    return Plan(run, build, model, ref, split, last, steps, stored, here, recorded, same_kind(here, recorded),
+    return Plan(run, build, model, ref, split, last, steps, start, kept, stored, here, recorded,
+                same_kind(here, recorded),
                 ((run.provenance or {}).get("bench") or {}).get("commit"), provenance.git_commit()["commit"])
 
 
@@ -238,27 +314,22 @@ def run_verification(store, plan: Plan, progress=None) -> dict:
     what the run recorded and the tolerance applied (None: bit-identical was required)."""
     tolerance = None if plan.exact else vc.TOLERANCE
     replayed = replay(plan.run, plan.build, plan.model, plan.ref, plan.split, plan.last_step, plan.here["device"],
-                      progress)
-    result = vc.compare(plan.stored, replayed, plan.last_step, tolerance)
+                      progress, plan.kept, plan.start, store)
+    result = vc.compare(plan.stored, replayed, plan.last_step, tolerance, plan.start)
     first = _jsonable(result["first_difference"])
     text = None if plan.exact else vc.TOLERANCE_TEXT
     with session(store) as s:
         v = RunVerification(run_id=plan.run.id, device=plan.here["device"], device_name=plan.here["device_name"],
                             cpu_16bit=plan.here["cpu_16bit"], steps=plan.last_step, compared=result["compared"],
                             differences=result["differences"], verdict=result["verdict"], tolerance=text,
-                            first_difference=first, bench_commit=plan.bench_here)
+                            first_difference=first, bench_commit=plan.bench_here, window_start=plan.start)
         s.add(v)
         s.flush()
         vid, when = v.id, v.created_at
     return {"run": plan.run.id, "verification": vid, "created_at": when.isoformat(), "steps": plan.last_step,
-            "requested_steps": plan.requested, "here": plan.here, "recorded": plan.recorded,
+            "window_start": plan.start, "requested_steps": plan.requested, "here": plan.here, "recorded": plan.recorded,
             "same_kind": plan.exact, "tolerance": text, "bench_recorded": plan.bench_recorded,
             "bench_here": plan.bench_here, **result, "first_difference": first}
-
-
-def verify_run(store, run_id: str, steps: int = DEFAULT_STEPS, device: str | None = None, progress=None) -> dict:
-    """`plan_verification` then `run_verification`."""
-    return run_verification(store, plan_verification(store, run_id, steps, device), progress)
 
 
 def _jsonable(d: dict | None) -> dict | None:

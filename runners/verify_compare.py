@@ -1,6 +1,7 @@
 """What `bench runs verify` compares, as pure functions: a run's stored window (the step-0
-calibration, the per-step metrics and leaderboard columns of steps 1..N, the evaluations of
-steps 0..N) against the same window re-run, value by value in step order.
+calibration, the per-step metrics and leaderboard columns of steps 1..N, the evaluations and
+state digests of steps 0..N; for a window re-run from a checkpoint kept at step A, the steps,
+evaluations and digests of A+1..N) against the same window re-run, value by value in step order.
 
 On the device and CPU kind the run recorded, every value must be bit-identical; elsewhere each
 number must lie within TOLERANCE (math.isclose: |a − b| ≤ max(rel·max(|a|, |b|), abs)), because
@@ -35,6 +36,7 @@ class Window:
     calibration: dict | None = None
     steps: dict[int, dict] = field(default_factory=dict)
     evals: dict[tuple[int, str], tuple[int, float]] = field(default_factory=dict)
+    digests: dict[int, str] = field(default_factory=dict)    # step → state digest (bench/statedigest.py)
 
 
 def step_values(columns: dict, metrics: dict | None) -> dict:
@@ -45,22 +47,29 @@ def step_values(columns: dict, metrics: dict | None) -> dict:
     return values
 
 
-def flatten(w: Window, last_step: int) -> dict[tuple, object]:
-    """The window 0..last_step as {(step, part, name): value}, keys sorting in comparison order:
-    each step's calibration (step 0), then whether the step is there and its metrics (reward
-    first), then its evaluations (n and score)."""
+def flatten(w: Window, last_step: int, start: int = 0, digests: bool = True) -> dict[tuple, object]:
+    """The window as {(step, part, name): value}, keys sorting in comparison order: each step's
+    calibration (step 0), then whether the step is there and its metrics (reward first), then its
+    evaluations (n and score), then its state digest (`digests`: not where the re-run may round
+    otherwise). From step 0 the window is 0..last_step; from a kept checkpoint at `start` > 0,
+    start+1..last_step (the state at `start` is the checkpoint's, checked against its digest)."""
     out: dict[tuple, object] = {}
-    for k, v in (w.calibration or {}).items():
-        out[(0, 0, f"calibration {k}")] = v
+    first = 0 if start == 0 else start + 1
+    if start == 0:
+        for k, v in (w.calibration or {}).items():
+            out[(0, 0, f"calibration {k}")] = v
     for step, values in w.steps.items():
-        if 1 <= step <= last_step:
+        if max(1, first) <= step <= last_step:
             out[(step, 1, "")] = "present"
             for k, v in values.items():
                 out[(step, 2 if k in ("reward", "reward (column)") else 3, k)] = v
     for (step, bench), (n, score) in w.evals.items():
-        if 0 <= step <= last_step:
+        if first <= step <= last_step:
             out[(step, 4, f"eval {bench} n")] = n
             out[(step, 5, f"eval {bench}")] = score
+    for step, digest in w.digests.items():
+        if digests and first <= step <= last_step:
+            out[(step, 6, "state digest")] = digest
     return out
 
 
@@ -84,14 +93,17 @@ def _name(key: tuple) -> str:
     return "step" if key[1] == 1 else key[2]
 
 
-def compare(stored: Window, replayed: Window, last_step: int, tolerance: dict | None) -> dict:
+def compare(stored: Window, replayed: Window, last_step: int, tolerance: dict | None, start: int = 0) -> dict:
     """{"compared", "differences", "exact_differences", "first_difference", "verdict"} over the
-    window 0..last_step. `tolerance` None: bit-identical required (the recorded device and CPU
-    kind); else numbers within it pass (`exact_differences` counts those that differ at all).
-    Compared: every stored value, and every step and evaluation either side has; metrics and
-    calibration fields only the re-run logs are not."""
-    a_all, b_all = flatten(stored, last_step), flatten(replayed, last_step)
-    keys = set(a_all) | {k for k in b_all if k[1] in (1, 4, 5)}
+    window (`flatten`). `tolerance` None: bit-identical required (the recorded device and CPU
+    kind), state digests included; else numbers within it pass (`exact_differences` counts
+    those that differ at all) and digests, which only an identical state repeats, are not
+    compared. Compared: every stored value, and every step and evaluation either side has;
+    metrics, calibration fields and digests only the re-run logs (a run stored before they were)
+    are not."""
+    exact_state = tolerance is None
+    a_all, b_all = flatten(stored, last_step, start, exact_state), flatten(replayed, last_step, start, exact_state)
+    keys = set(a_all) | {k for k in b_all if k[1] in (1, 4, 5)}        # a digest only the re-run has: a newer bench
     compared = differences = exact = 0
     first = None
     for key in sorted(keys):

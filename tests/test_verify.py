@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from bench.cli import app
 from bench.kernels import cpu_kernel_path
-from bench.store import Eval, Run, RunStep, RunVerification, open_store, session
+from bench.store import Eval, Run, RunDigest, RunStep, RunVerification, open_store, session
 from runners import verify_compare as vc
 from runners.verify import kind_text, recorded_kind, same_kind
 
@@ -83,9 +83,10 @@ def test_an_untouched_run_verifies_bit_identical(source):
         n_metrics = sum(len(vc.step_values({c: getattr(x, c) for c in RunStep.COLUMNS}, x.metrics)) + 1
                         for x in s.scalars(select(RunStep).where(RunStep.run_id == run_id)))
         n_evals = s.scalar(select(func.count()).select_from(Eval).where(Eval.run_id == run_id))
+        n_digests = s.scalar(select(func.count()).select_from(RunDigest).where(RunDigest.run_id == run_id))
         n_cal = len(s.get(Run, run_id).calibration)
-    assert {e[1] for e in before[1]} == {0, 2, 3}
-    assert v["compared"] == n_metrics + 2 * n_evals + n_cal
+    assert {e[1] for e in before[1]} == {0, 2, 3} and n_digests == 3        # a state digest at each evaluation
+    assert v["compared"] == n_metrics + 2 * n_evals + n_cal + n_digests
 
 
 def _members(bundle):

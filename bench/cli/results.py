@@ -85,6 +85,12 @@ def runs_import(ctx: typer.Context, bundle: Path = typer.Argument(..., help="A b
 def runs_verify(ctx: typer.Context, run_id: str = typer.Argument(..., help="A native run (`bench runs` lists them)."),
                 steps: int = typer.Option(3, "--steps", help="Re-run and compare the first N steps (the step-0 "
                                           "calibration and evaluations too)."),
+                window: Optional[str] = typer.Option(None, help="A:B: re-run steps A+1..B from the checkpoint the "
+                                                     "run kept at step A (--keep-checkpoints) and compare them and "
+                                                     "the state digest at B; A = 0 is --steps B."),
+                checkpoint: Optional[Path] = typer.Option(None, help="With --window: the checkpoint of step A, where "
+                                                          "the run's own checkpoint directory does not hold it (it "
+                                                          "must hash to the run's state digest at A)."),
                 device: Optional[str] = typer.Option(None, help="Where to re-run: default the device the run "
                                                      "recorded; elsewhere the comparison is within a tolerance."),
                 as_json: bool = typer.Option(False, "--json"), db: Optional[str] = DB_OPT):
@@ -94,14 +100,15 @@ def runs_verify(ctx: typer.Context, run_id: str = typer.Argument(..., help="A na
     (CPU: its 16-bit kernel path), within a stated tolerance elsewhere. Exit 1 and the first differing
     step and metric when anything differs; every verification is stored and shown by the leaderboard.
     This, not the bundle's checksums, is the answer to an edited bundle. Timing metrics are not
-    compared; a later window from a checkpoint is not re-run."""
-    from runners.verify import plan_verification, run_verification
+    compared. `--window A:B` re-runs a later window from a checkpoint the run kept at A."""
+    from runners.verify import parse_window, plan_verification, run_verification
 
     store = _store(db or (ctx.obj or {}).get("db"))
     try:
-        plan = plan_verification(store, run_id, steps, device)
+        start, end = parse_window(window) if window else (0, steps)
+        plan = plan_verification(store, run_id, end, device, start, checkpoint)
         with _progress("re-running") as prog:
-            task = prog.add_task("steps", total=plan.last_step, rate="")
+            task = prog.add_task("steps", total=plan.last_step, completed=plan.start, rate="")
             result = run_verification(store, plan, progress=lambda step, total, m: prog.update(task, completed=step))
     except _user_errors() as e:
         fail(str(e))
@@ -118,8 +125,10 @@ def _verify_text(r: dict) -> str:
     difference."""
     from runners.verify import kind_text
 
-    window = f"steps 0–{r['steps']}" + ("" if r["steps"] == r["requested_steps"] else
-                                        f" (the run has {r['steps']} steps)")
+    start = r.get("window_start") or 0
+    window = (f"steps 0–{r['steps']}" if not start else
+              f"steps {start + 1}–{r['steps']} from its checkpoint at step {start}") + (
+        "" if r["steps"] == r["requested_steps"] else f" (the run has {r['steps']} steps)")
     where = f"on {kind_text(r['here'])}"
     if r["same_kind"]:
         criterion = "bit-identical required (the device and CPU kind the run recorded)"

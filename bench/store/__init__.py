@@ -21,10 +21,11 @@ from sqlalchemy.orm import Session
 from bench.errors import BenchError
 
 from .schema import (Base, Build, BuildProblem, BuildRollout, CheckReport, Eval, MismatchReport, Model, Run,
-                     RunDecision, RunStep, RunVerification)
+                     RunDecision, RunDigest, RunStep, RunVerification)
 
 __all__ = ["Base", "Build", "BuildProblem", "BuildRollout", "CheckReport", "Eval", "MismatchReport", "Model", "Run",
-           "RunDecision", "RunStep", "RunVerification", "StoreError", "bench_home", "default_url", "open_store",
+           "RunDecision", "RunDigest", "RunStep", "RunVerification", "StoreError", "bench_home", "default_url",
+           "open_store",
            "session", "get_or_create_model"]
 
 MIGRATIONS = Path(__file__).parent / "migrations"

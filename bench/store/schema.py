@@ -186,12 +186,25 @@ class RunDecision(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
 
 
+class RunDigest(Base):
+    """The digest of a native run's training state at an evaluation step and the chain over
+    them (bench/statedigest.py): what a kept checkpoint and a re-run window are checked against."""
+
+    __tablename__ = "run_digests"
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64))
+    chain: Mapped[str] = mapped_column(String(64))
+
+
 class RunVerification(Base):
-    """One `bench runs verify` (runners/verify.py): the run's first `steps` steps re-run from its
-    build, config and seed and every stored per-step metric, evaluation and the calibration
-    compared. `verdict`: bit-identical (required on the device and CPU kind the run recorded),
-    within-tolerance (elsewhere; `tolerance` says which) or differs (`first_difference`: step,
-    metric, stored and re-run values)."""
+    """One `bench runs verify` (runners/verify.py): the run's steps `window_start`+1 … `steps`
+    re-run — from its build, config and seed (window_start 0: the first `steps` steps, with the
+    calibration) or from a checkpoint it kept at `window_start` — and every stored per-step
+    metric, evaluation and state digest in that window compared. `verdict`: bit-identical
+    (required on the device and CPU kind the run recorded), within-tolerance (elsewhere;
+    `tolerance` says which) or differs (`first_difference`: step, metric, stored and re-run
+    values)."""
 
     __tablename__ = "run_verifications"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -207,6 +220,7 @@ class RunVerification(Base):
     tolerance: Mapped[str | None] = mapped_column(Text)        # None: bit-identical was required
     first_difference: Mapped[dict | None] = mapped_column(JSON)
     bench_commit: Mapped[str | None] = mapped_column(String(40))   # the bench that re-ran (the run's: provenance)
+    window_start: Mapped[int] = mapped_column(Integer, default=0)  # re-run from the state after this step
 
 
 class MismatchReport(Base):
