@@ -249,3 +249,32 @@ def from_store(conn, run_ids: list[str] | None = None) -> dict[str, Evidence]:
                                               .where(RunStep.run_id.in_(verl)).order_by(RunStep.step)).all():
             out[rid].rewards.append((step, reward))
     return out
+
+
+def deciding_window(ev: Evidence, d: Decision | None = None) -> tuple[int, int] | None:
+    """(A, B): the steps A+1..B whose re-run re-computes every evaluation the deciding rule read —
+    B the decision's step, A the evaluation before the first it read (0: from the start, the
+    calibration included). The rule reads: converged and the budget the last `hold` evaluations;
+    futile the last `futility_window`; plateaued the last `patience` + 1; collapsed those from
+    its peak on; non-finite the last step after the last evaluation; the calibration gate step 0.
+    None when nothing decided (no end claimed)."""
+    d = decide(ev) if d is None else d
+    if d.rule is None or d.step is None:
+        return None
+    if d.rule == "calibration":
+        return (0, 0)
+    steps = sorted({s for s, _, _ in ev.evals if s <= d.step})
+    if d.rule == "non-finite":
+        before = [s for s in steps if s < d.step]
+        return (before[-1] if before else 0, d.step)
+    cfg = stop_config(ev.config)
+    if d.rule == statuses.COLLAPSED:
+        peak_step = replay(ev)[0].peak_step
+        read = [s for s in steps if s >= peak_step]
+    else:
+        k = {statuses.FUTILE: cfg.futility_window, statuses.PLATEAUED: cfg.patience + 1}.get(d.rule, cfg.hold)
+        read = steps[-k:]
+    if not read:
+        return (0, d.step)
+    i = steps.index(read[0])
+    return (steps[i - 1] if i > 0 else 0, d.step)

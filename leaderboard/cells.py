@@ -75,7 +75,7 @@ def cell_columns() -> list[str]:
     return [*CELL_KEY, "sanity", "passes", "pass_lower", "evidence", "seeds", "status", "pass_rate", "peak_mean",
             "peak_ci_lo", "peak_ci_hi", "peak_t_lo", "peak_t_hi", "peak_sd", "steps_to_pass_median",
             "steps_to_pass_min", "steps_to_pass_max", "kl_k3_median", "router_flip_median", "n_seeds",
-            "runs", "decided", "early"]
+            "runs", "decided", "early", "verification"]
 
 
 def with_staleness(runs: pd.DataFrame) -> pd.DataFrame:
@@ -125,6 +125,16 @@ def _early(g: pd.DataFrame) -> str | None:
     return "; ".join(parts) or None
 
 
+def _verification(g: pd.DataFrame) -> str | None:
+    """The cell's seeds' verification levels in words (bench/verification.py), where the frame
+    has them."""
+    if "verification_level" not in g:
+        return None
+    from bench.verification import Level, cell_text
+
+    return cell_text([Level(lv, t, bool(v)) for lv, t, v in zip(g.verification_level, g.verification, g.verified)])
+
+
 def cells_frame(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per cell (see the module docstring), in no particular order (`ranked_cells`)."""
     if runs.empty:
@@ -157,7 +167,7 @@ def cells_frame(runs: pd.DataFrame) -> pd.DataFrame:
                      "router_flip_median": (_median(_present(g.mean_router_flip_frac))
                                             if "mean_router_flip_frac" in g else math.nan),
                      "n_seeds": n, "runs": list(g.run), "decided": decided,
-                     "early": _early(g)})
+                     "early": _early(g), "verification": _verification(g)})
     return pd.DataFrame(rows, columns=cell_columns())
 
 

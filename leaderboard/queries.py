@@ -49,28 +49,37 @@ def _with_decisions(engine: Engine, runs: pd.DataFrame) -> pd.DataFrame:
     `evidence_problem` (None, or why the stored status is not what the evidence says; a run with
     no split evaluation stored at all keeps its status's verdict, flagged as a label) and, for an
     UNDECIDED run, `projection` (where the futility rule's optimistic line reaches the target)."""
-    from bench import verdicts
+    from bench import verdicts, verification
 
     with engine.connect() as c:
         evidence = verdicts.from_store(c, list(runs.run))
+    checks = {}
+    for v in verifications_frame(engine, list(runs.run)).to_dict("records"):
+        checks.setdefault(v["run"], []).append(v)
     rows = []
     for rid in runs.run:
         ev = evidence.get(rid)
         if ev is None:
-            rows.append((statuses.NO_VERDICT, None, None, None, "no evidence", None))
+            rows.append((statuses.NO_VERDICT, None, None, None, "no evidence", None, None))
             continue
         if not ev.evals and ev.status not in verdicts.NO_CLAIM and ev.status != statuses.MISCALIBRATED:
             # nothing to replay the rules over: the label stands, and says it is only a label
             rows.append((statuses.verdict(ev.status), None, None, None,
-                         f"{LABEL_ONLY}: no split evaluation stored, {ev.status!r} is as recorded", None))
+                         f"{LABEL_ONLY}: no split evaluation stored, {ev.status!r} is as recorded", None, None))
             continue
         d = verdicts.decide(ev)
         proj = verdicts.projection(ev)[1] if d.verdict == statuses.UNDECIDED else None
-        rows.append((d.verdict, d.rule, d.step, d.reason, verdicts.check(ev, d), proj))
+        rows.append((d.verdict, d.rule, d.step, d.reason, verdicts.check(ev, d), proj, verdicts.deciding_window(ev, d)))
     r = runs.copy()
     (r["sanity"], r["decided_by"], r["decided_step"], r["decision"], r["evidence_problem"],
-     r["projection"]) = ([x[i] for x in rows] for i in range(6))
+     r["projection"], windows) = ([x[i] for x in rows] for i in range(7))
     r["decided_step"] = r.decided_step.astype("Int64")
+    levels = [verification.level(int(step or 0), w, checks.get(rid, [])) for rid, step, w in
+              zip(r.run, r.steps, windows)]
+    r["deciding_window"] = [None if w is None else f"{w[0] + 1}–{w[1]}" if w[1] else "0" for w in windows]
+    r["verification"] = [x.text for x in levels]
+    r["verification_level"] = [x.level for x in levels]
+    r["verified"] = [x.verified for x in levels]
     return r
 
 
@@ -151,7 +160,7 @@ def runs_frame(engine: Engine, build_id: str | None = None) -> pd.DataFrame:
 
 def report_columns() -> list[str]:
     return ["run", "model", "build", "algo", "precision", "engine", "config_fp", "staleness", "status", "sanity",
-            "decided_by", "decided_step", "evidence_problem",
+            "decided_by", "decided_step", "evidence_problem", "deciding_window", "verification", "verified",
             "peak_accuracy", "final_accuracy", "steps_to_target", "wall_to_target",
             "best_eval", "last_eval", "mean_kl", "mean_kl_k1", "max_abs_dp", "log_ratio_slope", "steps"]
 
@@ -205,7 +214,7 @@ def build_problems(engine: Engine, build_id: str) -> pd.DataFrame:
 
 
 VERIFICATION_COLUMNS = ["run", "created_at", "device", "device_name", "cpu_16bit", "steps", "compared", "differences",
-                        "verdict", "tolerance", "first_difference", "bench_commit"]
+                        "verdict", "tolerance", "first_difference", "bench_commit", "window_start"]
 
 
 def verifications_frame(engine: Engine, run_ids: list[str] | None = None) -> pd.DataFrame:

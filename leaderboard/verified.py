@@ -1,6 +1,6 @@
 """What the pages say about `bench runs verify` (runners/verify.py): a run's latest verification
-in words ("verified 3 steps, bit-identical") and a cell's over its runs. Pure functions of
-`queries.verifications_frame`."""
+in words ("verified 3 steps, bit-identical"). Pure functions of `queries.verifications_frame`;
+what the verifications establish, run and cell, is bench/verification.py's level."""
 
 from __future__ import annotations
 
@@ -44,21 +44,3 @@ def run_text(v: dict | None) -> str:
     if v["verdict"] == "within-tolerance":
         return f"verified {steps} steps within {v.get('tolerance')}"
     return f"verified {steps} steps, bit-identical"
-
-
-def cell_text(run_ids, by_run: dict[str, dict]) -> str:
-    """A cell over its runs: one run's text; else "2/3 runs verified, bit-identical", or the
-    first failure first."""
-    run_ids = list(run_ids)
-    if len(run_ids) == 1:
-        return run_text(by_run.get(run_ids[0]))
-    seen = [by_run[r] for r in run_ids if r in by_run]
-    failed = [v for v in seen if v["verdict"] == "differs"]
-    if failed:
-        d = _first(failed[0])
-        return (f"{len(failed)}/{len(run_ids)} runs FAILED verify (run {failed[0]['run']} at step "
-                f"{d.get('step', '?')}, {d.get('metric', '?')})")
-    if not seen:
-        return NOT_VERIFIED
-    exact = all(v["verdict"] == "bit-identical" for v in seen)
-    return f"{len(seen)}/{len(run_ids)} runs verified" + (", bit-identical" if exact else " (within tolerance)")

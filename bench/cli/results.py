@@ -339,7 +339,7 @@ def _report_cells(df, csv: Optional[Path], as_json: bool) -> list[dict] | None:
     stale = _stale(df)
     t = Table("#", "algo", "precision", *(["K"] if stale else []), "engine", "config", "sanity", "passes",
               "p(pass) ≥", "peak (mean, 95% logit-t interval)", "steps→pass median (min–max)",
-              "KL k3 median", "seeds", "run")
+              "KL k3 median", "verified", "seeds", "run")
     for i, r in enumerate(df.itertuples(), 1):
         peak = _f(r.peak_mean) + ("" if r.peak_ci_lo != r.peak_ci_lo else f" [{r.peak_ci_lo:.3f}, {r.peak_ci_hi:.3f}]")
         steps = "-" if r.steps_to_pass_median != r.steps_to_pass_median else (
@@ -350,6 +350,7 @@ def _report_cells(df, csv: Optional[Path], as_json: bool) -> list[dict] | None:
                   r.passes + (f" ({r.decided})" if isinstance(r.decided, str) else ""),
                   f"≥ {r.pass_lower:.2f}", peak, steps,
                   "-" if r.kl_k3_median != r.kl_k3_median else f"{r.kl_k3_median:.2e}",
+                  _text(r.verification),
                   " ".join("-" if x is None else str(x) for x in r.seeds),
                   r.runs[0] if len(r.runs) == 1 else f"{len(r.runs)} runs (--runs)")
     out.print(t)
@@ -358,7 +359,9 @@ def _report_cells(df, csv: Optional[Path], as_json: bool) -> list[dict] | None:
               "on a seed's pass probability from k of N (1/1: ≥ 0.05, 3/3: ≥ 0.37, 10/10: ≥ 0.74); peak: mean over "
               "seeds with a two-sided 95% Student-t interval on the logit scale (inside [0, 1]; the plain "
               "t-interval is peak_t_lo/peak_t_hi in --json and --csv); config: the fingerprint of every setting "
-              "but the seed (runs differing in any other setting, or in engine, are other cells)", highlight=False)
+              "but the seed (runs differing in any other setting, or in engine, are other cells); verified: what "
+              "`bench runs verify` re-ran of the seeds (claimed, partly re-run, deciding window re-run, fully re-run; "
+              "a PASS or FAIL is verified from the deciding window up)", highlight=False)
     return None
 
 
@@ -373,7 +376,7 @@ def _report_runs(frame, csv: Optional[Path], as_json: bool) -> list[dict] | None
         return _records(df)
     stale = _stale(df)
     t = Table("#", "algo", "precision", *(["K"] if stale else []), "engine", "config", "sanity", "decided", "status",
-              "peak", "final", "steps→pass", "eval", "KL k3", "max|Δp|", "steps", "run")
+              "peak", "final", "steps→pass", "eval", "KL k3", "max|Δp|", "verified", "steps", "run")
     for i, r in enumerate(df.itertuples(), 1):
         decided = decision_text(r.sanity, r.decided_by, r.decided_step)
         decided = decided[len(r.sanity):].lstrip(": ") or "-"
@@ -386,7 +389,7 @@ def _report_runs(frame, csv: Optional[Path], as_json: bool) -> list[dict] | None
                   else str(int(r.steps_to_target)),
                   _f(r.best_eval), "-" if r.mean_kl != r.mean_kl or r.mean_kl is None else f"{r.mean_kl:.2e}",
                   "-" if r.max_abs_dp != r.max_abs_dp or r.max_abs_dp is None else f"{r.max_abs_dp:.2e}",
-                  str(r.steps), r.run)
+                  _text(r.verification), str(r.steps), r.run)
     out.print(t)
     return None
 

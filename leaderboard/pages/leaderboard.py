@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from bench.fingerprint import short
-from leaderboard import colours, data, display, verified
+from leaderboard import colours, data, display
 from leaderboard.cells import INTERVAL, PASS_BOUND, cell_columns, cells_frame, ranked_cells
 from leaderboard.peak_chart import TARGET, peak_chart
 from leaderboard.reference import matching_rows, paper_offline_mismatch, reference_rows
@@ -32,9 +32,6 @@ for col, chosen in (("model", models), ("build", builds), ("algo", algos), ("pre
 cells = ranked_cells(cells_frame(view))
 if verdicts:
     cells = cells[cells.sanity.isin(verdicts)]
-checked = verified.latest(data.verifications(url))
-cells = cells.assign(verified=[verified.cell_text(rs, checked) for rs in cells.runs]) if not cells.empty else \
-    cells.assign(verified=pd.Series(dtype=str))
 if search and not cells.empty:
     hay = cells.apply(lambda c: " ".join([c.algo, c.precision, c.status, str(c.model), str(c.engine),
                                           str(c.config_fp), *c.runs]), axis=1)
@@ -48,8 +45,8 @@ else:
 default = ["algo", "precision", *(["staleness"] if (cells.staleness > 0).any() else []), "engine", "config_fp",
            "sanity", "passes", "evidence", "decided",
            "status", "early", "peak_mean", "peak_ci_lo", "peak_ci_hi", "steps_to_pass_median", "steps_to_pass_min",
-           "steps_to_pass_max", "kl_k3_median", "verified", "seeds", "build"]
-cols = st.multiselect("Columns", [*cell_columns(), "verified"], default=default)
+           "steps_to_pass_max", "kl_k3_median", "verification", "seeds", "build"]
+cols = st.multiselect("Columns", cell_columns(), default=default)
 counts = {v: int((cells.sanity == v).sum()) if not cells.empty else 0 for v in ("PASS", "FAIL", "UNDECIDED")}
 st.caption(f"{len(cells)} cells · {counts['PASS']} pass the sanity test on every seed (a seed passes when its run "
            "converged: the 90% lower bound of split accuracy, pooled over the last evaluations, ≥ 95%) · "
@@ -83,8 +80,10 @@ display.dataframe(
                                              "max_steps: the rule and the step (bench/stop.py)"),
         "decided": st.column_config.TextColumn("decided", help="A cell decided by its first failing seed: the "
                                                "seeds run of those asked"),
-        "verified": st.column_config.TextColumn("verified", help="`bench runs verify`: the latest re-run of each "
-                                                "run's first steps against its stored numbers"),
+        "verification": st.column_config.TextColumn("verified", help="What `bench runs verify` re-ran of the seeds "
+                                                    "(bench/verification.py): claimed, partly re-run, deciding window "
+                                                    "re-run, fully re-run; a verdict is verified from the deciding "
+                                                    "window up"),
     })
 flat = cells[cols].copy()
 for c in ("seeds", "runs"):

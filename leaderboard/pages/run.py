@@ -53,12 +53,15 @@ if isinstance(cal, dict):
 checks = data.verifications(url)
 checks = checks[checks.run == run_id]
 last_check = verified.latest(checks).get(run_id)
+window = f"; its deciding window: steps {row.deciding_window}" if isinstance(row.deciding_window, str) else ""
 if last_check is None:
-    st.caption(f"not verified: `bench runs verify {run_id}` re-runs its first steps and compares every stored number")
+    st.caption(f"{row.verification}{window}: `bench runs verify {run_id}` re-runs its first steps (or `--window A:B` "
+               "from a kept checkpoint) and compares every stored number")
 else:
     where = last_check["device"] + (f", 16-bit path {last_check['cpu_16bit']}" if last_check.get("cpu_16bit") else "")
-    text = f"{verified.run_text(last_check)} ({where}, {pd.Timestamp(last_check['created_at']):%Y-%m-%d %H:%M})"
-    (st.error if last_check["verdict"] == "differs" else st.success)(text)
+    text = (f"{row.verification}{window}. Latest: {verified.run_text(last_check)} ({where}, "
+            f"{pd.Timestamp(last_check['created_at']):%Y-%m-%d %H:%M})")
+    (st.error if last_check["verdict"] == "differs" else st.success if row.verified else st.info)(text)
 prov = info.get("provenance")
 if isinstance(prov, dict) and prov.get("split_accuracy_estimator"):
     st.caption(f"split accuracy: {prov['split_accuracy_estimator']}")
