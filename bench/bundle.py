@@ -50,13 +50,15 @@ from bench.machine_metrics import deterministic
 from bench.problems import split_hash
 from bench import verdicts
 from bench.statuses import CONVERGED, FAILED, MISCALIBRATED, RUNNING
-from bench.statedigest import check_chain
+from bench.signing import SIGNATURE
+from bench.statedigest import check_chain, kept_checkpoint
 from bench.store import Build, BuildProblem, Eval, Model, Run, RunDigest, RunStep, get_or_create_model, session
 
 FORMAT = "bench-run-bundle"
 SCHEMA_VERSION = 1
 MANIFEST = "bundle.json"
 _MEMBER = re.compile(r"(builds|runs)/([A-Za-z0-9][A-Za-z0-9._-]{0,39})\.json")
+_CHECKPOINT = re.compile(r"checkpoints/([A-Za-z0-9][A-Za-z0-9._-]{0,39})/step-(\d{6})\.pt")
 _ENDED_ORDER = {RUNNING: 0, FAILED: 1}       # a finished status is further along than these
 
 
@@ -108,11 +110,16 @@ def _dumps(obj) -> bytes:
     return json.dumps(obj, indent=1, sort_keys=True, default=str).encode("utf-8")
 
 
-def export_runs(engine, run_ids: list[str], out: Path) -> dict:
-    """Write the runs (and their builds) to the bundle `out`; returns its bundle.json."""
+def export_runs(engine, run_ids: list[str], out: Path, window_checkpoints: bool = False) -> dict:
+    """Write the runs (and their builds) to the bundle `out`; returns its bundle.json.
+    `window_checkpoints`: also carry, for each run, the checkpoint it kept at the start A of its
+    verdict's deciding window (bench/verdicts.py), so a receiver can re-run that window
+    (`bench runs verify --window A:B`); bundle.json's `window_checkpoints` says per run the step
+    carried, or null where the window starts at step 0 or no checkpoint was kept there."""
     if not run_ids:
         raise BundleError("name at least one run to export")
     members: dict[str, bytes] = {}
+    carried: dict[str, int | None] = {}
     with session(engine) as s:
         runs = []
         for rid in dict.fromkeys(run_ids):
@@ -127,8 +134,18 @@ def export_runs(engine, run_ids: list[str], out: Path) -> dict:
             members[f"builds/{bid}.json"] = _dumps(rec)
         for r in runs:
             members[f"runs/{r.id}.json"] = _dumps(_run_record(s, r, hashes[r.build_id]))
+        if window_checkpoints:
+            evidence = verdicts.from_store(s, [r.id for r in runs])
+            for r in runs:
+                window = verdicts.deciding_window(evidence[r.id])
+                path = kept_checkpoint(r.checkpoint_dir, window[0]) if window and window[0] and r.checkpoint_dir \
+                    else None
+                carried[r.id] = window[0] if path is not None and path.is_file() else None
+                if carried[r.id] is not None:
+                    members[f"checkpoints/{r.id}/step-{window[0]:06d}.pt"] = path.read_bytes()
     manifest = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "created_at": datetime.now().isoformat(),
                 "runs": [r.id for r in runs], "builds": list(hashes), "split_hashes": hashes,
+                **({"window_checkpoints": carried} if window_checkpoints else {}),
                 "members": {name: hashlib.sha256(data).hexdigest() for name, data in members.items()}}
     out = Path(out)
     try:
@@ -218,7 +235,8 @@ def read_bundle(path: Path) -> tuple[dict, dict[str, dict], dict[str, dict]]:
                                or re.match(r"^[A-Za-z]:", name)),
                           f"member {name!r} would land outside the extraction folder")
                     _need(m.isfile(), f"member {name!r} is not a regular file (links and devices are refused)")
-                    _need(name == MANIFEST or _MEMBER.fullmatch(name) is not None, f"unexpected member {name!r}")
+                    _need(name in (MANIFEST, SIGNATURE) or _MEMBER.fullmatch(name) is not None
+                          or _CHECKPOINT.fullmatch(name) is not None, f"unexpected member {name!r}")
                     _need(name not in names, f"member {name!r} appears twice")
                     names.append(name)
                 tar.extractall(tmp, filter="data")
@@ -232,6 +250,7 @@ def read_bundle(path: Path) -> tuple[dict, dict[str, dict], dict[str, dict]]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
+    files.pop(SIGNATURE, None)             # outside the manifest: bench/signing.py checks it
     _need(MANIFEST in files, f"missing member {MANIFEST}")
     manifest = _load_json(files.pop(MANIFEST), MANIFEST)
     _need(isinstance(manifest, dict) and manifest.get("format") == FORMAT, f"{MANIFEST}: not a {FORMAT}")
@@ -245,8 +264,12 @@ def read_bundle(path: Path) -> tuple[dict, dict[str, dict], dict[str, dict]]:
     _need(not extra, f"member(s) not listed in {MANIFEST}: {', '.join(extra)}")
     for name, digest in listed.items():
         _need(hashlib.sha256(files[name]).hexdigest() == digest, f"member {name} was altered (its sha256 differs)")
+    checkpoints = {n for n in listed if _CHECKPOINT.fullmatch(n)}
+    for name in checkpoints:
+        _need(_CHECKPOINT.fullmatch(name).group(1) in manifest["runs"], f"{name}: a checkpoint of no run in the bundle")
+        files.pop(name)                         # bytes, checked by their sum above; bundle_checkpoints reads them
     want = {f"builds/{b}.json" for b in manifest["builds"]} | {f"runs/{r}.json" for r in manifest["runs"]}
-    _need(want == set(listed), f"{MANIFEST}: its runs and builds do not match its members")
+    _need(want == set(listed) - checkpoints, f"{MANIFEST}: its runs and builds do not match its members")
 
     builds, runs = {}, {}
     for name, data in files.items():
@@ -287,6 +310,21 @@ def read_bundle(path: Path) -> tuple[dict, dict[str, dict], dict[str, dict]]:
         _need(b is not None, f"run {rid}: its build {r['build']} is not in the bundle")
         _need(r["split_hash"] == b["split_hash"], f"run {rid}: its split hash differs from its build's")
     return manifest, builds, runs
+
+
+def bundle_checkpoints(path: Path, out_dir: Path) -> dict[str, tuple[int, Path]]:
+    """The window checkpoints a bundle carries, written to `out_dir`: {run id: (step, file)}.
+    Call after `read_bundle`, which checked their sums."""
+    out = {}
+    with tarfile.open(path, "r:gz") as tar:
+        for m in tar.getmembers():
+            hit = _CHECKPOINT.fullmatch(m.name)
+            if hit and m.isfile():
+                rid, step = hit.group(1), int(hit.group(2))
+                f = Path(out_dir) / f"{rid}-step-{step:06d}.pt"
+                f.write_bytes(tar.extractfile(m).read())
+                out[rid] = (step, f)
+    return out
 
 
 def _check_evidence(rid: str, r: dict, b: dict) -> None:

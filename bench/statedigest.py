@@ -16,8 +16,21 @@ and to each other; it does not sign them (a signature does: bench/signing.py).
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 GENESIS = "bench-state-chain:"
+
+
+def kept_checkpoint(ckpt_dir: str | Path, step: int) -> Path:
+    """Where a run keeps the checkpoint of `step` (`bench run --keep-checkpoints`), under its
+    checkpoint directory."""
+    return Path(ckpt_dir) / "kept" / f"step-{step:06d}.pt"
+
+
+def checkpoint_digest(state: dict) -> str:
+    """The state digest of a checkpoint's dict (its bookkeeping — step, wall time, stop-rule
+    state — left out): what the run recorded at that step."""
+    return state_digest({k: v for k, v in state.items() if k not in ("step", "wall", "stop")})
 
 
 def _feed(h, obj) -> None:

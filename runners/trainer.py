@@ -90,11 +90,6 @@ def step0_gate(learner: TrainingEngine, engine, precision: Precision, batch: Bat
                              buffers=buffers)
 
 
-def kept_checkpoint(ckpt_dir: Path, step: int) -> Path:
-    """The checkpoint `--keep-checkpoints` keeps of `step`, under the run's checkpoint directory."""
-    return Path(ckpt_dir) / "kept" / f"step-{step:06d}.pt"
-
-
 @dataclass
 class PiOld:
     """π_old of one step's batch and how it was had (`pi_old`)."""
@@ -209,7 +204,7 @@ class NativeTrainer:
 
     def kept_path(self, step: int) -> Path:
         """Where `--keep-checkpoints` keeps the checkpoint of `step`."""
-        return kept_checkpoint(self.ckpt_dir, step)
+        return statedigest.kept_checkpoint(self.ckpt_dir, step)
 
     def save_checkpoint(self) -> None:
         state = {"step": self.step, "wall": self.wall, "stop": self.stop_state.to_dict(), **self.training_state()}

@@ -124,9 +124,7 @@ def parse_window(text: str) -> tuple[int, int]:
 def _kept(s, run: Run, start: int, checkpoint: Path | None) -> Path:
     """The checkpoint of step `start` (kept by the run, or given), checked against the run's
     state digest there; VerifyError when there is none or it is not the run's state."""
-    from bench.statedigest import check_chain, state_digest
-
-    from .trainer import kept_checkpoint
+    from bench.statedigest import check_chain, checkpoint_digest, kept_checkpoint
 
     row = s.get(RunDigest, (run.id, start))
     if row is None:
@@ -145,7 +143,7 @@ def _kept(s, run: Run, start: int, checkpoint: Path | None) -> Path:
     import torch
 
     state = torch.load(path, weights_only=False, map_location="cpu")
-    digest = state_digest({k: v for k, v in state.items() if k not in ("step", "wall", "stop")})
+    digest = checkpoint_digest(state)
     if state.get("step") != start or digest != row.digest:
         raise VerifyError(f"{path} is not run {run.id}'s state at step {start}: its state digest {digest[:12]}… "
                           f"(step {state.get('step')}) is not the recorded {row.digest[:12]}…")

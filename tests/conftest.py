@@ -4,10 +4,14 @@ schema per test), one grader pool per session."""
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from pathlib import Path
 
 import pytest
+
+# tools/screenshot.py starts the app and Chromium for the docs' images; the browser tests start them the same way
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
 PG_BASE = os.environ.get("BENCH_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 # `./bench.sh test` sets up every service and sets BENCH_TEST_SERVICES=require: a missing service

@@ -2,7 +2,6 @@
 `bench leaderboard` on a free port, on a store filled by real short runs."""
 
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -12,8 +11,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.integration]
 SHOTS = Path(os.environ.get("BENCH_SCREENSHOTS", Path(__file__).parent.parent / "out" / "screenshots"))
 
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "tools"))
-from screenshot import chromium, serve  # noqa: E402  (tools/screenshot.py: the docs' screenshots start the same way)
+from screenshot import chromium, serve  # noqa: E402  (tools/screenshot.py, on the path by conftest.py)
 
 
 @pytest.fixture(scope="module")

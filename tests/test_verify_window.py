@@ -13,9 +13,8 @@ from sqlalchemy import select
 from typer.testing import CliRunner
 
 from bench.cli import app
-from bench.statedigest import check_chain, genesis, link, state_digest
+from bench.statedigest import check_chain, checkpoint_digest, genesis, kept_checkpoint, link
 from bench.store import Eval, Run, RunDigest, RunVerification, open_store, session
-from runners.trainer import kept_checkpoint
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +59,7 @@ def test_digests_chain_and_kept_checkpoints_are_the_states_they_name(kept):
     for step, digest, _ in rows[1:]:
         state = torch.load(kept_checkpoint(kept["ckpt_dir"], step), weights_only=False)
         assert state["step"] == step
-        assert state_digest({k: v for k, v in state.items() if k not in ("step", "wall", "stop")}) == digest
+        assert checkpoint_digest(state) == digest
     assert check_chain(kept["run"], [rows[0], (2, "0" * 64, rows[1][2]), *rows[2:]]) == \
         "the chain does not link at step 2"
     assert check_chain("another-run", rows) == "the chain does not link at step 0"

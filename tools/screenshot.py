@@ -1,10 +1,13 @@
-"""A page of the leaderboard app as Chromium renders it, saved as a PNG (the docs' images).
+"""A page of the leaderboard app (or of a static site) as Chromium renders it, saved as a PNG
+(the docs' images).
 
     python tools/screenshot.py --db URL --out docs/img/leaderboard.png [--page /grid] [--wait TEXT]
+    python tools/screenshot.py --file SITE/index.html --out docs/img/site.png
 
-Starts `bench leaderboard --db URL` on a free port, opens the page in headless Chromium
-(Debian's chromium and chromedriver, driven by Selenium, as tests/test_browser.py), waits until
-the page shows TEXT (default: the summary line's "cells"), and saves the window.
+Starts `bench leaderboard --db URL` on a free port (or opens the file), opens the page in
+headless Chromium (Debian's chromium and chromedriver, driven by Selenium, as
+tests/test_browser.py), waits until the page shows TEXT (default: the summary line's "cells"),
+and saves the window.
 """
 
 from __future__ import annotations
@@ -56,17 +59,20 @@ def chromium(width: int, height: int):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--db", required=True, help="SQLAlchemy URL of the store to show")
+    ap.add_argument("--db", help="SQLAlchemy URL of the store to show")
+    ap.add_argument("--file", type=Path, help="a static page to show instead (bench publish's index.html)")
     ap.add_argument("--out", required=True, type=Path, help="the PNG to write")
     ap.add_argument("--page", default="/", help="the app's path, e.g. /grid or /run?run=ID")
     ap.add_argument("--wait", default="cells", help="text the page shows once drawn")
     ap.add_argument("--size", default="1500x1100", help="window WIDTHxHEIGHT")
     args = ap.parse_args()
     width, height = (int(v) for v in args.size.split("x"))
-    proc, base = serve(args.db)
+    if (args.db is None) == (args.file is None):
+        raise SystemExit("give --db URL (the app) or --file PAGE (a static page)")
+    proc, base = serve(args.db) if args.db else (None, None)
     driver = chromium(width, height)
     try:
-        driver.get(base + args.page)
+        driver.get(args.file.resolve().as_uri() if args.file else base + args.page)
         deadline = time.time() + 90
         while args.wait not in driver.find_element("tag name", "body").text:
             if time.time() > deadline:
@@ -78,8 +84,9 @@ def main() -> None:
         print(f"{args.out}: {args.out.stat().st_size:,} bytes")
     finally:
         driver.quit()
-        proc.terminate()
-        proc.wait(10)
+        if proc is not None:
+            proc.terminate()
+            proc.wait(10)
 
 
 if __name__ == "__main__":

@@ -43,17 +43,44 @@ def runs(ctx: typer.Context, as_json: bool = typer.Option(False, "--json"), db: 
 def runs_export(ctx: typer.Context,
                 run_ids: List[str] = typer.Argument(..., help="Runs to export (`bench runs` lists them)."),
                 out_path: Path = typer.Option(..., "--out", help="The bundle to write, e.g. bundle.tar.gz."),
+                window_checkpoints: bool = typer.Option(False, help="Carry each run's checkpoint kept at the start "
+                                                        "of its deciding window (--keep-checkpoints), so the receiver "
+                                                        "can re-run that window (bench runs verify --window)."),
+                sign: Optional[Path] = typer.Option(None, help="Sign the bundle with this ed25519 private key (PEM; "
+                                                    "`bench results keygen NAME`)."),
+                signer: Optional[str] = typer.Option(None, help="The name the signature claims (default: the key "
+                                                     "file's name); a results repository checks it against its "
+                                                     "keyring's NAME.pub."),
                 db: Optional[str] = DB_OPT):
     """Write runs to a self-contained bundle: run rows, steps, evaluations, calibration, provenance,
-    config and seed, and each build's kept split (ids, golds, base accuracy, n) with its split hash."""
+    config and seed, state digests, and each build's kept split (ids, golds, base accuracy, n) with
+    its split hash; optionally the deciding windows' checkpoints and a signature."""
     from bench.bundle import BundleError, export_runs
+    from bench.signing import SigningError, load_private_key, sign as sign_bundle
 
     try:
-        manifest = export_runs(_store(db or (ctx.obj or {}).get("db"), read_only=True), run_ids, out_path)
+        if sign:
+            load_private_key(sign)          # a bad key is bad input before anything is written
+    except SigningError as e:
+        fail(str(e))
+    try:
+        manifest = export_runs(_store(db or (ctx.obj or {}).get("db"), read_only=True), run_ids, out_path,
+                               window_checkpoints)
     except BundleError as e:
         fail(str(e))
+    try:
+        signed = sign_bundle(out_path, sign, signer or sign.stem) if sign else None
+    except SigningError as e:
+        out_path.unlink()                  # the bundle just written: an unsigned copy was not asked for
+        fail(str(e))
     out.print(f"{len(manifest['runs'])} run(s) on {len(manifest['builds'])} build(s) → {out_path} (split hash "
-              + ", ".join(h[:12] for h in manifest["split_hashes"].values()) + ")", highlight=False)
+              + ", ".join(h[:12] for h in manifest["split_hashes"].values()) + ")"
+              + (f", signed by {signed['signer']}" if signed else ""), highlight=False)
+    for rid, step in (manifest.get("window_checkpoints") or {}).items():
+        if step is None:
+            out.print(f"run {rid}: no checkpoint carried (its deciding window starts at step 0, or none was kept at "
+                      "its start: `bench run --keep-checkpoints K`): it can be re-run from step 0 only",
+                      highlight=False)
 
 
 @runs_app.command("import")
@@ -513,12 +540,22 @@ def streamlit_argv(app_path: Path, url: str, port: int, address: str, headless: 
 @app.command()
 def leaderboard(db: Optional[str] = DB_OPT, port: int = typer.Option(8501, help="Port to serve on."),
                 address: str = typer.Option("127.0.0.1", help="Address to bind."),
-                headless: bool = typer.Option(True, help="Do not open a browser.")):
-    """Serve the Streamlit leaderboard over the store (read-only)."""
+                headless: bool = typer.Option(True, help="Do not open a browser."),
+                results: Optional[Path] = typer.Option(None, help="Serve a results repository instead (`bench "
+                                                       "results`): a store built from its bundles, rebuilt when "
+                                                       "they change.")):
+    """Serve the Streamlit leaderboard over the store (read-only), or over a results repository."""
     import leaderboard as lb
 
     from bench.store import default_url
 
+    if results is not None:
+        from runners.results_repo import store_url
+
+        try:
+            db = store_url(results)
+        except _user_errors() as e:
+            fail(str(e))
     url = db or default_url()
     _store(url, read_only=True)                   # a bad or empty URL fails here, readably
     app_path = Path(lb.__file__).parent / "app.py"

@@ -1,0 +1,202 @@
+"""A results repository: a folder — a git repository, or a dataset repository on a hub — of run
+bundles with an index, that anyone can submit to and anyone can check (docs/results-repository.md).
+
+    DIR/index.json           {"format": "bench-results", "version": 1, "bundles": [entry, …]}
+    DIR/bundles/SHA12.tar.gz the bundles as submitted (bench runs export [--sign KEY])
+    DIR/keys/NAME.pub        the keyring: whose signatures count (bench/signing.py)
+    DIR/.store.db            a store built from the bundles, rebuilt whenever index.json changes
+                             (.gitignore'd: the bundles and the index are the record)
+
+entry: {"file", "sha256", "runs", "signer" (null: unsigned), "added_at", "verify" (the level
+asked), "verifications": [the stored columns of each re-run: run, window_start, steps, verdict,
+compared, differences, first_difference, device, device_name, cpu_16bit, tolerance, bench_commit,
+created_at]}.
+
+`add` validates a bundle as import does (identity changes refused against the runs already in the
+repository), checks its signature against the keyring (once the keyring holds a key, an unsigned
+or unknown signer's bundle is refused), re-runs what `verify` asks — `claimed` nothing, `first`
+each run's first steps, `window` each run's deciding window (from the checkpoint the bundle
+carries, `bench runs export --window-checkpoints`, where it starts after step 0), `full` every
+step — and refuses the bundle when a re-run differs. All of it happens on a scratch copy of the
+repository's store: a refused bundle leaves the repository as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+from sqlalchemy import select
+
+from bench import signing, verdicts
+from bench.bundle import BundleError, bundle_checkpoints, import_bundle, read_bundle
+from bench.errors import BenchError
+from bench.store import Run, RunVerification, open_store, session
+
+FORMAT, VERSION = "bench-results", 1
+INDEX, STORE, MARK = "index.json", ".store.db", ".store.index-sha256"
+LEVELS = ("claimed", "first", "window", "full")
+
+
+class RepoError(BenchError, ValueError):
+    """A results repository or a submission that cannot be used; the message says why."""
+
+
+def init(root: Path) -> Path:
+    """An empty results repository at `root` (index, bundles/, keys/, .gitignore)."""
+    root = Path(root)
+    if (root / INDEX).exists():
+        raise RepoError(f"{root} is a results repository already")
+    (root / "bundles").mkdir(parents=True, exist_ok=True)
+    (root / "keys").mkdir(exist_ok=True)
+    (root / ".gitignore").write_text(f"{STORE}\n{STORE}-*\n{MARK}\n")
+    _write_index(root, {"format": FORMAT, "version": VERSION, "bundles": []})
+    return root
+
+
+def read_index(root: Path) -> dict:
+    p = Path(root) / INDEX
+    if not p.is_file():
+        raise RepoError(f"{root} is not a results repository (no {INDEX}): `bench results init {root}` makes one")
+    try:
+        index = json.loads(p.read_text())
+    except ValueError as e:
+        raise RepoError(f"{p}: not JSON ({e})") from None
+    if index.get("format") != FORMAT or index.get("version") != VERSION:
+        raise RepoError(f"{p}: not a {FORMAT} index of version {VERSION}")
+    return index
+
+
+def _write_index(root: Path, index: dict) -> None:
+    tmp = Path(root) / f".{INDEX}.tmp"
+    tmp.write_text(json.dumps(index, indent=1, sort_keys=True, default=str) + "\n")
+    tmp.replace(Path(root) / INDEX)
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def store_url(root: Path) -> str:
+    """The repository's store, rebuilt from its bundles when index.json changed since it was built."""
+    root = Path(root)
+    index = read_index(root)
+    mark = hashlib.sha256((root / INDEX).read_bytes()).hexdigest()
+    db, marker = root / STORE, root / MARK
+    if not (db.is_file() and marker.is_file() and marker.read_text().strip() == mark):
+        tmp = root / f"{STORE}-building"
+        tmp.unlink(missing_ok=True)
+        _build(root, index, f"sqlite:///{tmp}")
+        tmp.replace(db)
+        for suffix in ("-wal", "-shm"):
+            Path(f"{db}{suffix}").unlink(missing_ok=True)
+        marker.write_text(mark + "\n")
+    return f"sqlite:///{db}"
+
+
+def _build(root: Path, index: dict, url: str) -> None:
+    """A store holding every bundle of the index and the verifications recorded with them."""
+    store = open_store(url)
+    for entry in index["bundles"]:
+        path = root / entry["file"]
+        if not path.is_file() or _sha256(path) != entry["sha256"]:
+            raise RepoError(f"{entry['file']} is missing or is not the bundle the index recorded (sha256)")
+        import_bundle(store, path)
+        _record_verifications(store, entry.get("verifications") or [])
+    store.dispose()
+
+
+def _record_verifications(store, rows: list[dict]) -> None:
+    with session(store) as s:
+        for v in rows:
+            s.add(RunVerification(run_id=v["run"], **{k: v[k] for k in VERIFICATION_FIELDS if k in v},
+                                  created_at=datetime.fromisoformat(v["created_at"])))
+
+
+VERIFICATION_FIELDS = ("window_start", "steps", "verdict", "compared", "differences", "first_difference", "device",
+                       "device_name", "cpu_16bit", "tolerance", "bench_commit")
+
+
+def add(root: Path, bundle: Path, verify: str = "claimed", device: str | None = None, progress=None) -> dict:
+    """Validate, check and (per `verify`) re-run the bundle, then add it to the repository;
+    returns its index entry. RepoError / BundleError / SigningError / VerifyError: nothing changed."""
+    root, bundle = Path(root), Path(bundle)
+    if verify not in LEVELS:
+        raise RepoError(f"--verify {verify!r}: choose one of {', '.join(LEVELS)}")
+    index = read_index(root)
+    manifest, _, runs = read_bundle(bundle)
+    sha = _sha256(bundle)
+    if any(e["sha256"] == sha for e in index["bundles"]):
+        raise RepoError(f"{bundle} is in the repository already")
+    ring = signing.keyring(root / "keys")
+    signer = signing.check(bundle, ring)
+    if signer is None and ring:
+        raise RepoError(f"{bundle} is unsigned and this repository's keyring holds keys ({', '.join(ring)}): sign it "
+                        "(`bench runs export … --sign KEY`)")
+    url = store_url(root)
+    with tempfile.TemporaryDirectory(prefix="bench-results-") as tmp:
+        scratch = Path(tmp) / "store.db"
+        shutil.copyfile(url[len("sqlite:///"):], scratch)
+        store = open_store(f"sqlite:///{scratch}")
+        try:
+            import_bundle(store, bundle)
+        except BundleError as e:
+            raise RepoError(f"{bundle} cannot join this repository: {e}") from None
+        rows = _verify(store, list(manifest["runs"]), verify, bundle, Path(tmp), device, progress)
+        store.dispose()
+    entry = {"file": f"bundles/{sha[:12]}.tar.gz", "sha256": sha, "runs": list(manifest["runs"]), "signer": signer,
+             "added_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "verify": verify,
+             "verifications": rows}
+    shutil.copyfile(bundle, root / entry["file"])
+    index["bundles"].append(entry)
+    _write_index(root, index)
+    store_url(root)
+    return entry
+
+
+def _verify(store, run_ids: list[str], level: str, bundle: Path, tmp: Path, device, progress) -> list[dict]:
+    """Re-run what `level` asks of each run (module doc); the verifications' rows. A re-run that
+    differs refuses the bundle."""
+    from .verify import VerifyError, plan_verification, run_verification
+
+    if level == "claimed":
+        return []
+    carried = bundle_checkpoints(bundle, tmp) if level == "window" else {}
+    with session(store) as s:
+        evidence = verdicts.from_store(s, run_ids)
+        steps = {r.id: r.step for r in s.scalars(select(Run).where(Run.id.in_(run_ids)))}
+    out = []
+    for rid in run_ids:
+        window = verdicts.deciding_window(evidence[rid]) or (0, steps[rid])
+        if level == "first":
+            start, end = 0, min(3, steps[rid])
+        elif level == "full":
+            start, end = 0, steps[rid]
+        else:
+            start, end = window
+            end = max(end, 1)
+        checkpoint = None
+        if start:
+            if rid not in carried or carried[rid][0] != start:
+                raise RepoError(f"run {rid}: --verify window re-runs steps {start + 1}–{end} from its checkpoint at "
+                                f"step {start}, which the bundle does not carry: export it with --window-checkpoints "
+                                "from a run that kept it (--keep-checkpoints), or ask for --verify full")
+            checkpoint = carried[rid][1]
+        try:
+            plan = plan_verification(store, rid, end, device, start, checkpoint)
+        except VerifyError as e:
+            raise RepoError(f"run {rid} cannot be re-run here: {e}") from None
+        result = run_verification(store, plan, progress)
+        if result["verdict"] == "differs":
+            d = result["first_difference"]
+            raise RepoError(f"run {rid}: the re-run of steps {start + 1}–{end} differs at step {d['step']} "
+                            f"({d['metric']}: stored {d['stored']!r}, re-run {d['replayed']!r}): not added")
+        with session(store) as s:
+            v = s.get(RunVerification, result["verification"])
+            out.append({"run": rid, **{k: getattr(v, k) for k in VERIFICATION_FIELDS},
+                        "created_at": v.created_at.isoformat()})
+    return out
