@@ -231,7 +231,8 @@ class NativeTrainer:
         run's peak and final accuracy then read off the evaluations left)."""
         if self.ckpt_path.exists():
             # state dicts copy to the device
-            state = torch.load(self.ckpt_path, weights_only=False, map_location="cpu")
+            # weights only: tensors, numbers and containers (a window re-run loads a bundle's checkpoint here)
+            state = torch.load(self.ckpt_path, weights_only=True, map_location="cpu")
             self.learner.master.load_state_dict(state["model"])
             self.learner.opt.load_state_dict(state["optimizer"])
             for k, v in state["scaler"].items():

@@ -142,7 +142,11 @@ def _kept(s, run: Run, start: int, checkpoint: Path | None) -> Path:
                           + ": start the window at 0, give --checkpoint FILE, or run with --keep-checkpoints K")
     import torch
 
-    state = torch.load(path, weights_only=False, map_location="cpu")
+    try:           # weights only: a checkpoint from a bundle is untrusted input, and a pickle can run code
+        state = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as e:
+        raise VerifyError(f"{path} is not a checkpoint bench loads (tensors, numbers and containers only): "
+                          f"{str(e).splitlines()[0][:200]}") from None
     digest = checkpoint_digest(state)
     if state.get("step") != start or digest != row.digest:
         raise VerifyError(f"{path} is not run {run.id}'s state at step {start}: its state digest {digest[:12]}… "

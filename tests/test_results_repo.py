@@ -209,3 +209,45 @@ def test_the_static_site_shows_the_reports_numbers_in_chromium(flow, tmp_path):
                                                                                               "body").text
     finally:
         driver.quit()
+
+
+class _Evil:
+    """A pickle that runs a command when loaded: what a checkpoint from a stranger could hold."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_unrun(flow, tmp_path):
+    """A bundle whose carried checkpoint is a pickle that runs a command, re-signed by a trusted key:
+    --verify window loads it weights-only, refuses it (exit 2) and the command never runs."""
+    import io
+    import tarfile
+
+    import torch
+
+    from bench.signing import sign
+    from test_verify import _members, _write_resealed
+
+    marker = tmp_path / "pwned"
+    members = _members(flow["bundle"])
+    (name,) = [n for n in members if n.startswith("checkpoints/")]
+    buf = io.BytesIO()
+    torch.save({"step": 2, "model": _Evil(marker)}, buf)
+    members[name] = buf.getvalue()
+    members.pop("signature.json")
+    path = _write_resealed(tmp_path / "evil.tar.gz", members)
+    sign(path, flow["keys"] / "alice.key", "alice")
+    repo = tmp_path / "repo"
+    assert _cli("results", "init", repo).exit_code == 0
+    shutil.copy(flow["keys"] / "alice.pub", repo / "keys" / "alice.pub")
+    r = _cli("results", "add", path, "--repo", repo, "--verify", "window")
+    assert r.exit_code == 2 and "is not a checkpoint bench loads" in " ".join(r.output.split()), r.output
+    assert not marker.exists()
+    with tarfile.open(path) as tar:
+        assert name in tar.getnames()
