@@ -64,7 +64,11 @@ from .gemms import split_k_matmul
 
 # ------------------------------------------------------------ which 16-bit instructions the CPU has
 
-_NATIVE_FLAGS = {"bf16": ("amx_bf16", "avx512_bf16"), "fp16": ("amx_fp16", "avx512_fp16")}
+# the CPU features that give native 16-bit arithmetic: x86 (Linux /proc/cpuinfo "flags") and Arm
+# (Linux "Features": bf16, and asimdhp/fphp for half precision; macOS the same names from sysctl)
+_NATIVE_FLAGS = {"bf16": ("amx_bf16", "avx512_bf16", "bf16"), "fp16": ("amx_fp16", "avx512_fp16", "asimdhp", "fphp")}
+# macOS on Apple silicon: sysctl hw.optional.arm.FEAT_* = 1 → the Linux feature name
+_SYSCTL_FEATURES = {"hw.optional.arm.FEAT_BF16": "bf16", "hw.optional.arm.FEAT_FP16": "asimdhp"}
 
 
 def cpuinfo_field(key: str) -> str | None:
@@ -80,13 +84,43 @@ def cpuinfo_field(key: str) -> str | None:
     return None
 
 
+def _sysctl(name: str) -> str | None:
+    """`sysctl -n NAME` (macOS), or None where there is no such command or key."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("sysctl")
+    if exe is None:
+        return None
+    try:
+        r = subprocess.run([exe, "-n", name], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def cpu_features(flags: str | None, features: str | None, sysctl=_sysctl) -> set[str]:
+    """The CPU's feature names from what the machine offers: /proc/cpuinfo's x86 `flags` or Arm
+    `Features` line, else (macOS, no /proc) the sysctl keys of _SYSCTL_FEATURES; an empty set
+    where none of them is there (then every 16-bit format takes bench's emulated kernels, which
+    are correct on any CPU, only slower). Pure but for `sysctl`, so any machine can be faked."""
+    if flags or features:
+        return set((flags or "").split()) | set((features or "").split())
+    return {name for key, name in _SYSCTL_FEATURES.items() if (sysctl(key) or "").strip() == "1"}
+
+
 def _cpu_flags() -> set[str]:
-    return set((cpuinfo_field("flags") or "").split())
+    return cpu_features(cpuinfo_field("flags"), cpuinfo_field("Features"))
+
+
+def native_16bit(flags: set[str]) -> frozenset[str]:
+    """The 16-bit dtypes whose instructions `flags` name (_NATIVE_FLAGS)."""
+    return frozenset(d for d, f in _NATIVE_FLAGS.items() if flags & set(f))
 
 
 def cpu_16bit_flags() -> list[str]:
-    """The CPU's flags that decide its 16-bit kernels (AMX, AVX512-BF16/FP16) and AVX2, sorted:
-    what the benchmarks print beside their ratios."""
+    """The CPU's flags that decide its 16-bit kernels (AMX, AVX512-BF16/FP16, Arm's bf16 and
+    half-precision SIMD) and AVX2, sorted: what the benchmarks print beside their ratios."""
     return sorted(_cpu_flags() & {"avx2", *(f for fs in _NATIVE_FLAGS.values() for f in fs)})
 
 
@@ -100,8 +134,7 @@ def cpu_16bit() -> frozenset[str]:
     machine (tests, benchmarks). A bad value is bad input (PrecisionError)."""
     mode = os.environ.get("BENCH_CPU_16BIT", "").strip()
     if not mode:
-        flags = _cpu_flags()
-        return frozenset(d for d, f in _NATIVE_FLAGS.items() if flags & set(f))
+        return native_16bit(_cpu_flags())
     if mode not in CPU_16BIT_CHOICES:
         raise PrecisionError(f"BENCH_CPU_16BIT={mode!r}; choose one of {', '.join(CPU_16BIT_CHOICES)} "
                              "(unset: what the CPU has)")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Wall time of the README's main job (`./bench.sh demo`) on a fresh BENCH_HOME, against the
-# 300 s goal (issue 22) for build + offline mismatch + pg-seq-is with nvfp4, fp16 and bf16 rollouts (two jobs) +
+# 300 s goal (issue 22) for build + offline mismatch + pg-seq-is with mxfp4 and fp16 rollouts (two jobs) +
 # the report, with the CPU's 16-bit flags beside it (they decide which kernels the formats run).
 #   bash benchmarks/demo.sh
 set -euo pipefail

@@ -2,11 +2,11 @@
 
     python benchmarks/plot_demo.py                                   # the demo's two controls
     python benchmarks/plot_demo.py --db sqlite:///demo.db --out docs/img/demo_split_accuracy.png
-    python benchmarks/plot_demo.py --algo pg-seq-is --dtype fp16 --dtype "rollout=nvfp4,train=fp16" --build ID
+    python benchmarks/plot_demo.py --algo pg-seq-is --dtype fp16 --dtype "rollout=mxfp4,train=fp16" --build ID
 
 One line per run of each cell (algorithm × precision pair) on one build: the split's avg@m at
 every evaluation step (the `evals` rows with benchmark `split`), with the 0.95 pass target.
-Default cells: pg-seq-is with fp16 rollouts (the positive control) and with nvfp4 rollouts
+Default cells: pg-seq-is with fp16 rollouts (the positive control) and with mxfp4 rollouts
 (the negative control), as `./bench.sh demo` runs them; default build: the newest build that
 has a run of every chosen cell. Reads the store only (`--db`, else $BENCH_DB_URL or SQLite
 under $BENCH_HOME).
@@ -25,7 +25,7 @@ from bench.store import Build, Eval, Run, default_url, open_store, session
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "img" / "demo_split_accuracy.png"
 TARGET = 0.95
-DEMO_DTYPES = ("fp16", "rollout=nvfp4,train=fp16")
+DEMO_DTYPES = ("fp16", "rollout=mxfp4,train=fp16")
 
 
 def label(p: Precision) -> str:

@@ -137,3 +137,26 @@ def test_every_format_runs_on_the_cpu():
     from bench.device import device_supports
 
     assert [f for f in formats.FORMATS if not device_supports(f, "cpu")] == []
+
+
+def test_cpu_detection_without_an_x86_flag_list():
+    """The 16-bit path where /proc/cpuinfo has no x86 `flags` line (issue 37): Arm Linux reads its
+    `Features`, macOS (no /proc/cpuinfo) its sysctl keys, and a machine offering neither takes the
+    emulated kernels; all with the detection input faked."""
+    from bench.kernels import cpu_features, native_16bit
+
+    def no_sysctl(key):
+        raise AssertionError("sysctl asked although /proc/cpuinfo answered")
+
+    x86 = cpu_features("fpu sse2 avx2 avx512f avx512_bf16", None, no_sysctl)
+    assert native_16bit(x86) == {"bf16"}
+    graviton3 = cpu_features(None, "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp bf16 i8mm",
+                             no_sysctl)
+    assert native_16bit(graviton3) == {"bf16", "fp16"}
+    graviton2 = cpu_features(None, "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp", no_sysctl)
+    assert native_16bit(graviton2) == {"fp16"}
+    m2 = {"hw.optional.arm.FEAT_BF16": "1", "hw.optional.arm.FEAT_FP16": "1"}
+    assert native_16bit(cpu_features(None, None, m2.get)) == {"bf16", "fp16"}
+    m1 = {"hw.optional.arm.FEAT_BF16": "0", "hw.optional.arm.FEAT_FP16": "1"}
+    assert native_16bit(cpu_features(None, None, m1.get)) == {"fp16"}
+    assert native_16bit(cpu_features(None, None, lambda key: None)) == frozenset()      # nothing to read

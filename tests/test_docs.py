@@ -94,7 +94,7 @@ def test_plot_demo_draws_the_chosen_cells(tmp_path):
             s.add(Build(id=b, model_id=m.id, source="synthetic", engine="torch", dtype="bf16", k=8, lo=0.2,
                         hi=0.8, seed=0, settings_hash=b, status="complete", n_problems=40, n_kept=20))
         s.flush()
-        cells = [("new", "fp16", "fp16"), ("new", "nvfp4", "fp16"), ("new", "bf16", "bf16"), ("old", "fp16", "fp16")]
+        cells = [("new", "fp16", "fp16"), ("new", "mxfp4", "fp16"), ("new", "bf16", "bf16"), ("old", "fp16", "fp16")]
         for i, (b, r, t) in enumerate(cells):
             s.add(Run(id=f"r{i}", model_id=m.id, build_id=b, algo="pg-seq-is", rollout_dtype=r, train_dtype=t,
                       trainer="native", engine="torch", config={"seed": 0}, status="max_steps", step=2))
