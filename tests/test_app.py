@@ -10,7 +10,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from bench.cli.results import STREAMLIT_FLAGS, streamlit_argv
+from bench.cli.serve import STREAMLIT_FLAGS, streamlit_argv
 
 ROOT = Path(__file__).parent.parent
 APP = ROOT / "leaderboard" / "app.py"

@@ -318,7 +318,7 @@ def test_a_config_this_bench_cannot_read_is_one_message(source, tmp_path):
 
 
 def test_the_message_names_the_criterion_and_what_else_can_explain_a_difference():
-    from bench.cli.results import _verify_text
+    from bench.cli.runs import _verify_text
 
     here = {"device": "cpu", "device_name": None, "cpu_16bit": "all", "lowp_matmul_mode": "auto"}
     base = {"run": "r1", "steps": 3, "requested_steps": 3, "here": here, "recorded": {**here, "cpu_16bit": "none"},

@@ -80,6 +80,11 @@ def _user_errors():
     return (BenchError,)
 
 
+def fmt3(x) -> str:
+    """A number to 3 decimals, "-" for a missing one (None or NaN)."""
+    return "-" if x is None or x != x else f"{x:.3f}"
+
+
 def _progress(description: str):
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                TimeRemainingColumn)
@@ -95,4 +100,4 @@ def main() -> None:
 
 
 # the commands register on import, in this order (it is the order `bench --help` lists them)
-from bench.cli import build, run, results, compare, check, repo, admin  # noqa: E402,F401
+from bench.cli import build, run, runs, report, serve, mismatch, compare, check, repo, admin  # noqa: E402,F401

@@ -58,7 +58,7 @@ def _print_run_end(run_id: str, store, as_json: bool = False) -> None:
     """The ended run as JSON, or its summary line (exit 1 when it failed: a verl run that
     failed returns here rather than raising)."""
     if as_json:
-        from bench.cli.results import _run_info
+        from bench.cli.runs import _run_info
 
         out.print_json(json.dumps(_run_info(store, run_id), default=str))
         return

@@ -1,0 +1,71 @@
+"""`bench mismatch`: the offline training–inference mismatch analysis (runners/offline_mismatch.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from bench.cli import DB_OPT, _store, _user_errors, app, console, fail, out
+from bench.cli.options import DEVICE_METAVAR, Engine, knob_options, parse_device
+from runners.mismatch_config import MismatchConfig
+
+
+def _mismatch_defaults() -> dict[str, dict]:
+    from dataclasses import MISSING, fields
+
+    from runners.mismatch_config import MismatchConfig
+
+    return {"mismatch": {f.name: f.default for f in fields(MismatchConfig) if f.default is not MISSING}}
+
+
+@app.command()
+@knob_options(MismatchConfig, defaults=_mismatch_defaults(), panel="Analysis settings (MismatchConfig)",
+              before="out_dir")
+def mismatch(model: str = typer.Option("tiny-math"), dtype: str = typer.Option("all", help="A pair (fp16, "
+             "rollout=fp32,train=bf16), a list of dtypes and pairs separated by ',' or ';', all (35 pairs) or "
+             "all16 (the paper's nine)."),
+             source: str = typer.Option("synthetic-hard", help="Problems (any `bench build --source`)."),
+             engine: Engine = typer.Option(Engine.torch, help="Rollout engine (auto: vllm when importable, else "
+                                           "torch)."),
+             temperature: float = typer.Option(1.0, help="Must be 1: μ has to be the raw softmax."),
+             top_p: float = typer.Option(1.0, help="Must be 1: μ has to be the raw softmax."),
+             out_dir: Optional[Path] = typer.Option(None, "--out"),
+             device: str = typer.Option("auto", parser=parse_device, metavar=DEVICE_METAVAR,
+                                        help="Both engines' device (torch rollout engine and the training "
+                                        "engine's scoring): auto (cuda when available), cpu, cuda, cuda:i."),
+             as_json: bool = typer.Option(False, "--json"), db: Optional[str] = DB_OPT, knobs: dict = None):
+    """Offline training–inference mismatch (the paper's Figure 2): μ from the rollout engine,
+    π from the training engine, on the same sampled tokens."""
+    from bench.device import resolve_device
+    from bench.knobs import check
+    from bench.precision import Precision, parse_list
+    from runners.offline_mismatch import analyse
+
+    if temperature != 1.0 or top_p != 1.0:
+        fail("bench mismatch samples at temperature 1 and top-p 1 only: otherwise μ is the log-probability of "
+             "a reshaped distribution, not the model's softmax (TRL #6789, #4159)")
+    cfg = check(MismatchConfig(model=model, source=source, engine=engine.value, out=out_dir,
+                               **{k: v for k, v in knobs.items() if v is not None}))
+    pairs = [Precision.parse(dtype)] if "=" in dtype and ";" not in dtype else parse_list(dtype)
+    cfg.device = resolve_device(device)
+    store = _store(db)
+    try:
+        reports = analyse(store, cfg, pairs, progress=lambda p, m: console.print(
+            f"{p.name}: mean |π−μ| {m['prob_abs_diff_mean']:.2e}, KL {m['kl_k1']:.2e} nats", highlight=False))
+    except _user_errors() as e:
+        fail(str(e))
+    if as_json:
+        out.print_json(json.dumps(reports))
+        return
+    t = Table("rollout μ", "train π", "KL k1 (nats)", "± se", "KL k1 (bits)", "k3", "mean |π−μ|", "max π−μ",
+              "min π−μ", "slope /1k tok", "± se")
+    for r in reports:
+        t.add_row(r["rollout"], r["train"], f"{r['kl_k1']:.2e}", f"{r['kl_k1_stderr']:.1e}", f"{r['kl_k1_bits']:.2e}",
+                  f"{r['kl_k3']:.2e}", f"{r['prob_abs_diff_mean']:.2e}", f"{r['prob_diff_max']:.3g}",
+                  f"{r['prob_diff_min']:.3g}", f"{r['log_ratio_slope']:.3g}", f"{r['log_ratio_slope_se']:.1e}")
+    out.print(t)
+    out.print(f"plots under {Path(reports[0]['plots']['token_scatter']).parent.parent}", highlight=False)
