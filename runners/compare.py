@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bench import statuses
 from bench.errors import ConfigError
 
 METRICS = ("peak", "steps-to-pass")
@@ -85,7 +86,7 @@ def score(run, metric: str) -> float:
     """A run's score (module doc): peak split accuracy, or steps to pass (max_steps if it did not)."""
     if metric == "peak":
         return float(run.peak_accuracy if run.peak_accuracy is not None else 0.0)
-    if run.status == "converged" and run.steps_to_target is not None:
+    if run.status == statuses.CONVERGED and run.steps_to_target is not None:
         return float(run.steps_to_target)
     return float((run.config or {}).get("max_steps", run.step))
 
@@ -147,8 +148,7 @@ def run_comparison(store, db_url, cells: list[tuple[str, str]], metric: str, max
                 got = []
                 for r in results:
                     run = s.get(Run, r["run"]) if r["run"] else None
-                    if run is None or run.status not in ("converged", "plateaued", "collapsed", "futile", "diverged",
-                                                         "max_steps"):
+                    if run is None or run.status not in statuses.FINISHED:
                         raise RunError(f"{name} seed {r.get('seed')} did not finish ({r['status']}); rerun "
                                        "`bench compare` to retry it (finished seeds are reused)")
                     got.append(score(run, metric))

@@ -37,7 +37,7 @@ from bench.engines import resolve_engine
 from bench.errors import ConfigError
 from bench.fingerprint import fingerprint
 from bench.precision import Precision
-from bench.statuses import FAILED, FAILING, FINISHED, SKIPPED
+from bench.statuses import FAILED, FAILING, FINISHED, RUNNING, SKIPPED
 from bench.store import Build, Run, session
 from bench.store.schema import utcnow
 
@@ -296,7 +296,7 @@ def run_grid(store, db_url: str | None, algos: list[str], pairs: list[Precision]
         with session(store) as s:     # interrupted (or crashed while the cell was being decided)
             kk = default_k if k is None else k
             fp = cell_fingerprint(preset, cell_args(k, seed))
-            mine = _cell_runs(s, build_id, a, p, seed, kk, recorded_engine, fp, (*FINISHED, "failed", "running"), since)
+            mine = _cell_runs(s, build_id, a, p, seed, kk, recorded_engine, fp, (*FINISHED, FAILED, RUNNING), since)
             mine_id, mine_status, at = (mine[0].id, mine[0].status, mine[0].step) if mine else (None, None, None)
         if mine_status in FINISHED:   # it ended before the interruption reached it (its output was cut)
             return mine_id
