@@ -106,6 +106,15 @@ def _run_record(s, r: Run, shash: str) -> dict:
             "digests": [{"step": d.step, "digest": d.digest, "chain": d.chain} for d in digests]}
 
 
+def _file_sha256(path: Path) -> str:
+    """sha256 of a file, read a MiB at a time."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def _dumps(obj) -> bytes:
     return json.dumps(obj, indent=1, sort_keys=True, default=str).encode("utf-8")
 
@@ -119,6 +128,7 @@ def export_runs(engine, run_ids: list[str], out: Path, window_checkpoints: bool 
     if not run_ids:
         raise BundleError("name at least one run to export")
     members: dict[str, bytes] = {}
+    files: dict[str, Path] = {}                 # members written from the disk (checkpoints)
     carried: dict[str, int | None] = {}
     with session(engine) as s:
         runs = []
@@ -142,11 +152,12 @@ def export_runs(engine, run_ids: list[str], out: Path, window_checkpoints: bool 
                     else None
                 carried[r.id] = window[0] if path is not None and path.is_file() else None
                 if carried[r.id] is not None:
-                    members[f"checkpoints/{r.id}/step-{window[0]:06d}.pt"] = path.read_bytes()
+                    files[f"checkpoints/{r.id}/step-{window[0]:06d}.pt"] = path
     manifest = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "created_at": datetime.now().isoformat(),
                 "runs": [r.id for r in runs], "builds": list(hashes), "split_hashes": hashes,
                 **({"window_checkpoints": carried} if window_checkpoints else {}),
-                "members": {name: hashlib.sha256(data).hexdigest() for name, data in members.items()}}
+                "members": {**{name: hashlib.sha256(data).hexdigest() for name, data in members.items()},
+                            **{name: _file_sha256(path) for name, path in files.items()}}}
     out = Path(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -156,6 +167,11 @@ def export_runs(engine, run_ids: list[str], out: Path, window_checkpoints: bool 
                 info = tarfile.TarInfo(name)
                 info.size, info.mode, info.mtime = len(data), 0o644, 0
                 tar.addfile(info, io.BytesIO(data))
+            for name, path in files.items():
+                info = tarfile.TarInfo(name)
+                info.size, info.mode, info.mtime = path.stat().st_size, 0o644, 0
+                with open(path, "rb") as f:
+                    tar.addfile(info, f)
         tmp.replace(out)
     except OSError as e:
         raise BundleError(f"cannot write {out}: {e.strerror or e}") from None
@@ -242,11 +258,14 @@ def read_bundle(path: Path) -> tuple[dict, dict[str, dict], dict[str, dict]]:
                 tar.extractall(tmp, filter="data")
         except (tarfile.TarError, EOFError, OSError, UnicodeDecodeError) as e:
             raise BundleError(f"not a readable .tar.gz bundle ({e})") from None
-        files = {}
+        files, sums = {}, {}
         for name in names:
             f = (tmp / name).resolve()
             _need(f.is_relative_to(tmp.resolve()) and f.is_file(), f"member {name!r} escapes the extraction folder")
-            files[name] = f.read_bytes()
+            if _CHECKPOINT.fullmatch(name):          # hashed from the disk: a checkpoint may be many GB
+                sums[name] = _file_sha256(f)
+            else:
+                files[name] = f.read_bytes()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -258,16 +277,17 @@ def read_bundle(path: Path) -> tuple[dict, dict[str, dict], dict[str, dict]]:
     _need(version == SCHEMA_VERSION, f"schema version {version!r}; this bench reads version {SCHEMA_VERSION}")
     _check_fields(manifest, {"runs": list, "builds": list, "members": dict}, MANIFEST)
     listed = manifest["members"]
-    missing = sorted(set(listed) - set(files))
+    have = set(files) | set(sums)
+    missing = sorted(set(listed) - have)
     _need(not missing, f"missing member(s) {', '.join(missing)}")
-    extra = sorted(set(files) - set(listed))
+    extra = sorted(have - set(listed))
     _need(not extra, f"member(s) not listed in {MANIFEST}: {', '.join(extra)}")
     for name, digest in listed.items():
-        _need(hashlib.sha256(files[name]).hexdigest() == digest, f"member {name} was altered (its sha256 differs)")
-    checkpoints = {n for n in listed if _CHECKPOINT.fullmatch(n)}
-    for name in checkpoints:
+        got = sums[name] if name in sums else hashlib.sha256(files[name]).hexdigest()
+        _need(got == digest, f"member {name} was altered (its sha256 differs)")
+    checkpoints = set(sums)
+    for name in checkpoints:                    # checked by their sums above; bundle_checkpoints writes them out
         _need(_CHECKPOINT.fullmatch(name).group(1) in manifest["runs"], f"{name}: a checkpoint of no run in the bundle")
-        files.pop(name)                         # bytes, checked by their sum above; bundle_checkpoints reads them
     want = {f"builds/{b}.json" for b in manifest["builds"]} | {f"runs/{r}.json" for r in manifest["runs"]}
     _need(want == set(listed) - checkpoints, f"{MANIFEST}: its runs and builds do not match its members")
 
@@ -322,7 +342,8 @@ def bundle_checkpoints(path: Path, out_dir: Path) -> dict[str, tuple[int, Path]]
             if hit and m.isfile():
                 rid, step = hit.group(1), int(hit.group(2))
                 f = Path(out_dir) / f"{rid}-step-{step:06d}.pt"
-                f.write_bytes(tar.extractfile(m).read())
+                with tar.extractfile(m) as src, open(f, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
                 out[rid] = (step, f)
     return out
 

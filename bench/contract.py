@@ -26,6 +26,7 @@ largest deviation. runners/check.py defines the metrics.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import tomllib
 from dataclasses import dataclass, field
@@ -104,14 +105,23 @@ def load(path: str | Path) -> Contract:
     if data.get("version") != VERSION:
         raise ContractError(f"{p}: contract version {data.get('version')!r}; this bench reads version {VERSION}")
     pairs: dict[str, dict[str, Line]] = {}
-    for pair, lines in (data.get("pairs") or {}).items():
+    table = data.get("pairs") or {}
+    if not isinstance(table, dict):
+        raise ContractError(f"{p}: `pairs` must be a table of pairs, got {table!r}")
+    for pair, lines in table.items():
+        if not isinstance(lines, dict):
+            raise ContractError(f"{p}: pairs.{pair} must be a table of metric lines")
         pairs[pair] = {}
         for metric, spec in lines.items():
+            if not isinstance(spec, dict):
+                raise ContractError(f"{p}: {pair} {metric}: write {{ judgment = \"bound\", bound = … }} or "
+                                    f"{{ judgment = \"bitwise\" }}, got {spec!r}")
             judgment, bound = spec.get("judgment"), spec.get("bound")
             if judgment not in JUDGMENTS:
                 raise ContractError(f"{p}: {pair} {metric}: judgment {judgment!r}; choose one of "
                                     f"{', '.join(JUDGMENTS)}")
-            if judgment == "bound" and not (isinstance(bound, (int, float)) and math.isfinite(bound) and bound >= 0):
+            if judgment == "bound" and not (isinstance(bound, (int, float)) and not isinstance(bound, bool)
+                                            and math.isfinite(bound) and bound >= 0):
                 raise ContractError(f"{p}: {pair} {metric}: a bound line needs a finite bound >= 0, got {bound!r}")
             pairs[pair][metric] = Line(judgment, float(bound) if judgment == "bound" else None)
     return Contract(model=str(data.get("model", "")), engine=str(data.get("engine", "")), pairs=pairs,
@@ -119,23 +129,23 @@ def load(path: str | Path) -> Contract:
 
 
 def _key(k: str) -> str:
-    return k if k.replace("_", "").replace("-", "").isalnum() and k.isascii() else '"' + k.replace('"', '\\"') + '"'
+    return k if k.replace("_", "").replace("-", "").isalnum() and k.isascii() else json.dumps(k)
 
 
 def dumps(c: Contract) -> str:
     """The contract as TOML (load(dumps(c)) == c)."""
     head = ["# bench check contract (docs/check.md): what a correct engine pair shows at step 0",
-            f"version = {c.version}", f'model = "{c.model}"', f'engine = "{c.engine}"']
+            f"version = {c.version}", f"model = {json.dumps(c.model)}", f"engine = {json.dumps(c.engine)}"]
     if c.margin is not None:
-        head.append(f"margin = {c.margin!r}")
+        head.append(f"margin = {float(c.margin)!r}")
     if c.derived:
-        head.append(f'derived = "{c.derived}"')
+        head.append(f"derived = {json.dumps(c.derived)}")
     out = ["\n".join(head)]
     for pair, lines in c.pairs.items():
         body = [f"[pairs.{_key(pair)}]"]
         for metric, line in lines.items():
             spec = '{ judgment = "bitwise" }' if line.judgment == "bitwise" else \
-                f'{{ judgment = "bound", bound = {line.bound:.3e} }}'
+                f'{{ judgment = "bound", bound = {line.bound!r} }}'
             body.append(f"{_key(metric)} = {spec}")
         out.append("\n".join(body))
     return "\n\n".join(out) + "\n"

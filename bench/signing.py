@@ -71,35 +71,35 @@ def load_private_key(path: Path):
     return key
 
 
-def _members(path: Path) -> dict[str, bytes]:
+def _read(path: Path, names: tuple[str, ...]) -> dict[str, bytes]:
+    """The members `names` of the bundle at `path` that it has (the rest is not read: a bundle
+    may carry checkpoints of many GB)."""
     try:
         with tarfile.open(path, "r:gz") as tar:
-            return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+            return {m.name: tar.extractfile(m).read() for m in tar if m.isfile() and m.name in names}
     except (tarfile.TarError, EOFError, OSError) as e:
         raise SigningError(f"{path}: not a readable bundle ({e})") from None
 
 
-def _write(path: Path, members: dict[str, bytes]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tarfile.open(tmp, "w:gz") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o644
-            tar.addfile(info, io.BytesIO(data))
-    tmp.replace(path)
-
-
 def sign(bundle: Path, key: Path, signer: str) -> dict:
     """Add (or replace) `signature.json` in `bundle`: `signer`'s ed25519 signature over its
-    bundle.json. Returns the signature document."""
+    bundle.json. Returns the signature document. The members are copied one at a time."""
     private = load_private_key(key)
-    members = _members(bundle)
-    if "bundle.json" not in members:
+    manifest = _read(bundle, ("bundle.json",)).get("bundle.json")
+    if manifest is None:
         raise SigningError(f"{bundle}: no bundle.json to sign")
     doc = {"format": FORMAT, "algorithm": "ed25519", "signer": signer, "public_key": _public_hex(private),
-           "signature": private.sign(members["bundle.json"]).hex()}
-    members[SIGNATURE] = json.dumps(doc, indent=1).encode()
-    _write(bundle, members)
+           "signature": private.sign(manifest).hex()}
+    data = json.dumps(doc, indent=1).encode()
+    tmp = bundle.with_name(bundle.name + ".tmp")
+    with tarfile.open(bundle, "r:gz") as src, tarfile.open(tmp, "w:gz") as dst:
+        for m in src:
+            if m.isfile() and m.name != SIGNATURE:
+                dst.addfile(m, src.extractfile(m))
+        info = tarfile.TarInfo(SIGNATURE)
+        info.size, info.mode = len(data), 0o644
+        dst.addfile(info, io.BytesIO(data))
+    tmp.replace(bundle)
     return doc
 
 
@@ -124,21 +124,24 @@ def check(bundle: Path, ring: dict[str, str]) -> str | None:
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-    members = _members(bundle)
+    members = _read(bundle, (SIGNATURE, "bundle.json"))
     if SIGNATURE not in members:
         return None
     try:
         doc = json.loads(members[SIGNATURE])
         signer, key_hex, sig = doc["signer"], doc["public_key"], bytes.fromhex(doc["signature"])
+        if not isinstance(signer, str) or not isinstance(key_hex, str):
+            raise ValueError("signer and public_key must be strings")
+        key = bytes.fromhex(key_hex)
         if doc.get("format") != FORMAT or doc.get("algorithm") != "ed25519":
             raise ValueError("not an ed25519 bench-bundle-signature")
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise SigningError(f"{bundle}: {SIGNATURE} cannot be read ({e})") from None
     known = ring.get(signer)
     if known is None:
         raise SigningError(f"{bundle} is signed by {signer!r}, whom the keyring does not hold "
                            f"(it holds: {', '.join(ring) or 'no keys'})")
-    if known != key_hex:
+    if bytes.fromhex(known) != key:
         raise SigningError(f"{bundle} is signed as {signer!r} with another key than the keyring's {signer}.pub")
     try:
         Ed25519PublicKey.from_public_bytes(bytes.fromhex(known)).verify(sig, members["bundle.json"])

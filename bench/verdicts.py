@@ -257,7 +257,9 @@ def deciding_window(ev: Evidence, d: Decision | None = None) -> tuple[int, int] 
     calibration included). The rule reads: converged and the budget the last `hold` evaluations;
     futile the last `futility_window`; plateaued the last `patience` + 1; collapsed those from
     its peak on; non-finite the last step after the last evaluation; the calibration gate step 0.
-    None when nothing decided (no end claimed)."""
+    None when nothing decided (no end claimed). What a re-run of the window does not recompute:
+    the evaluations before A, on which the rules' state also rests (which reading was the peak,
+    that no rule decided earlier); only a re-run from step 0 covers those."""
     d = decide(ev) if d is None else d
     if d.rule is None or d.step is None:
         return None

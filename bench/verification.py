@@ -14,7 +14,10 @@ re-run re-computes every evaluation the rule that decided its verdict read (benc
 
 A re-run that differed makes the run *re-run differs* whatever else agreed (on another device or
 CPU kind only within a tolerance: a looser check, said so). A PASS or FAIL is **verified** only
-from *deciding window re-run* up.
+from *deciding window re-run* up. A window from a kept checkpoint at A proves that the deciding
+evaluations follow from the state the run recorded at A; the evaluations before A, which the
+rules' state also reads (the peak, that nothing decided earlier), are its claims until a re-run
+from step 0 covers them (*fully re-run*).
 """
 
 from __future__ import annotations

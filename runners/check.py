@@ -204,14 +204,26 @@ class PairResult:
 
 
 def _noise_rollout(first, again) -> float:
-    """max |Δ log μ| between two generations of the same rows (inf when a token differs)."""
+    """max |Δ log μ| between two generations of the same rows (inf when a token differs, NaN when
+    a log-prob is NaN: neither is a repeat)."""
     worst = 0.0
     for a, b in zip((s for row in first for s in row), (s for row in again for s in row)):
         if a.token_ids != b.token_ids:
             return math.inf
-        if a.logprobs:
-            worst = max(worst, max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)))
+        for x, y in zip(a.logprobs, b.logprobs):
+            d = abs(x - y)
+            if d != d:
+                return math.nan
+            worst = max(worst, d)
     return worst
+
+
+def _noise(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
+    """max |a − b| over the masked positions' whole rows, where a token both give probability 0
+    (−inf on both sides) counts as equal and a NaN anywhere makes the answer NaN."""
+    both_zero = (a == -math.inf) & (b == -math.inf)
+    d = torch.where(both_zero, 0.0, (a - b).abs())[mask.bool()]
+    return d.max().item() if d.numel() else 0.0
 
 
 def _padded(rows: list[torch.Tensor | None], t_max: int) -> torch.Tensor | None:
@@ -272,8 +284,7 @@ def measure(cfg: CheckConfig, pairs: list[Precision], out_dir: Path | None = Non
             for pair in (p for p in pairs if p.rollout == rollout):
                 model = prepare_compute_model(copy.deepcopy(base), pair.train, cfg.device).eval()
                 dist_pi = response_log_softmax(model, *dev).cpu()
-                noise_train = (dist_pi - response_log_softmax(model, *dev).cpu()).abs().nan_to_num(0.0)[
-                    mask.bool()].max().item()
+                noise_train = _noise(dist_pi, response_log_softmax(model, *dev).cpu(), mask)
                 pi = dist_pi.gather(-1, tk.unsqueeze(-1)).squeeze(-1) * mask
                 kl = position_kl(dist_mu, dist_pi)
                 lines = [f"rollout engine: {x}" for x in (roll_buffers or [])] + [

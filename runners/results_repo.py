@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import tempfile
 from datetime import datetime, timezone
@@ -53,12 +54,16 @@ def init(root: Path) -> Path:
         raise RepoError(f"{root} is a results repository already")
     (root / "bundles").mkdir(parents=True, exist_ok=True)
     (root / "keys").mkdir(exist_ok=True)
-    (root / ".gitignore").write_text(f"{STORE}\n{STORE}-*\n{MARK}\n")
+    (root / ".gitignore").write_text(f"{STORE}\n{STORE}-*\n{MARK}\n*.tmp\n")
     _write_index(root, {"format": FORMAT, "version": VERSION, "bundles": []})
     return root
 
 
+_ENTRY_FILE = re.compile(r"bundles/[0-9a-f]{12}\.tar\.gz")
+
+
 def read_index(root: Path) -> dict:
+    """The repository's index, every entry's fields checked (a bundle's file is one of bundles/)."""
     p = Path(root) / INDEX
     if not p.is_file():
         raise RepoError(f"{root} is not a results repository (no {INDEX}): `bench results init {root}` makes one")
@@ -66,8 +71,17 @@ def read_index(root: Path) -> dict:
         index = json.loads(p.read_text())
     except ValueError as e:
         raise RepoError(f"{p}: not JSON ({e})") from None
-    if index.get("format") != FORMAT or index.get("version") != VERSION:
+    if not isinstance(index, dict) or index.get("format") != FORMAT or index.get("version") != VERSION \
+            or not isinstance(index.get("bundles"), list):
         raise RepoError(f"{p}: not a {FORMAT} index of version {VERSION}")
+    for i, e in enumerate(index["bundles"]):
+        ok = (isinstance(e, dict) and isinstance(e.get("file"), str) and _ENTRY_FILE.fullmatch(e["file"])
+              and isinstance(e.get("sha256"), str) and e["file"][8:20] == e["sha256"][:12]
+              and isinstance(e.get("runs"), list) and all(isinstance(r, str) for r in e["runs"])
+              and (e.get("signer") is None or isinstance(e.get("signer"), str))
+              and isinstance(e.get("verifications", []), list))
+        if not ok:
+            raise RepoError(f"{p}: bundle entry {i} is malformed (file bundles/SHA12.tar.gz, its sha256, runs, signer)")
     return index
 
 
@@ -99,12 +113,18 @@ def store_url(root: Path) -> str:
 
 
 def _build(root: Path, index: dict, url: str) -> None:
-    """A store holding every bundle of the index and the verifications recorded with them."""
+    """A store holding every bundle of the index and the verifications recorded with them; each
+    bundle's file and signature are checked again (an index is only a claim: a signer it names
+    must still hold under the keyring)."""
+    ring = signing.keyring(root / "keys")
     store = open_store(url)
     for entry in index["bundles"]:
         path = root / entry["file"]
         if not path.is_file() or _sha256(path) != entry["sha256"]:
             raise RepoError(f"{entry['file']} is missing or is not the bundle the index recorded (sha256)")
+        if signing.check(path, ring) != entry.get("signer"):
+            raise RepoError(f"{entry['file']}: the index says it is signed by {entry.get('signer')!r}, the keyring "
+                            "does not confirm it")
         import_bundle(store, path)
         _record_verifications(store, entry.get("verifications") or [])
     store.dispose()
@@ -121,40 +141,75 @@ VERIFICATION_FIELDS = ("window_start", "steps", "verdict", "compared", "differen
                        "device_name", "cpu_16bit", "tolerance", "bench_commit")
 
 
+def signers(index: dict) -> dict[str, str | None]:
+    """Each run's signer: the one of the first bundle that carried it (a later copy that
+    continues the run must come from the same signer: `add`)."""
+    out: dict[str, str | None] = {}
+    for e in index["bundles"]:
+        for r in e["runs"]:
+            out.setdefault(r, e.get("signer"))
+    return out
+
+
 def add(root: Path, bundle: Path, verify: str = "claimed", device: str | None = None, progress=None) -> dict:
     """Validate, check and (per `verify`) re-run the bundle, then add it to the repository;
-    returns its index entry. RepoError / BundleError / SigningError / VerifyError: nothing changed."""
-    root, bundle = Path(root), Path(bundle)
+    returns its index entry. RepoError / BundleError / SigningError / VerifyError: nothing changed.
+    The bundle is copied first and only the copy is read; the new store is the scratch store the
+    checks ran on, swapped in before the index (the commit point) is written."""
+    root = Path(root)
     if verify not in LEVELS:
         raise RepoError(f"--verify {verify!r}: choose one of {', '.join(LEVELS)}")
     index = read_index(root)
-    manifest, _, runs = read_bundle(bundle)
-    sha = _sha256(bundle)
-    if any(e["sha256"] == sha for e in index["bundles"]):
-        raise RepoError(f"{bundle} is in the repository already")
-    ring = signing.keyring(root / "keys")
-    signer = signing.check(bundle, ring)
-    if signer is None and ring:
-        raise RepoError(f"{bundle} is unsigned and this repository's keyring holds keys ({', '.join(ring)}): sign it "
-                        "(`bench runs export … --sign KEY`)")
     url = store_url(root)
     with tempfile.TemporaryDirectory(prefix="bench-results-") as tmp:
+        copy = Path(tmp) / "bundle.tar.gz"
+        try:
+            shutil.copyfile(bundle, copy)
+        except OSError as e:
+            raise RepoError(f"cannot read {bundle}: {e.strerror or e}") from None
+        manifest, _, _ = read_bundle(copy)
+        sha = _sha256(copy)
+        if any(e["sha256"] == sha for e in index["bundles"]):
+            raise RepoError(f"{bundle} is in the repository already")
+        ring = signing.keyring(root / "keys")
+        signer = signing.check(copy, ring)
+        if signer is None and ring:
+            raise RepoError(f"{bundle} is unsigned and this repository's keyring holds keys ({', '.join(ring)}): "
+                            "sign it (`bench runs export … --sign KEY`)")
+        first = signers(index)
+        for rid in manifest["runs"]:
+            if rid in first and first[rid] != signer:
+                raise RepoError(f"run {rid} came from {first[rid] or 'an unsigned bundle'}; a bundle signed by "
+                                f"{signer or 'nobody'} cannot continue or re-submit it")
         scratch = Path(tmp) / "store.db"
         shutil.copyfile(url[len("sqlite:///"):], scratch)
         store = open_store(f"sqlite:///{scratch}")
         try:
-            import_bundle(store, bundle)
+            summary = import_bundle(store, copy)
         except BundleError as e:
             raise RepoError(f"{bundle} cannot join this repository: {e}") from None
-        rows = _verify(store, list(manifest["runs"]), verify, bundle, Path(tmp), device, progress)
+        if not (summary["runs_added"] or summary["runs_updated"]):
+            raise RepoError(f"{bundle} adds nothing: its runs are in the repository already, no further along")
+        rows = _verify(store, list(manifest["runs"]), verify, copy, Path(tmp), device, progress)
         store.dispose()
-    entry = {"file": f"bundles/{sha[:12]}.tar.gz", "sha256": sha, "runs": list(manifest["runs"]), "signer": signer,
-             "added_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "verify": verify,
-             "verifications": rows}
-    shutil.copyfile(bundle, root / entry["file"])
-    index["bundles"].append(entry)
-    _write_index(root, index)
-    store_url(root)
+        entry = {"file": f"bundles/{sha[:12]}.tar.gz", "sha256": sha, "runs": list(manifest["runs"]),
+                 "signer": signer, "added_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                 "verify": verify, "verifications": rows}
+        staged = root / f"{entry['file']}.tmp"
+        shutil.copyfile(copy, staged)
+        if _sha256(staged) != sha:
+            staged.unlink()
+            raise RepoError(f"{staged}: the copy into the repository does not match (sha256); nothing added")
+        staged.replace(root / entry["file"])
+        index["bundles"].append(entry)
+        (root / MARK).unlink(missing_ok=True)           # the store is rebuilt if what follows is cut short
+        new_store = root / f"{STORE}-new"
+        shutil.copyfile(scratch, new_store)             # the scratch may be on another file system
+        new_store.replace(root / STORE)
+        for suffix in ("-wal", "-shm"):
+            Path(f"{root / STORE}{suffix}").unlink(missing_ok=True)
+        _write_index(root, index)
+    (root / MARK).write_text(hashlib.sha256((root / INDEX).read_bytes()).hexdigest() + "\n")
     return entry
 
 
@@ -173,7 +228,7 @@ def _verify(store, run_ids: list[str], level: str, bundle: Path, tmp: Path, devi
     for rid in run_ids:
         window = verdicts.deciding_window(evidence[rid]) or (0, steps[rid])
         if level == "first":
-            start, end = 0, min(3, steps[rid])
+            start, end = 0, max(1, min(3, steps[rid]))
         elif level == "full":
             start, end = 0, steps[rid]
         else:

@@ -51,6 +51,8 @@ from . import verify_compare as vc
 from .runs import RunError, _train, config_from_dict, load_split, resolve_inputs
 
 DEFAULT_STEPS = 3
+# what the trainer's checkpoint holds (runners/trainer.py save_checkpoint)
+CHECKPOINT_KEYS = frozenset({"step", "wall", "stop", "model", "optimizer", "scaler", "rng_torch", "rng_python"})
 
 
 class VerifyError(BenchError, ValueError):
@@ -147,6 +149,8 @@ def _kept(s, run: Run, start: int, checkpoint: Path | None) -> Path:
     except Exception as e:
         raise VerifyError(f"{path} is not a checkpoint bench loads (tensors, numbers and containers only): "
                           f"{str(e).splitlines()[0][:200]}") from None
+    if not isinstance(state, dict) or not CHECKPOINT_KEYS <= set(state):
+        raise VerifyError(f"{path} is not a bench checkpoint (it needs {', '.join(sorted(CHECKPOINT_KEYS))})")
     digest = checkpoint_digest(state)
     if state.get("step") != start or digest != row.digest:
         raise VerifyError(f"{path} is not run {run.id}'s state at step {start}: its state digest {digest[:12]}… "
@@ -197,8 +201,10 @@ def _inputs(s, run_id: str, steps: int, start: int = 0, checkpoint: Path | None 
                           f"{build.split_hash[:12]}…")
     highest = s.scalar(select(func.max(RunStep.step)).where(RunStep.run_id == run_id)) or 0
     last = min(steps, max(run.step, highest))        # a row claiming fewer steps than it stores hides none
-    if start >= last:
+    if start and start >= last:
         raise VerifyError(f"--window {start}:{steps}: run {run_id} stored {last} step(s), none after step {start}")
+    if checkpoint is not None and not start:
+        raise VerifyError("--checkpoint is the state a window A:B starts from (A > 0): give --window A:B too")
     kept = _kept(s, run, start, checkpoint) if start else None
     stored = _window(s, run_id, last, run.calibration)
     return run, build, model, ref, split, last, stored, kept

@@ -193,3 +193,23 @@ def test_check_every_pair_with_the_shipped_contract(tmp_path):
     # bad input: exit 2, nothing measured
     r = CliRunner().invoke(app, ["check", "--dtype", "fp32", "--contract", str(tmp_path / "nope.toml"), "--db", url])
     assert r.exit_code == 2 and "no contract file" in r.output
+
+
+def test_the_noise_floor_by_hand():
+    from runners.check import _noise
+
+    inf = math.inf
+    a = torch.tensor([[[0.0, -inf], [L(.5), L(.5)]]])
+    b = torch.tensor([[[0.0, -inf], [L(.5), L(.5) + 2.0 ** -20]]])        # a multiple of fp32's step there
+    assert _noise(a, a.clone(), torch.ones(1, 2)) == 0.0                  # −inf on both sides is equal
+    assert _noise(a, b, torch.ones(1, 2)) == 2.0 ** -20
+    assert _noise(a, b, torch.tensor([[1.0, 0.0]])) == 0.0              # off the mask
+    assert math.isnan(_noise(a, a.masked_fill(a == 0.0, math.nan), torch.ones(1, 2)))
+
+
+def test_a_contract_of_another_model_or_engine_is_refused(tmp_path):
+    other = tmp_path / "other.toml"
+    other.write_text('version = 1\nmodel = "tiny-math-moe"\nengine = "torch"\n')
+    r = CliRunner().invoke(app, ["check", "--dtype", "fp32", "--contract", str(other), "--db",
+                                 f"sqlite:///{tmp_path / 's.db'}"])
+    assert r.exit_code == 2 and "the contract of tiny-math-moe with the torch engine" in " ".join(r.output.split())

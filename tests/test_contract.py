@@ -108,3 +108,19 @@ def test_junit_has_a_case_per_line_and_names_the_broken_ones(tmp_path):
     assert failure.text == "the mismatch enters at layers.0.mlp"
     assert cases[("bench.check.fp8→fp16", "kl_k3")].is_passed
     assert {p.name: p.value for p in suite.properties()}["model"] == "tiny-math"
+
+
+def test_a_malformed_contract_is_one_message_and_strings_round_trip(tmp_path):
+    p = tmp_path / "c.toml"
+    for text, msg in (("version = 1\npairs = 3\n", "must be a table of pairs"),
+                      ("version = 1\n[pairs]\nfp16 = 1\n", "must be a table of metric lines"),
+                      ("version = 1\n[pairs.fp16]\nkl_k3 = 1e-6\n", "write { judgment"),
+                      ("version = 1\n[pairs.fp16]\nk = { judgment = 'bound', bound = true }\n", "finite bound")):
+        p.write_text(text)
+        with pytest.raises(ContractError, match=msg):
+            load(p)
+    odd = Contract('tiny "math"', "torch", {"fp8→fp16": {"layer:layers.0.mlp": Line("bound", 0.1 + 0.2)}},
+                   margin=4.0, derived='seeds "0-4", path all')
+    p.write_text(dumps(odd))
+    back = load(p)
+    assert (back.model, back.derived, back.pairs) == (odd.model, odd.derived, odd.pairs)   # 0.30000000000000004 exact

@@ -176,7 +176,20 @@ def test_forged_submissions_are_refused_and_change_nothing(flow, tmp_path):
     reseeded = _forged(flow, tmp_path / "e", lambda o: o.update(seed=o["seed"] + 1), key="alice", name="alice")
     r = _cli("results", "add", reseeded, "--repo", repo)
     assert r.exit_code == 2 and "changes its identity" in " ".join(r.output.split()), r.output
+    # the same run re-signed: by alice it adds nothing; by another trusted signer it would take her credit
+    shutil.copy(flow["keys"] / "mallory.pub", repo / "keys" / "mallory.pub")
+    for key, needle in (("alice", "adds nothing"), ("mallory", "came from alice")):
+        again = _forged(flow, tmp_path / f"f-{key}", key=key, name=key)
+        r = _cli("results", "add", again, "--repo", repo)
+        assert r.exit_code == 2 and needle in " ".join(r.output.split()), (key, r.output)
+    (repo / "keys" / "mallory.pub").unlink()
     assert _state(repo) == after
+    # an index edited by hand to name another signer: the store is not rebuilt on its word
+    index = json.loads((repo / "index.json").read_text())
+    index["bundles"][0]["signer"] = "mallory"
+    (repo / "index.json").write_text(json.dumps(index))
+    r = _cli("publish", "--results", repo, "--out", tmp_path / "site")
+    assert r.exit_code == 2 and "the keyring does not confirm it" in " ".join(r.output.split()), r.output
 
 
 @pytest.mark.browser
@@ -251,3 +264,28 @@ def test_a_checkpoint_that_would_run_code_is_refused_unrun(flow, tmp_path):
     assert not marker.exists()
     with tarfile.open(path) as tar:
         assert name in tar.getnames()
+
+
+def test_a_keyring_in_uppercase_hex_and_a_malformed_signature(flow, tmp_path):
+    import io
+    import tarfile
+
+    from bench.signing import SigningError, check, keyring
+
+    ring = tmp_path / "keys"
+    ring.mkdir()
+    (ring / "alice.pub").write_text((flow["keys"] / "alice.pub").read_text().upper())
+    assert check(flow["bundle"], keyring(ring)) == "alice"
+    with tarfile.open(flow["bundle"]) as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    doc = json.loads(members["signature.json"])
+    doc["signer"] = ["alice"]
+    members["signature.json"] = json.dumps(doc).encode()
+    bad = tmp_path / "bad.tar.gz"
+    with tarfile.open(bad, "w:gz") as tar:
+        for n, data in members.items():
+            info = tarfile.TarInfo(n)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(SigningError, match="cannot be read"):
+        check(bad, keyring(ring))

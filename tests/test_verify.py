@@ -357,3 +357,22 @@ def test_a_row_claiming_fewer_steps_than_it_stores_hides_none(source, tmp_path):
         s.get(Run, source["run"]).step = 1
     r = _cli("runs", "verify", source["run"], "--db", url)
     assert r.exit_code == 1 and "DIFFERS at step 2, kl_k3:" in " ".join(r.stdout.split()), r.output
+
+
+@pytest.mark.integration
+def test_a_run_that_ended_at_step_0_can_be_planned(source, tmp_path):
+    """A run the calibration gate stopped stores no step: a verification re-runs its calibration
+    (window 0–0), it is not refused as "none after step 0"."""
+    import shutil as sh
+
+    from runners.verify import plan_verification
+
+    db = tmp_path / "copy.db"
+    sh.copyfile(source["url"][len("sqlite:///"):], db)
+    url = f"sqlite:///{db}"
+    with session(open_store(url)) as s:
+        run = s.get(Run, source["run"])
+        run.step, run.status = 0, "miscalibrated"
+        s.query(RunStep).filter(RunStep.run_id == run.id).delete()
+    plan = plan_verification(open_store(url), source["run"], 3)
+    assert (plan.start, plan.last_step) == (0, 0)

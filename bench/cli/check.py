@@ -78,6 +78,9 @@ def check(model: str = typer.Option("tiny-math", help="'tiny-math', a model dire
              f"from pairs you trust with `bench check --model {model} --dtype PAIRS --derive-contract 5 --contract "
              "FILE`")
     terms = contracts.load(path)
+    if (terms.model, terms.engine) != (Path(model).name, cfg.engine):
+        fail(f"{path} is the contract of {terms.model or '?'} with the {terms.engine or '?'} engine, not of "
+             f"{Path(model).name} with the {cfg.engine} engine: give the contract derived for this model and engine")
     store = _store(db)
     t0 = time.time()
     results = _measure(cfg, pairs, plots, as_json)
@@ -182,6 +185,10 @@ def _derive(cfg, pairs, repeats: int, path: Path, plots: Path, quiet: bool) -> N
     from bench import contract as contracts
     from runners.check import judged_values
 
+    existing = contracts.load(path) if path.is_file() else None      # a bad file is refused before measuring
+    if existing is not None and (existing.model, existing.engine) != (Path(cfg.model).name, cfg.engine):
+        raise contracts.ContractError(f"{path} is the contract of {existing.model}/{existing.engine}: derive "
+                                      f"{Path(cfg.model).name}/{cfg.engine} into another file")
     runs: dict[str, list[dict]] = {}
     for k in range(repeats):
         for r in _measure(replace(cfg, seed=cfg.seed + k), pairs, plots, quiet):
@@ -193,8 +200,8 @@ def _derive(cfg, pairs, repeats: int, path: Path, plots: Path, quiet: bool) -> N
     if str(cfg.device).startswith("cpu"):
         how += f", CPU 16-bit path {cpu_kernel_path()}"
     terms = contracts.derive(runs, cfg.margin, Path(cfg.model).name, cfg.engine, how)
-    if path.is_file():
-        terms = contracts.widen(contracts.load(path), terms)
+    if existing is not None:
+        terms = contracts.widen(existing, terms)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(contracts.dumps(terms))
     out.print(f"wrote {path}: {sum(len(v) for v in terms.pairs.values())} lines for {len(terms.pairs)} pair(s) "

@@ -86,12 +86,12 @@ def publish(results: Path = typer.Option(..., help="The results repository."),
     grid, each run's verdict with its evidence, verification level, signer, curves and mismatch; the
     paper's reference rows apart. Any static host serves the folder."""
     from leaderboard.site import write_site
-    from runners.results_repo import read_index, store_url
+    from runners.results_repo import read_index, signers, store_url
 
     try:
         index = read_index(results)
-        url = store_url(results)
-        pages = write_site(url, out_dir, title, signers={r: e["signer"] for e in index["bundles"] for r in e["runs"]})
+        url = store_url(results)                     # re-checks every bundle's file and signature
+        pages = write_site(url, out_dir, title, signers=signers(index))
     except _user_errors() as e:
         fail(str(e))
     out.print(f"{out_dir / 'index.html'}: {pages} page(s)", highlight=False)
