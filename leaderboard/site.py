@@ -82,7 +82,8 @@ def _ranking(cells: pd.DataFrame, signers: dict[str, str | None]) -> str:
         who = sorted({signers.get(r) or "unsigned" for r in c.runs})
         links = " ".join(f'<a href="runs/{_esc(r)}.html">{_esc(r)}</a>' for r in c.runs)
         rows.append(f'<tr data-cell="{i}">' + "".join([
-            f"<td>{i}</td>", _td("algo", c.algo), _td("precision", c.precision), _td("engine", c.engine),
+            f"<td>{i}</td>", _td("algo", c.algo), _td("precision", c.precision), _td("build", c.build),
+            _td("engine", c.engine),
             _verdict_td(c.sanity), _td("passes", c.passes), _td("pass_lower", c.pass_lower, f"≥ {c.pass_lower:.2f}",
                                                                  "num"),
             _td("peak_mean", c.peak_mean, peak, "num"), _td("steps_to_pass_median", c.steps_to_pass_median, steps,
@@ -91,7 +92,8 @@ def _ranking(cells: pd.DataFrame, signers: dict[str, str | None]) -> str:
                 "num"),
             _td("verification", c.verification), f'<td data-field="signers">{_esc(", ".join(who))}</td>',
             f"<td>{links}</td>"]) + "</tr>")
-    head = ("<tr><th>#</th><th>algorithm</th><th>precision (μ→π)</th><th>engine</th><th>sanity</th><th>passes</th>"
+    head = ("<tr><th>#</th><th>algorithm</th><th>precision (μ→π)</th><th>build</th><th>engine</th><th>sanity</th>"
+            "<th>passes</th>"
             "<th>p(pass) ≥</th><th>peak (mean, 95% logit-t interval)</th><th>steps→pass median (min–max)</th>"
             "<th>KL k3 median</th><th>verified</th><th>signed by</th><th>runs</th></tr>")
     return f'<table id="ranking">{head}{"".join(rows)}</table>'
@@ -99,7 +101,7 @@ def _ranking(cells: pd.DataFrame, signers: dict[str, str | None]) -> str:
 
 def _grids(cells: pd.DataFrame) -> str:
     out = []
-    for algo, g in cells.groupby("algo", sort=False):
+    for (algo, build), g in cells.groupby(["algo", "build"], sort=False):
         split = g.precision.str.split("→")
         g = g.assign(rollout=split.str[0], train=split.str[-1])
         rollouts, trains = list(dict.fromkeys(g.rollout)), list(dict.fromkeys(g.train))
@@ -117,7 +119,7 @@ def _grids(cells: pd.DataFrame) -> str:
                            f'color:{ink}">{VERDICT_MARKS.get(c.sanity, "")} {_esc(c.passes)}</td>')
             rows.append(f"<tr><th>{_esc(r)}</th>{''.join(tds)}</tr>")
         head = "<tr><th>rollout μ \\ train π</th>" + "".join(f"<th>{_esc(t)}</th>" for t in trains) + "</tr>"
-        out.append(f"<h3>{_esc(algo)}</h3><table class=grid>{head}{''.join(rows)}</table>")
+        out.append(f"<h3>{_esc(algo)} · build {_esc(build)}</h3><table class=grid>{head}{''.join(rows)}</table>")
     return "".join(out)
 
 
