@@ -10,8 +10,9 @@ engine scores the same tokens. With d_t = log π_t − log μ_t on the sampled t
     chi2_token              mean_t e^{2 d_t} − 1 (d clamped to ±20)            the IS weight's variance
     abs_logp_diff_mean/max  mean_t / max_t |d_t|
     token_mult_prob_error   mean_t exp|d_t|                                    NeMo-RL's name
-Where the rollout engine gives the whole distribution it drew each token from (the built-in
-engine: `record_distributions`; vLLM returns top-k only, so these are not measured there):
+Where the rollout engine gives the distribution it drew each token from (the built-in engine:
+`record_distributions`; vLLM: its top-k log-probs, the whole vocabulary up to FULL_VOCAB_UP_TO
+tokens, else the top DEFAULT_TOP_K or `--vllm-logprobs`, which make these lower bounds, flagged):
     kl_full                 mean over sampled positions of Σ_v μ_v (log μ_v − log π_v)
     tok_kl_max_mean / _max  D_KL^{tok,max} of Trust Region Masking (arXiv 2512.23075): each
                             sequence's largest kl_full term, averaged / maximised over sequences
@@ -57,6 +58,8 @@ from .logprobs import pack, response_log_softmax
 LENGTH_BUCKETS = ((1, 16), (17, 32), (33, None))            # response tokens, inclusive
 ENTROPY_BUCKETS = ((0.0, 0.1), (0.1, 1.0), (1.0, None))     # nats, [lo, hi)
 SAFETY_BOUND = 20.0
+FULL_VOCAB_UP_TO = 4096       # vLLM: ask for every token's log-prob up to this vocabulary size (tiny-math: 85)
+DEFAULT_TOP_K = 20            # else its top-k: kl_full becomes a lower bound (position_kl)
 ONE_SIDED_HEAD = ("one-sided fp32 head: only one engine computes lm_head and the logits in fp32 (NeMo-RL #3936 "
                   "found a one-sided fp32 head worse than none); give both sides bf16+head32 or neither")
 
@@ -86,11 +89,21 @@ def token_metrics(mu: torch.Tensor, pi: torch.Tensor, mask: torch.Tensor,
 
 def position_kl(dist_mu: torch.Tensor | None, dist_pi: torch.Tensor | None) -> torch.Tensor | None:
     """KL(μ_t ‖ π_t) = Σ_v μ_v (log μ_v − log π_v) at every position [N, T] (float64), from
-    log-prob rows [N, T, V]; None without both. A token μ gives probability 0 adds nothing."""
+    log-prob rows [N, T, V]; None without both. A token μ gives probability 0 adds nothing.
+    Where μ's rows hold only its top-k tokens (vLLM's log-probs, −inf off them) the rest of the
+    vocabulary is one bucket, and by the log-sum inequality
+        KL ≥ Σ_{v∈K} μ_v (log μ_v − log π_v) + r_μ log(r_μ / r_π),   r = 1 − Σ_{v∈K} p_v,
+    a lower bound, exact when K is the whole vocabulary (r_μ = 0)."""
     if dist_mu is None or dist_pi is None:
         return None
     lm, lp = dist_mu.double(), dist_pi.double()
-    return torch.where(lm > -math.inf, lm.exp() * (lm - lp), 0.0).sum(-1)
+    known = lm > -math.inf
+    head = torch.where(known, lm.exp() * (lm - lp), 0.0).sum(-1)
+    r_mu = (1.0 - torch.where(known, lm.exp(), 0.0).sum(-1)).clamp(min=0.0)
+    r_pi = (1.0 - torch.where(known, lp.exp(), 0.0).sum(-1)).clamp(min=1e-300)
+    partial = (~known).any(-1) & (r_mu > 0)          # a row with every token known has no tail (rounding aside)
+    tail = torch.where(partial, r_mu * (r_mu.clamp(min=1e-300).log() - r_pi.log()), 0.0)
+    return head + tail
 
 
 def bucket_rows(mu, pi, mask, lengths_of: torch.Tensor, entropy: torch.Tensor, kl: torch.Tensor | None) -> dict:
@@ -255,10 +268,12 @@ def measure(cfg: CheckConfig, pairs: list[Precision], out_dir: Path | None = Non
     prompts = [render_prompt(ref, tok, p.problem) for p in problems]
     sampling = Sampling(1.0, 1.0, cfg.max_tokens or (64 if ref.embedded else 1024), cfg.seed)
     base = load_model(ref, torch.float32).to(cfg.device).eval()
+    vocab = base.config.get_text_config().vocab_size
+    top_k = min(vocab, cfg.vllm_logprobs or (vocab if vocab <= FULL_VOCAB_UP_TO else DEFAULT_TOP_K))
     results = []
     for rollout in dict.fromkeys(p.rollout for p in pairs):
         kw = ({"model": copy.deepcopy(base), "tokenizer": tok, "threads": cfg.threads, "device": cfg.device,
-               "record_distributions": True} if cfg.engine == "torch" else {})
+               "record_distributions": True} if cfg.engine == "torch" else {"top_logprobs": top_k})
         eng = engine_for(rollout) if engine_for is not None else make_engine(cfg.engine, ref.path, rollout, **kw)
         if engine_hook is not None:
             engine_hook(eng, rollout)
@@ -289,13 +304,19 @@ def measure(cfg: CheckConfig, pairs: list[Precision], out_dir: Path | None = Non
                 kl = position_kl(dist_mu, dist_pi)
                 lines = [f"rollout engine: {x}" for x in (roll_buffers or [])] + [
                     f"training engine: {x}" for x in buffer_mismatches(base, model)]
+                partial = cfg.engine != "torch" and top_k < vocab
                 metrics = {**token_metrics(mu, pi, mask, dist_mu, dist_pi), "noise_rollout": noise_rollout,
                            "noise_train": noise_train,
                            "buffers": None if roll_buffers is None else float(len(lines))}
+                if partial:
+                    flags_topk = [f"kl_full and tok_kl_max are lower bounds: vLLM gave the top {top_k} of {vocab} "
+                                  "log-probs a position (the rest of the vocabulary as one bucket)"]
+                else:
+                    flags_topk = []
                 layers = layer_table(h_roll, layer_outputs(model, *dev[:2]), h_ref)
                 result = PairResult(pair, metrics, bucket_rows(mu, pi, mask, mask.sum(-1), entropy, kl), layers,
-                                    lines, [ONE_SIDED_HEAD] if (pair.rollout == "bf16+head32") != (
-                                        pair.train == "bf16+head32") else [])
+                                    lines, ([ONE_SIDED_HEAD] if (pair.rollout == "bf16+head32") != (
+                                        pair.train == "bf16+head32") else []) + flags_topk)
                 if out_dir is not None and layers:
                     result.plot = plot_layers(layers, out_dir / f"{pair.rollout}-{pair.train}" / "layers.png",
                                               pair.name)

@@ -23,5 +23,9 @@ class CheckConfig:
     engine: str = knob("torch", help="Rollout engine: torch or vllm.", cli=False)
     threads: int | None = knob(None, help="Torch threads.", unit="threads", ge=1)
     device: str = knob("cpu", help="Both engines (bench/device.py; the vllm engine picks its own).", cli=False)
+    vllm_logprobs: int | None = knob(None, help="--engine vllm: the log-probs a position returns for the "
+                                     "full-vocabulary KL (default: every token up to a 4,096-token vocabulary, else "
+                                     "the top 20; fewer than the vocabulary make kl_full a lower bound).",
+                                     unit="tokens", ge=1)
     margin: float = knob(4.0, help="--derive-contract: each bound is this many times the largest value of the "
                          "trusted repeats.", gt=1)

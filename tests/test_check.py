@@ -213,3 +213,16 @@ def test_a_contract_of_another_model_or_engine_is_refused(tmp_path):
     r = CliRunner().invoke(app, ["check", "--dtype", "fp32", "--contract", str(other), "--db",
                                  f"sqlite:///{tmp_path / 's.db'}"])
     assert r.exit_code == 2 and "the contract of tiny-math-moe with the torch engine" in " ".join(r.output.split())
+
+
+def test_full_vocabulary_kl_from_a_top_k_is_a_lower_bound_by_hand():
+    """μ over four tokens known only at its top 2: KL ≥ Σ_top μ log(μ/π) + r_μ log(r_μ/r_π) (the
+    tail as one bucket), equal to the whole KL when the tail is known, below it otherwise."""
+    mu = torch.tensor([.5, .3, .15, .05])
+    pi = torch.tensor([.4, .4, .1, .1])
+    full = float((mu * (mu / pi).log()).sum())
+    top2 = torch.tensor([[[L(.5), L(.3), -math.inf, -math.inf]]])
+    got = position_kl(top2, pi.log().view(1, 1, 4)).item()
+    want = .5 * L(.5 / .4) + .3 * L(.3 / .4) + .2 * L(.2 / .2)
+    assert got == pytest.approx(want) and got <= full
+    assert position_kl(mu.log().view(1, 1, 4), pi.log().view(1, 1, 4)).item() == pytest.approx(full)

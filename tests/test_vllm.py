@@ -122,36 +122,42 @@ def test_short_run_on_vllm(vllm_engine, tmp_path):
 
 
 def test_check_on_vllm_measures_what_vllm_gives_and_fails_closed_on_the_rest(vllm_engine):
-    """`bench check --engine vllm`: the sampled-token metrics and the noise floor are measured;
-    the full-vocabulary KL, the buffers and the layer table are not (vLLM returns top-k
-    log-probs and runs its model in its own workers), so a contract line for them fails closed
-    and a broken pair cannot be located."""
+    """`bench check --engine vllm`: the sampled-token metrics, the noise floor and, from vLLM's
+    top-k log-probs, a lower bound on the full-vocabulary KL (flagged as such) are measured; the
+    buffers and the layer table are not (vLLM runs its model in its own workers), so a contract
+    line for them fails closed and a broken pair cannot be located."""
     from bench.contract import Contract, Line, derive, judge_pair
     from bench.models import load_model, resolve_model
     from runners.check import judged_values, measure, where_it_enters
     from runners.check_config import CheckConfig
 
-    class Kept:                     # the session's engine, left open after the check
+    class Kept:                     # the session's engine, left open after the check, asked for its top 20
         def __init__(self, e):
             self.e = e
 
         def generate(self, *a, **k):
-            return self.e.generate(*a, **k)
+            self.e.top_logprobs, self.e.vocab_size = 20, 85            # vLLM's default max_logprobs is 20
+            try:
+                return self.e.generate(*a, **k)
+            finally:
+                self.e.top_logprobs = 0
 
         def close(self):
             pass
 
     master = load_model(resolve_model("tiny-math"), torch.float32)
     vllm_engine.update_weights(master.named_parameters())
-    (r,) = measure(CheckConfig(engine="vllm", prompts=4, n=2, threads=1), [Precision("fp32", "fp32")],
-                   engine_for=lambda rollout: Kept(vllm_engine))
+    (r,) = measure(CheckConfig(engine="vllm", prompts=4, n=2, threads=1, vllm_logprobs=20),
+                   [Precision("fp32", "fp32")], engine_for=lambda rollout: Kept(vllm_engine))
     m = r.metrics
-    assert m["kl_full"] is None and m["tok_kl_max"] is None and m["buffers"] is None and r.layers == []
+    assert m["buffers"] is None and r.layers == []
     assert m["noise_rollout"] == 0.0 and m["noise_train"] == 0.0 and m["kl_k3"] < 1e-8
+    assert 0 <= m["kl_full"] < 1e-6 and m["tok_kl_max"] >= m["tok_kl_max_mean"]      # fp32: a tiny lower bound
+    assert any("lower bounds" in f and "top 20 of 85" in f for f in r.flags)
     values = judged_values(r)
     own = derive({"fp32": [values]}, 4.0, "tiny-math", "vllm", "test")
-    assert "kl_full" not in own.pairs["fp32"] and all(v.ok for v in judge_pair(own, "fp32", values))
-    strict = Contract("tiny-math", "vllm", {"fp32": {**own.pairs["fp32"], "kl_full": Line("bound", 1.0)}})
+    assert "buffers" not in own.pairs["fp32"] and all(v.ok for v in judge_pair(own, "fp32", values))
+    strict = Contract("tiny-math", "vllm", {"fp32": {**own.pairs["fp32"], "buffers": Line("bitwise")}})
     broken = [v for v in judge_pair(strict, "fp32", values) if not v.ok]
-    assert [(v.metric, v.reason) for v in broken] == [("kl_full", "not measured (this engine cannot give it)")]
+    assert [(v.metric, v.reason) for v in broken] == [("buffers", "not measured (this engine cannot give it)")]
     assert where_it_enters(r, broken).startswith("not located")

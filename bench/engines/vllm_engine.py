@@ -16,6 +16,7 @@ off, which keeps per-request seeds and so samples that do not depend on batching
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -47,7 +48,17 @@ class VLLMEngine:
     name = "vllm"
 
     def __init__(self, model_path: str, dtype: str = "bf16", enforce_eager: bool = True,
-                 gpu_memory_utilization: float = 0.5, max_model_len: int | None = None, seed: int = 0, **_):
+                 gpu_memory_utilization: float = 0.5, max_model_len: int | None = None, seed: int = 0,
+                 top_logprobs: int = 0, **_):
+        """`top_logprobs` > 0: each sample also carries, per position, the log-probs of the `top_logprobs`
+        most likely tokens of the distribution it was drawn from (`Sample.distributions`, fp32 [T, V]
+        with −inf off the top-k; the whole distribution where top_logprobs ≥ the vocabulary)."""
+        self.top_logprobs = top_logprobs
+        if top_logprobs:
+            from transformers import AutoConfig
+
+            cfg = AutoConfig.from_pretrained(model_path)
+            self.vocab_size = getattr(cfg, "vocab_size", None) or cfg.get_text_config().vocab_size
         vllm_format_kwargs(dtype)          # refuse a format vLLM cannot run before starting anything
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         from transformers import AutoTokenizer
@@ -61,6 +72,8 @@ class VLLMEngine:
         kw = {"max_model_len": max_model_len} if max_model_len else {}
         if current_platform.is_cpu():
             kw["enable_chunked_prefill"] = False
+        if top_logprobs:
+            kw["max_logprobs"] = top_logprobs
         self.llm = LLM(model=model_path, enforce_eager=enforce_eager, seed=seed, **vllm_format_kwargs(dtype),
                        gpu_memory_utilization=gpu_memory_utilization, logprobs_mode="processed_logprobs",
                        worker_extension_cls="bench.engines.vllm_worker.BenchWorkerExtension", **kw)
@@ -71,7 +84,7 @@ class VLLMEngine:
 
         inputs = [TokensPrompt(prompt_token_ids=self.tokenizer.encode(p, add_special_tokens=False)) for p in prompts]
         params = [SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p, top_k=-1,
-                                 max_tokens=sampling.max_tokens, logprobs=0,
+                                 max_tokens=sampling.max_tokens, logprobs=self.top_logprobs,
                                  seed=row_seed(sampling.seed, p, start) % (2 ** 31))
                   for p in prompts]
         outs = self.llm.generate(inputs, params, use_tqdm=False)
@@ -82,9 +95,20 @@ class VLLMEngine:
                 ids = list(c.token_ids)
                 lps = [lp[t].logprob for t, lp in zip(ids, c.logprobs or [])]
                 row.append(Sample(token_ids=ids, text=c.text, logprobs=lps,
-                                  finish_reason="stop" if c.finish_reason == "stop" else "length"))
+                                  finish_reason="stop" if c.finish_reason == "stop" else "length",
+                                  distributions=self._top(c.logprobs or []) if self.top_logprobs else None))
             result.append(row)
         return result
+
+    def _top(self, positions) -> "object":
+        """[T, V] fp32 log-probs: each position's returned top-k, −inf elsewhere."""
+        import torch
+
+        out = torch.full((len(positions), self.vocab_size), -math.inf)
+        for t, lp in enumerate(positions):
+            for tok, x in lp.items():
+                out[t, tok] = x.logprob
+        return out
 
     def update_weights(self, named_tensors: Iterable[tuple[str, "object"]]) -> None:
         from safetensors.torch import save_file
