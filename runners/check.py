@@ -365,28 +365,33 @@ def judged_values(result: PairResult) -> dict[str, float | None]:
 def where_it_enters(result: PairResult, broken: list) -> str:
     """Where a pair's broken lines say the mismatch enters: the engine that does not repeat
     itself, a buffer that differs, the first layer (in model order) past its bound, or — every
-    layer within the contract while the sampled-token lines broke — the sampling after the head."""
+    layer within the contract while the sampled-token lines broke — the sampling after the head.
+    A line whose metric this engine cannot measure is said to be so."""
     from bench.contract import LAYER
 
     if not broken:
         return ""
-    names = {v.metric for v in broken}
-    if "(pair)" in names:
+    if any(v.metric == "(pair)" for v in broken):
         return "not judged: the contract has no lines for this pair"
-    parts = []
+    names = {v.metric for v in broken if v.value is not None}
+    unmeasured = [v.metric for v in broken if v.value is None]
+    located = []
     for side in ("rollout", "train"):
         if f"noise_{side}" in names:
-            parts.append(f"the {'rollout' if side == 'rollout' else 'training'} engine does not repeat itself "
-                         f"(max |Δ log p| {result.metrics[f'noise_{side}']:.3g} between two identical passes)")
+            located.append(f"the {'rollout' if side == 'rollout' else 'training'} engine does not repeat itself "
+                           f"(max |Δ log p| {result.metrics[f'noise_{side}']:.3g} between two identical passes)")
     if "buffers" in names:
-        parts.append("a buffer differs from the fp32 master's: " + "; ".join(result.buffers))
+        located.append("a buffer differs from the fp32 master's: " + "; ".join(result.buffers))
     first = next((r for r in result.layers if f"{LAYER}{r['layer']}" in names), None)
     if first is not None:
-        parts.append(f"the mismatch enters at {first['layer']}: the engines' outputs there differ by "
-                     f"{first['divergence']:.3g} of its norm (rollout vs fp32 {first['rollout']:.3g}, training vs fp32 "
-                     f"{first['train']:.3g})")
-    elif names - {"noise_rollout", "noise_train", "buffers"} and not parts:
-        parts.append("after the head: every layer agrees within the contract, the sampled distribution does not "
-                     "(a temperature or top-p on one side, or a different sampler)" if result.layers else
-                     "not located: this engine's layers are not inspectable (vLLM runs in its own workers)")
-    return "; ".join(parts)
+        located.append(f"the mismatch enters at {first['layer']}: the engines' outputs there differ by "
+                       f"{first['divergence']:.3g} of its norm (rollout vs fp32 {first['rollout']:.3g}, training vs "
+                       f"fp32 {first['train']:.3g})")
+    if not located and names - {"noise_rollout", "noise_train", "buffers"}:
+        located.append("after the head: every layer agrees within the contract, the sampled distribution does not "
+                       "(a temperature or top-p on one side, or a different sampler)" if result.layers else
+                       "not located: this engine's layers are not inspectable (vLLM runs in its own workers)")
+    if unmeasured:
+        located.insert(0, f"not measured by this engine: {', '.join(unmeasured)} (a contract line it cannot fill "
+                          "fails closed)")
+    return "; ".join(located)

@@ -125,7 +125,7 @@ def test_check_on_vllm_measures_what_vllm_gives_and_fails_closed_on_the_rest(vll
     """`bench check --engine vllm`: the sampled-token metrics, the noise floor and, from vLLM's
     top-k log-probs, a lower bound on the full-vocabulary KL (flagged as such) are measured; the
     buffers and the layer table are not (vLLM runs its model in its own workers), so a contract
-    line for them fails closed and a broken pair cannot be located."""
+    line for them fails closed, and says so."""
     from bench.contract import Contract, Line, derive, judge_pair
     from bench.models import load_model, resolve_model
     from runners.check import judged_values, measure, where_it_enters
@@ -160,4 +160,4 @@ def test_check_on_vllm_measures_what_vllm_gives_and_fails_closed_on_the_rest(vll
     strict = Contract("tiny-math", "vllm", {"fp32": {**own.pairs["fp32"], "buffers": Line("bitwise")}})
     broken = [v for v in judge_pair(strict, "fp32", values) if not v.ok]
     assert [(v.metric, v.reason) for v in broken] == [("buffers", "not measured (this engine cannot give it)")]
-    assert where_it_enters(r, broken).startswith("not located")
+    assert where_it_enters(r, broken).startswith("not measured by this engine: buffers")
