@@ -213,7 +213,7 @@ def run_grid(store, db_url: str | None, algos: list[str], pairs: list[Precision]
     cell (and seed) once per K, skipping the finished (cell, K, seed) runs; without it every cell
     runs at the K of the overrides or the preset, and only its runs at that K count as finished.
     `decide_early` (with seeds, native): a cell's first failing seed decides it (module doc)."""
-    from .verl_runner import check_router_replay, check_staleness
+    from .verl_runner import check_algorithm, check_router_replay, check_staleness
 
     trainer = "native" if verl_args is None else "verl"
     if verl_args is not None:
@@ -233,6 +233,8 @@ def run_grid(store, db_url: str | None, algos: list[str], pairs: list[Precision]
             check_staleness(k)
     if verl_args is not None:
         check_router_replay(bool(overrides.get("router_replay")))
+        for a in algos:
+            check_algorithm(a)
     cells = [(a, p, k, seed) for a in algos for p in pairs for k in (staleness or [None]) for seed in (seeds or [None])]
 
     def where(k, seed) -> str:

@@ -139,6 +139,20 @@ VERL_ROUTER_REPLAY = (
     "is for its Megatron backend; bench launches verl's FSDP actor, whose config has no router replay")
 
 
+VERL_SEQ_MIS = (
+    "pg-seq-mis runs on the native trainer only (--trainer native): in bypass mode verl 0.9.1 computes the IcePop "
+    "sequence mask on each micro-batch of the actor's update, and when the mask drops every sequence of a "
+    "micro-batch (a sequence IS weight outside [1e-9, C]: at bench's micro-batch of one sequence, any such "
+    "sequence) compute_is_metrics divides by zero computing the effective sample size, and the run dies mid-way "
+    "(ZeroDivisionError); a larger micro-batch only makes it rarer")
+
+
+def check_algorithm(algo: str) -> None:
+    """Refuse an algorithm verl 0.9.1 cannot run to its end (VERL_SEQ_MIS says why for pg-seq-mis)."""
+    if algo == "pg-seq-mis":
+        raise VerlError(VERL_SEQ_MIS)
+
+
 def check_router_replay(replay: bool) -> None:
     """Refuse router replay for verl (VERL_ROUTER_REPLAY says why)."""
     if replay:
