@@ -47,7 +47,7 @@ from sqlalchemy import select
 
 from bench.errors import BenchError
 from bench.machine_metrics import deterministic
-from bench.problems import split_hash
+from bench.problem_ids import split_hash
 from bench import verdicts
 from bench.statuses import CONVERGED, FAILED, MISCALIBRATED, RUNNING
 from bench.signing import SIGNATURE

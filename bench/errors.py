@@ -31,3 +31,7 @@ class ConfigError(BenchError, ValueError):
 
 class PrecisionError(BenchError, ValueError):
     """A dtype or precision pair that cannot be parsed or run; the message says what to write."""
+
+
+class SourceError(BenchError, ValueError):
+    """A problem source that cannot be read; the message names the problem."""

@@ -21,7 +21,7 @@ from functools import lru_cache
 from typing import Sequence
 
 from .knobs import knob
-from .problems import last_boxed
+from .problem_ids import last_boxed
 
 CORRECT, WRONG, TIMEOUT, UNPARSEABLE = "correct", "wrong", "timeout", "unparseable"
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .models import PLAIN_TEMPLATE, TINY_MATH_DIR
-from .problems import SFT_POOL, SFT_SEED, synthetic_examples
+from .synthetic import SFT_POOL, SFT_SEED, synthetic_examples
 
 SPECIALS = ["<pad>", "<eos>", "<unk>"]
 CHARS = (list("0123456789+-*=.,:?!()/ \n{}\\$^_") + list("abcdefghijklmnopqrstuvwxyz")

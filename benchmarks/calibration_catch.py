@@ -53,7 +53,7 @@ def main() -> None:
     from bench.models import load_model, load_tokenizer, render_prompt, resolve_model
     from bench.kernels import cpu_kernel_path
     from bench.precision import parse_list
-    from bench.problems import synthetic_examples
+    from bench.synthetic import synthetic_examples
     from runners.algos import get_loss
     from runners.presets import get_preset
     from runners.train_engine import Batch, TrainingEngine

@@ -335,7 +335,7 @@ def environment(device: str) -> dict:
 
 def run_check(plan: Plan, device: str, budget_s: float, log=print) -> dict:
     from bench.models import load_model, load_tokenizer, render_prompt, resolve_model
-    from bench.problems import synthetic_examples
+    from bench.synthetic import synthetic_examples
     from runners.algos import get_loss
     from runners.presets import RunConfig
     from runners.train_engine import TrainingEngine

@@ -21,7 +21,7 @@ from bench import kernels
 from bench.engines import Sampling, make_engine
 from bench.grading import Grader, extract
 from bench.models import PLAIN_TEMPLATE, TINY_MATH_DIR
-from bench.problems import synthetic_examples
+from bench.synthetic import synthetic_examples
 
 
 def plain_loop(responses, golds) -> int:

@@ -21,7 +21,7 @@ from bench.mismatch import mismatch_metrics
 from bench.models import load_model, load_tokenizer, render_prompt, resolve_model
 from bench.format_modules import prepare_compute_model
 from bench.precision import torch_dtype
-from bench.problems import synthetic_examples
+from bench.synthetic import synthetic_examples
 from runners.logprobs import pack, response_logprobs
 
 

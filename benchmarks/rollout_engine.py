@@ -30,7 +30,7 @@ from bench.engines import Sampling, make_engine
 from bench.fused_projections import unfuse_projections
 from bench.kernels import cpu_16bit_flags, cpu_kernel_path
 from bench.models import PLAIN_TEMPLATE, TINY_MATH_DIR
-from bench.problems import synthetic_examples
+from bench.synthetic import synthetic_examples
 
 
 def hf_generate(model, tok, prompts, n, sp: Sampling, batch: int) -> tuple[int, int]:

@@ -18,7 +18,8 @@ from bench.grading import Grader
 from bench.kernels import cpu_16bit_flags
 from bench.models import PLAIN_TEMPLATE, TINY_MATH_DIR, resolve_model
 from bench.precision import Precision
-from bench.problems import Problem, synthetic_examples
+from bench.problems import Problem
+from bench.synthetic import synthetic_examples
 from bench.store import open_store
 from runners.presets import get_preset
 from runners.trainer import NativeTrainer

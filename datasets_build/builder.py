@@ -23,7 +23,8 @@ from sqlalchemy import delete, func, select
 from bench.engines import Sampling, make_engine, resolve_engine
 from bench.grading import CORRECT, Grader
 from bench.models import load_tokenizer, render_prompt, resolve_model, template_description, weights_hash
-from bench.problems import Problem, SourceSpec, load_source, split_hash
+from bench.problem_ids import split_hash
+from bench.problems import Problem, SourceSpec, load_source
 from bench.store import Build, BuildProblem, BuildRollout, bench_home, get_or_create_model, session
 
 from .adaptive import decided
@@ -92,7 +93,7 @@ SPLIT_HASH_OF = "sha256 of the compact JSON [[id, gold answer], ...] of the kept
 
 
 def kept_split_hash(results: list[ProblemResult]) -> str:
-    """The content hash of the kept split (bench.problems.split_hash)."""
+    """The content hash of the kept split (bench.problem_ids.split_hash)."""
     return split_hash((r.id, r.answer) for r in results if r.bucket == KEPT)
 
 

@@ -44,7 +44,7 @@ from bench.engines import resolve_engine
 from bench.models import ModelRef, resolve_model, weights_hash
 from bench.kernels import cpu_kernel_path
 from bench.precision import Precision
-from bench.problems import split_hash
+from bench.problem_ids import split_hash
 from bench.store import Build, Eval, Model, Run, RunDigest, RunStep, RunVerification, open_store, session
 
 from . import verify_compare as vc

@@ -261,7 +261,7 @@ def test_every_user_error_class_is_a_bench_error():
     from bench.errors import BenchError, ConfigError
     from bench.errors import PrecisionError
     from bench.models import ModelError
-    from bench.problems import SourceError
+    from bench.errors import SourceError
     from bench.store import StoreError
     from datasets_build.builder import BuildError
     from runners.runs import RunError

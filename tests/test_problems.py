@@ -3,8 +3,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.problems import (DATA_DIR, PACKAGED_SOURCES, ColumnMap, SourceError, SourceSpec, last_boxed,
-                            load_problems, packaged_data_path, paper_reference, problem_id, synthetic_examples)
+from bench.errors import SourceError
+from bench.problem_ids import last_boxed, problem_id
+from bench.problems import (DATA_DIR, PACKAGED_SOURCES, ColumnMap, SourceSpec, load_problems, packaged_data_path,
+                            paper_reference)
+from bench.synthetic import synthetic_examples
 
 
 def test_last_boxed_takes_last_and_balances_braces():
@@ -27,7 +30,7 @@ def test_synthetic_is_deterministic_and_test_never_overlaps_train():
 
 
 def test_synthetic_hard_is_held_out_hard_two_step():
-    from bench.problems import HARD_MIN_PRODUCT, SFT_POOL, SFT_SEED
+    from bench.synthetic import HARD_MIN_PRODUCT, SFT_POOL, SFT_SEED
 
     rows = synthetic_examples("synthetic-hard", 300)
     assert rows[:64] == synthetic_examples("synthetic-hard", 64)          # the preset's 64 whatever n

@@ -10,7 +10,9 @@ from sqlalchemy import select
 from typer.testing import CliRunner
 
 from bench.cli import app
-from bench.problems import Problem, SourceSpec, drop_repeats, load_source, split_hash, synthetic_examples
+from bench.problem_ids import split_hash
+from bench.problems import Problem, SourceSpec, drop_repeats, load_source
+from bench.synthetic import synthetic_examples
 from bench.store import Build, BuildProblem, open_store, session
 
 

