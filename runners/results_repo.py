@@ -141,6 +141,16 @@ VERIFICATION_FIELDS = ("window_start", "steps", "verdict", "compared", "differen
                        "device_name", "cpu_16bit", "tolerance", "bench_commit")
 
 
+def _copy_store(src: Path, dst: Path) -> None:
+    """A consistent copy of a SQLite store (its WAL included: SQLite's online backup)."""
+    import sqlite3
+
+    with sqlite3.connect(src) as a, sqlite3.connect(dst) as b:
+        a.backup(b)
+    a.close()
+    b.close()
+
+
 def signers(index: dict) -> dict[str, str | None]:
     """Each run's signer: the one of the first bundle that carried it (a later copy that
     continues the run must come from the same signer: `add`)."""
@@ -182,7 +192,7 @@ def add(root: Path, bundle: Path, verify: str = "claimed", device: str | None = 
                 raise RepoError(f"run {rid} came from {first[rid] or 'an unsigned bundle'}; a bundle signed by "
                                 f"{signer or 'nobody'} cannot continue or re-submit it")
         scratch = Path(tmp) / "store.db"
-        shutil.copyfile(url[len("sqlite:///"):], scratch)
+        _copy_store(Path(url[len("sqlite:///"):]), scratch)
         store = open_store(f"sqlite:///{scratch}")
         try:
             summary = import_bundle(store, copy)
@@ -204,7 +214,8 @@ def add(root: Path, bundle: Path, verify: str = "claimed", device: str | None = 
         index["bundles"].append(entry)
         (root / MARK).unlink(missing_ok=True)           # the store is rebuilt if what follows is cut short
         new_store = root / f"{STORE}-new"
-        shutil.copyfile(scratch, new_store)             # the scratch may be on another file system
+        new_store.unlink(missing_ok=True)
+        _copy_store(scratch, new_store)                 # the scratch may be on another file system
         new_store.replace(root / STORE)
         for suffix in ("-wal", "-shm"):
             Path(f"{root / STORE}{suffix}").unlink(missing_ok=True)

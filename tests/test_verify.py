@@ -363,12 +363,13 @@ def test_a_row_claiming_fewer_steps_than_it_stores_hides_none(source, tmp_path):
 def test_a_run_that_ended_at_step_0_can_be_planned(source, tmp_path):
     """A run the calibration gate stopped stores no step: a verification re-runs its calibration
     (window 0–0), it is not refused as "none after step 0"."""
-    import shutil as sh
+    import sqlite3
 
     from runners.verify import plan_verification
 
     db = tmp_path / "copy.db"
-    sh.copyfile(source["url"][len("sqlite:///"):], db)
+    with sqlite3.connect(source["url"][len("sqlite:///"):]) as src, sqlite3.connect(db) as dst:
+        src.backup(dst)                           # the store is in WAL mode: a file copy can miss its last writes
     url = f"sqlite:///{db}"
     with session(open_store(url)) as s:
         run = s.get(Run, source["run"])

@@ -267,7 +267,7 @@ def test_every_dry_run_composes_with_verls_own_main_ppo(dry_run_cells, verl_pyth
     """All 54 cells' overrides compose with verl's own config in verl's environment (./bench.sh
     test makes .venv-verl), in one process with Hydra's compose API; and one cell through
     `python -m verl.trainer.main_ppo --cfg job` itself prints the same job config, so the two
-    ways cannot drift apart (63 launches of main_ppo took ~10 min of CI)."""
+    ways cannot drift apart (63 launches of main_ppo took ~10 min of CI when each cell launched it)."""
     import subprocess
 
     cells = [(f"{a}|{p}", o) for (a, p), o in dry_run_cells.items()]
@@ -277,7 +277,7 @@ def test_every_dry_run_composes_with_verls_own_main_ppo(dry_run_cells, verl_pyth
     results = json.loads(r.stdout.strip().splitlines()[-1])
     assert len(results) == 54 and [(k, out) for k, (rc, out) in results.items() if rc] == []
     out = {tuple(k.split("|")): o for k, (_, o) in results.items()}
-    assert "rollout_is_threshold: '1e-9_3'" in out[("pg-seq-mis", "fp16")]
+    assert "rollout_is_threshold: '1e-9_3'" in out[("grpo-seq-mis", "fp16")]
     assert "loss_mode: bypass_mode" in out[("pg-seq-is", "bf16")]
     assert "loss_mode: gspo" in out[("gspo", "fp32")]
     assert "adv_estimator: rloo" in out[("grpo", "bf16")]
