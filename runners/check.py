@@ -8,6 +8,7 @@ engine scores the same tokens. With d_t = log π_t − log μ_t on the sampled t
     kl_k1_token             mean_t (log μ_t − log π_t)                         (verl's rollout_corr/kl)
     kl_k3                   mean_t (e^{d_t} − 1 − d_t)                         KL[μ‖π], low variance
     chi2_token              mean_t e^{2 d_t} − 1 (d clamped to ±20)            the IS weight's variance
+(k1, k3 and chi2 are bench/mismatch.py's, as training logs them)
     abs_logp_diff_mean/max  mean_t / max_t |d_t|
     token_mult_prob_error   mean_t exp|d_t|                                    NeMo-RL's name
 Where the rollout engine gives the distribution it drew each token from (the built-in engine:
@@ -48,6 +49,7 @@ from bench.calibration import buffer_mismatches
 from bench.engines import Sampling, make_engine
 from bench.format_modules import prepare_compute_model
 from bench.knobs import check as check_knobs
+from bench.mismatch import chi2_token, kl_k1_token, kl_k3
 from bench.models import load_model, load_tokenizer, render_prompt, resolve_model
 from bench.precision import Precision
 from bench.problems import SourceSpec, load_problems
@@ -57,7 +59,6 @@ from .logprobs import pack, response_log_softmax
 
 LENGTH_BUCKETS = ((1, 16), (17, 32), (33, None))            # response tokens, inclusive
 ENTROPY_BUCKETS = ((0.0, 0.1), (0.1, 1.0), (1.0, None))     # nats, [lo, hi)
-SAFETY_BOUND = 20.0
 FULL_VOCAB_UP_TO = 4096       # vLLM: ask for every token's log-prob up to this vocabulary size (tiny-math: 85)
 DEFAULT_TOP_K = 20            # else its top-k: kl_full becomes a lower bound (position_kl)
 ONE_SIDED_HEAD = ("one-sided fp32 head: only one engine computes lm_head and the logits in fp32 (NeMo-RL #3936 "
@@ -74,9 +75,8 @@ def token_metrics(mu: torch.Tensor, pi: torch.Tensor, mask: torch.Tensor,
     d = (pi.double() - mu.double())[m]
     if not d.numel():
         raise ValueError("bench check needs at least one response token")
-    out = {"tokens": int(d.numel()), "kl_k1_token": (-d).mean().item(),
-           "kl_k3": (torch.expm1(d) - d).mean().item(),
-           "chi2_token": (d.clamp(-SAFETY_BOUND, SAFETY_BOUND).mul(2).exp().mean() - 1.0).item(),
+    out = {"tokens": int(d.numel()), "kl_k1_token": kl_k1_token(mu, pi, mask), "kl_k3": kl_k3(mu, pi, mask),
+           "chi2_token": chi2_token(mu, pi, mask),
            "abs_logp_diff_mean": d.abs().mean().item(), "abs_logp_diff_max": d.abs().max().item(),
            "token_mult_prob_error": d.abs().exp().mean().item()}
     kl = position_kl(dist_mu, dist_pi)
@@ -117,9 +117,9 @@ def bucket_rows(mu, pi, mask, lengths_of: torch.Tensor, entropy: torch.Tensor, k
         sel = sel & m
         if not sel.any():
             return None
-        x = d[sel]
-        return {"bucket": name, "tokens": int(sel.sum()), "kl_k3": (torch.expm1(x) - x).mean().item(),
-                "abs_logp_diff_mean": x.abs().mean().item(), "kl_full": None if kl is None else kl[sel].mean().item()}
+        return {"bucket": name, "tokens": int(sel.sum()), "kl_k3": kl_k3(mu, pi, sel),
+                "abs_logp_diff_mean": d[sel].abs().mean().item(),
+                "kl_full": None if kl is None else kl[sel].mean().item()}
 
     def label(lo, hi, unit):
         return f"≥ {lo:g} {unit}" if hi is None else f"{lo:g}–{hi:g} {unit}"
@@ -270,6 +270,10 @@ def measure(cfg: CheckConfig, pairs: list[Precision], out_dir: Path | None = Non
     base = load_model(ref, torch.float32).to(cfg.device).eval()
     vocab = base.config.get_text_config().vocab_size
     top_k = min(vocab, cfg.vllm_logprobs or (vocab if vocab <= FULL_VOCAB_UP_TO else DEFAULT_TOP_K))
+    flags_topk = ([f"kl_full and tok_kl_max are lower bounds: vLLM gave the top {top_k} of {vocab} log-probs a "
+                   "position (the rest of the vocabulary as one bucket)"] if cfg.engine != "torch" and top_k < vocab
+                  else [])
+    pids = [tok.encode(p, add_special_tokens=False) for p in prompts]
     results = []
     for rollout in dict.fromkeys(p.rollout for p in pairs):
         kw = ({"model": copy.deepcopy(base), "tokenizer": tok, "threads": cfg.threads, "device": cfg.device,
@@ -281,7 +285,6 @@ def measure(cfg: CheckConfig, pairs: list[Precision], out_dir: Path | None = Non
             samples = eng.generate(prompts, cfg.n, sampling)
             noise_rollout = _noise_rollout(samples, eng.generate(prompts, cfg.n, sampling))
             flat = [(i, s) for i, row in enumerate(samples) for s in row]
-            pids = [tok.encode(p, add_special_tokens=False) for p in prompts]
             ids, attn, tk, pos, mask = pack([pids[i] for i, _ in flat], [s.token_ids for _, s in flat],
                                             tok.pad_token_id)
             t_max = mask.shape[1]
@@ -304,15 +307,9 @@ def measure(cfg: CheckConfig, pairs: list[Precision], out_dir: Path | None = Non
                 kl = position_kl(dist_mu, dist_pi)
                 lines = [f"rollout engine: {x}" for x in (roll_buffers or [])] + [
                     f"training engine: {x}" for x in buffer_mismatches(base, model)]
-                partial = cfg.engine != "torch" and top_k < vocab
                 metrics = {**token_metrics(mu, pi, mask, dist_mu, dist_pi), "noise_rollout": noise_rollout,
                            "noise_train": noise_train,
                            "buffers": None if roll_buffers is None else float(len(lines))}
-                if partial:
-                    flags_topk = [f"kl_full and tok_kl_max are lower bounds: vLLM gave the top {top_k} of {vocab} "
-                                  "log-probs a position (the rest of the vocabulary as one bucket)"]
-                else:
-                    flags_topk = []
                 layers = layer_table(h_roll, layer_outputs(model, *dev[:2]), h_ref)
                 result = PairResult(pair, metrics, bucket_rows(mu, pi, mask, mask.sum(-1), entropy, kl), layers,
                                     lines, ([ONE_SIDED_HEAD] if (pair.rollout == "bf16+head32") != (
