@@ -22,6 +22,7 @@ from bench.problems import Problem
 from bench.synthetic import synthetic_examples
 from bench.store import open_store
 from runners.presets import get_preset
+from runners.plan import RunPlan
 from runners.trainer import NativeTrainer
 
 B, G, MAX_NEW = 16, 8, 64
@@ -36,8 +37,8 @@ def ours(problems: list[Problem], steps: int, threads: int) -> tuple[float, dict
     cfg = get_preset("tiny")
     cfg.prompts_per_step, cfg.samples_per_prompt, cfg.threads, cfg.benchmarks = B, G, threads, []
     store = open_store(f"sqlite:///{tempfile.mkdtemp()}/b.db")
-    t = NativeTrainer(store, "bench", cfg, "grpo", Precision("fp32", "fp32"), "torch", resolve_model("tiny-math"),
-                      problems, None)
+    plan = RunPlan("grpo", Precision("fp32", "fp32"), cfg, "bench", "bench", resolve_model("tiny-math"), "torch", "cpu")
+    t = NativeTrainer(store, "bench", plan, problems, None)
     t.train_step()                                     # warm-up
     phases = dict.fromkeys(PHASES, 0.0)
     t0 = time.perf_counter()

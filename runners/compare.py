@@ -116,7 +116,7 @@ def in_words(decision: str, names: tuple[str, str], metric: str) -> str:
     return f"no difference in mean {what} shown between {a} and {b}"
 
 
-def run_comparison(store, db_url, cells: list[tuple[str, str]], metric: str, max_seeds: int, batch: int,
+def run_comparison(store, cells: list[tuple[str, str]], metric: str, max_seeds: int, batch: int,
                    alpha: float, build_id, engine: str, preset: str, overrides: dict, jobs: int = 1,
                    log=print, device: str = "cpu", ckpt_root=None) -> dict:
     """Compare two cells (module doc): run (or reuse) seeds in batches of `batch` per cell until
@@ -124,7 +124,7 @@ def run_comparison(store, db_url, cells: list[tuple[str, str]], metric: str, max
     from bench.precision import Precision
     from bench.store import Run, session
 
-    from .runs import RunError
+    from .plan import RunError
     from .sweep import run_grid
 
     if metric not in METRICS:
@@ -142,7 +142,7 @@ def run_comparison(store, db_url, cells: list[tuple[str, str]], metric: str, max
         seeds = list(range(comp.batches * batch, (comp.batches + 1) * batch))
         batch_scores = []
         for (algo, dtype), name in zip(cells, names):
-            results = run_grid(store, db_url, [algo], [Precision.parse(dtype)], build_id, engine, preset, overrides,
+            results = run_grid(store, [algo], [Precision.parse(dtype)], build_id, engine, preset, overrides,
                                jobs, log=log, seeds=seeds, device=device, ckpt_root=ckpt_root, decide_early=False)
             with session(store) as s:
                 got = []

@@ -37,7 +37,7 @@ from bench.store import Build, Eval, Run, RunDecision, session
 from bench import statuses
 from bench import stop as stop_rules
 from bench.verdicts import stop_config
-from .runs import config_from_dict
+from .plan import config_from_dict
 
 # the ends a rule can be measured against: every finished status but the step-0 gate's
 FINISHED = tuple(s for s in statuses.FINISHED if s != statuses.MISCALIBRATED)

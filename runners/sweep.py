@@ -1,35 +1,32 @@
-"""The algorithm × precision grid on one build: cells run one after another (or in `jobs`
-processes); a cell that already finished on that build with the same trainer, rollout engine and
-settings (bench/fingerprint.py: every setting but the seed) is skipped.
+"""The algorithm × precision grid on one build: cells run one after another (or `jobs` at a
+time, each in a process of its own: runners/cell_process.py); a cell that already finished on
+that build with the same trainer, rollout engine and settings (bench/fingerprint.py: every
+setting but the seed) is skipped.
 With seeds, every cell runs once per seed and a finished (cell, seed) pair is skipped; with a
 staleness axis (`--staleness 0,1,2,4`: runners/staleness.py), once per K as well, a finished
 (cell, K, seed) run skipped. A cell's finished runs are those of its K (runs.staleness; without
 the axis, the preset's K, 0), so on-policy and stale runs never stand in for each other.
-With the verl trainer each cell is one `bench run --trainer verl` after another: verl takes
-the whole cluster.
+With the verl trainer the cells run one after another (runners/verl_launch.py, then
+runners/verl_follow.py): verl takes the whole cluster.
 
 A cell passes only when every seed passes, so with seeds its first failing seed decides it
-(`decide_early`, on by default): once a seed of a cell ends in a FAIL status (FAIL_STATUSES: a
-finished run that did not converge; a crash, `failed`, decides nothing), the cell's seeds not
-started yet are not started, and its running ones (subprocess cells, `jobs` > 1) are
-interrupted; both are recorded as runs with status `skipped` and the reason. A finished failing
-seed from an earlier sweep decides the cell the same way. The report then says "decided after
-k of N seeds".
+(`decide_early`, on by default; `SeedDecider`): once a seed of a cell ends in a FAIL status
+(FAIL_STATUSES: a finished run that did not converge; a crash, `failed`, decides nothing), the
+cell's seeds not started yet are not started, and its running ones (process cells, `jobs` > 1)
+are interrupted; both are recorded as runs with status `skipped` and the reason. A finished
+failing seed from an earlier sweep decides the cell the same way. The report then says "decided
+after k of N seeds".
 
-Progress: one line per training step and cell (`log`), from the trainer's progress callback
-in process, or relayed from a subprocess cell's stderr, where `bench run --progress-lines`
-prints each step as a `progress: ` line; and one line when a cell ends."""
+Progress: one line per training step and cell (`log`), from the trainer's progress callback in
+process or relayed from a process cell, and one line when a cell ends."""
 
 from __future__ import annotations
 
-import json
-import signal
-import subprocess
-import sys
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from sqlalchemy import select
 
@@ -41,12 +38,14 @@ from bench.statuses import FAILED, FAILING, FINISHED, RUNNING, SKIPPED
 from bench.store import Build, Run, session
 from bench.store.schema import utcnow
 
-from .runs import latest_build, resolve_inputs, start_run
+from .cell_process import CellProcess, CellRun
+from .plan import latest_build, resolve_inputs
 from .presets import get_preset
+from .runs import start_run
+from .verl_launch import VerlTarget, check_verl_cell
 
 # a seed ending so (a rule's FAIL) decides its cell; one undecided at its budget does not
 FAIL_STATUSES = FAILING
-PROGRESS_PREFIX = "progress: "     # a step line on a subprocess cell's stderr (`bench run --progress-lines`)
 
 
 def step_line(step: int, total: int | None, m: dict) -> str:
@@ -72,27 +71,6 @@ def _ended_line(s, run_id: str | None) -> str:
         return FAILED
     peak = "-" if r.peak_accuracy is None else f"{r.peak_accuracy:.3f}"
     return f"{r.status} after {r.step} steps, peak split {peak}"
-
-
-def _relay(cmd: list[str], on_line, on_start=None) -> tuple[int, str, str]:
-    """Run `cmd`; every `progress: ` line of its stderr goes to `on_line` as it arrives;
-    `on_start(proc)` is called with the process once it runs (so it can be interrupted).
-    Returns (exit code, stdout, the rest of stderr)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
-    if on_start is not None:
-        on_start(proc)
-    stdout: list[str] = []
-    reader = threading.Thread(target=lambda: stdout.append(proc.stdout.read()), daemon=True)
-    reader.start()
-    rest = []
-    for line in proc.stderr:
-        if line.startswith(PROGRESS_PREFIX):
-            on_line(line[len(PROGRESS_PREFIX):].rstrip())
-        else:
-            rest.append(line)
-    code = proc.wait()
-    reader.join()
-    return code, "".join(stdout), "".join(rest)
 
 
 def _finished_run(s, build_id: str, algo: str, p: Precision, trainer: str = "native",
@@ -199,185 +177,280 @@ def _summary(s, run_id: str | None, algo: str, p: Precision, status: str | None 
             "steps": r.step if r else 0}
 
 
-def run_grid(store, db_url: str | None, algos: list[str], pairs: list[Precision], build_id: str | None,
-             engine: str, preset: str, overrides: dict, jobs: int = 1, log=print,
-             verl_args: list[str] | None = None, seeds: list[int] | None = None,
-             ckpt_root=None, progress: bool = True, device: str = "cpu",
-             staleness: list[int] | None = None, decide_early: bool = True) -> list[dict]:
-    """Run the grid; `verl_args` (e.g. ["--verl-python", PY, "--gpus", "8"]) runs every cell
-    with the verl trainer, one at a time. `seeds` runs every cell once per seed (the run
-    config's `seed`), skipping the (cell, seed) pairs that already finished; without it a cell
-    is run once with the preset's seed and skipped when any of its runs finished. `progress`:
-    `log` one line per step of every cell (`<algo> <precision>[ seed N] step …`) and one
-    when it ends. `device`: where native cells train (bench/device.py). `staleness`: run every
-    cell (and seed) once per K, skipping the finished (cell, K, seed) runs; without it every cell
-    runs at the K of the overrides or the preset, and only its runs at that K count as finished.
-    `decide_early` (with seeds, native): a cell's first failing seed decides it (module doc)."""
-    from .verl_runner import check_algorithm, check_router_replay, check_staleness
 
-    trainer = "native" if verl_args is None else "verl"
-    if verl_args is not None:
-        jobs = 1
+
+# ------------------------------------------------------------------ the plan
+
+@dataclass(frozen=True)
+class Cell:
+    """One run the grid asks for: an algorithm at a precision pair, at staleness K (None: the
+    grid's one K) and seed (None: the preset's)."""
+
+    algo: str
+    precision: Precision
+    staleness: int | None = None
+    seed: int | None = None
+
+    @property
+    def key(self) -> tuple:
+        """What a seed decides: the cell at its K."""
+        return self.algo, self.precision, self.staleness
+
+    @property
+    def label(self) -> str:
+        return (f"{self.algo} {self.precision.name}" + ("" if self.staleness is None else f" K={self.staleness}")
+                + ("" if self.seed is None else f" seed {self.seed}"))
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The grid's settings every cell shares, resolved once (`plan_grid`)."""
+
+    build_id: str
+    engine: str               # as given (auto resolves per run)
+    recorded_engine: str      # the engine a finished run of the cell recorded (runs.engine)
+    preset: str
+    overrides: dict
+    default_k: int            # the K of the cells without a staleness axis
+    device: str
+    ckpt_root: Path | None
+    verl: VerlTarget | None   # None: the native trainer
+
+    @property
+    def trainer(self) -> str:
+        return "native" if self.verl is None else "verl"
+
+    def args(self, cell: Cell) -> dict:
+        """The cell's overrides of the preset (its seed and K among them)."""
+        return {**self.overrides, **({} if cell.seed is None else {"seed": cell.seed}),
+                **({} if cell.staleness is None else {"staleness": cell.staleness})}
+
+    def k(self, cell: Cell) -> int:
+        return self.default_k if cell.staleness is None else cell.staleness
+
+    def fingerprint(self, cell: Cell) -> str:
+        return cell_fingerprint(self.preset, self.args(cell))
+
+    def config(self, cell: Cell) -> dict:
+        """The run config a run of the cell stores."""
+        return {"preset": self.preset, **asdict(get_preset(self.preset, **self.args(cell)))}
+
+
+def plan_grid(store, algos: list[str], pairs: list[Precision], build_id: str | None, engine: str, preset: str,
+              overrides: dict, seeds: list[int] | None = None, staleness: list[int] | None = None,
+              device: str = "cpu", ckpt_root=None, verl: VerlTarget | None = None) -> tuple[Grid, list[Cell]]:
+    """The grid's shared settings and its cells, every grid-wide input checked before any cell
+    runs: the build (given, or the latest complete one), seeds and K given once, and what verl
+    cannot run."""
     with session(store) as s:
-        build, _, _ = resolve_inputs(s, build_id, None) if build_id else (latest_build(s), None, None)
+        build = resolve_inputs(s, build_id, None)[0] if build_id else latest_build(s)
         if build is None:
             raise ConfigError("no build yet: make one with `bench build --model tiny-math`")
-        build_id = build.id
     if seeds is not None and "seed" in overrides:
         raise ConfigError("give either a seed or seeds, not both")
     if staleness is not None and "staleness" in overrides:
         raise ConfigError("give either a staleness or a staleness axis, not both")
     default_k = overrides["staleness"] if "staleness" in overrides else get_preset(preset).staleness
-    for k in staleness or [default_k]:
-        if verl_args is not None:
-            check_staleness(k)
-    if verl_args is not None:
-        check_router_replay(bool(overrides.get("router_replay")))
-        for a in algos:
-            check_algorithm(a)
-    cells = [(a, p, k, seed) for a in algos for p in pairs for k in (staleness or [None]) for seed in (seeds or [None])]
+    grid = Grid(build.id, engine, run_engine(engine, "native" if verl is None else "verl"), preset, overrides,
+                default_k, device, ckpt_root, verl)
+    cells = [Cell(a, p, k, seed) for a in algos for p in pairs for k in (staleness or [None])
+             for seed in (seeds or [None])]
+    if verl is not None:
+        for cell in cells:
+            check_verl_cell(cell.algo, get_preset(preset, **grid.args(cell)))
+    return grid, cells
 
-    def where(k, seed) -> str:
-        return ("" if k is None else f" K={k}") + ("" if seed is None else f" seed {seed}")
 
-    def cell_args(k, seed) -> dict:
-        return {**overrides, **({} if seed is None else {"seed": seed}), **({} if k is None else {"staleness": k})}
+# ------------------------------------------------------------------ deciding a cell by its seeds
 
-    todo, results = [], {}
-    recorded_engine = run_engine(engine, trainer)
-    decide = decide_early and seeds is not None and trainer == "native"
-    decided: dict[tuple, str] = {}       # (algo, precision, K) → why the cell is decided
-    with session(store) as s:
-        for a, p, k, seed in cells:
-            done = _finished_run(s, build_id, a, p, trainer, seed, default_k if k is None else k, recorded_engine,
-                                 cell_fingerprint(preset, cell_args(k, seed)))
-            if done:
-                log(f"skip {a} {p.name}{where(k, seed)}: finished as run {done.id} ({done.status})")
-                results[(a, p, k, seed)] = _summary(s, done.id, a, p, f"{done.status} (earlier)", seed, k)
-                if decide and done.status in FAIL_STATUSES:
-                    decided.setdefault((a, p, k), f"seed {seed} ended {done.status} (run {done.id})")
+class SeedDecider:
+    """A cell passes only when every seed passes, so its first failing seed decides it (module
+    doc): which cells are decided and why, and the running seeds to interrupt when one is. The
+    grid's cells run on a pool of threads: every method holds the lock."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self._lock = threading.Lock()
+        self._why: dict[tuple, str] = {}
+        self._running: dict[tuple, list[CellProcess]] = {}
+
+    def why(self, key: tuple) -> str | None:
+        """Why the cell is decided; None while it is not."""
+        with self._lock:
+            return self._why.get(key)
+
+    def decide(self, key: tuple, why: str) -> bool:
+        """Decide the cell for `why` unless it is decided already (then False), interrupting its
+        running seeds; a no-op (False) when deciding early is off."""
+        if not self.enabled:
+            return False
+        with self._lock:
+            if key in self._why:
+                return False
+            self._why[key] = why
+            running = list(self._running.get(key, []))
+        for proc in running:
+            proc.interrupt()      # the run records itself failed; the grid then marks it skipped
+        return True
+
+    def started(self, key: tuple, proc: CellProcess) -> None:
+        """A seed of the cell started in `proc` (interrupted at once if the cell was decided meanwhile)."""
+        with self._lock:
+            self._running.setdefault(key, []).append(proc)
+            cancel = key in self._why
+        if cancel:
+            proc.interrupt()
+
+    def ended(self, key: tuple, proc: CellProcess) -> None:
+        with self._lock:
+            self._running[key] = [p for p in self._running.get(key, []) if p is not proc]
+
+
+def skip_reason(why: str, at: int | None = None) -> str:
+    start = "not run" if at is None else f"interrupted at step {at}"
+    return f"{start}: the cell was decided when {why} (a cell passes only when every seed passes)"
+
+
+# ------------------------------------------------------------------ running the grid
+
+class _GridRun:
+    """The grid's cells run against `store`: each through `run_cell` (in this process, in one of
+    its own, or through verl), its seeds decided by `decider`, its progress sent to `log`."""
+
+    def __init__(self, store, grid: Grid, decider: SeedDecider, jobs: int, log, progress: bool):
+        self.store, self.grid, self.decider, self.jobs, self.log, self.progress = (store, grid, decider, jobs, log,
+                                                                                 progress)
+
+    def step_log(self, cell: Cell):
+        """The progress callback of a cell: one line per step (None when progress is off)."""
+        if not self.progress:
+            return None
+        return lambda step, total, m: self.log(f"  {cell.label} {step_line(step, total, m)}")
+
+    def __call__(self, cell: Cell) -> str | None:
+        """Run one cell (or skip it when its cell was decided); its run id."""
+        why = self.decider.why(cell.key)
+        if why is not None:
+            return self.skip(cell, why)
+        self.log(f"run {cell.label} on build {self.grid.build_id}")
+        since = utcnow()
+        rid = self.run_cell(cell)
+        if self.decider.enabled:
+            rid = self.after(cell, rid, since)
+        if self.progress and rid is not None:
+            with session(self.store) as s:
+                self.log(f"  {cell.label}: {_ended_line(s, rid)}")
+        return rid
+
+    def run_cell(self, cell: Cell) -> str | None:
+        g = self.grid
+        cfg = get_preset(g.preset, **g.args(cell))
+        try:
+            if g.verl is not None:
+                return self._verl(cell, cfg)
+            if self.jobs == 1:
+                return start_run(self.store, cell.algo, cell.precision, cfg, build_id=g.build_id, engine=g.engine,
+                                 preset=g.preset, ckpt_root=g.ckpt_root, progress=self.step_log(cell),
+                                 device=g.device)
+        except Exception as e:  # the failed run is recorded in the store; go on with the grid
+            self.log(f"  {cell.label} failed: {e}")
+            return None
+        return self._in_process(cell, CellRun(cell.algo, cell.precision, cfg, g.build_id, g.engine, g.preset,
+                                              g.device, g.ckpt_root))
+
+    def _verl(self, cell: Cell, cfg) -> str:
+        from .verl_follow import start_verl_run
+        from .verl_launch import prepare_verl_run
+
+        job, _ = prepare_verl_run(self.store, cell.algo, cell.precision, cfg, self.grid.build_id, None, self.grid.verl)
+        self.log(f"  {cell.label}: verl log {job['root']}/verl.log")
+        return start_verl_run(self.store, cell.algo, cell.precision, cfg, self.grid.preset, job,
+                              progress=self.step_log(cell))
+
+    def _in_process(self, cell: Cell, run: CellRun) -> str | None:
+        proc = CellProcess(self.store.url.render_as_string(hide_password=False), run)
+        self.decider.started(cell.key, proc)
+        try:
+            end = proc.follow(self.step_log(cell))
+        finally:
+            self.decider.ended(cell.key, proc)
+        if end.run_id is None:
+            why = self.decider.why(cell.key)
+            if why is not None:            # interrupted by us: `after` records it skipped (or finished)
+                self.log(f"  {cell.label} interrupted: the cell was decided when {why}")
             else:
-                todo.append((a, p, k, seed))
-    lock = threading.Lock()
-    running: dict[tuple, list] = {}      # (algo, precision, K) → the subprocesses of its running seeds
+                self.log(f"  {cell.label} failed: {end.error or 'interrupted'}")
+        return end.run_id
 
-    def skip_reason(why: str, at: int | None = None) -> str:
-        start = "not run" if at is None else f"interrupted at step {at}"
-        return f"{start}: the cell was decided when {why} (a cell passes only when every seed passes)"
-
-    def skip(cell, why: str) -> str:
-        a, p, k, seed = cell
-        cfg_fp = cell_fingerprint(preset, cell_args(k, seed))
-        with session(store) as s:
-            kk = default_k if k is None else k
-            earlier = _cell_runs(s, build_id, a, p, seed, kk, recorded_engine, cfg_fp, (SKIPPED,))
+    def skip(self, cell: Cell, why: str) -> str:
+        """Record a seed not started because its cell was decided (once: an earlier sweep's record stands)."""
+        g = self.grid
+        with session(self.store) as s:
+            earlier = _cell_runs(s, g.build_id, cell.algo, cell.precision, cell.seed, g.k(cell), g.recorded_engine,
+                                 g.fingerprint(cell), (SKIPPED,))
         if earlier:
             return earlier[0].id
-        config = {"preset": preset, **asdict(get_preset(preset, **cell_args(k, seed)))}
-        log(f"skip {a} {p.name}{where(k, seed)}: cell decided ({why})")
-        return record_skipped(store, build_id, a, p, config, recorded_engine, skip_reason(why))
+        self.log(f"skip {cell.label}: cell decided ({why})")
+        return record_skipped(self.store, g.build_id, cell.algo, cell.precision, g.config(cell), g.recorded_engine,
+                              skip_reason(why))
 
-    def after(cell, rid: str | None, since) -> str | None:
+    def after(self, cell: Cell, rid: str | None, since) -> str | None:
         """Decide the cell on a failing seed (interrupting its running seeds); mark this seed
         skipped when it was interrupted for another seed's failure."""
-        a, p, k, seed = cell
-        key = (a, p, k)
-        with session(store) as s:
+        with session(self.store) as s:
             r = s.get(Run, rid) if rid else None
             status = r.status if r else None
-        with lock:
-            why = decided.get(key)
-            if why is None and status in FAIL_STATUSES:
-                decided[key] = f"seed {seed} ended {status} (run {rid})"
-                for proc in running.get(key, []):
-                    if proc.poll() is None:
-                        proc.send_signal(signal.SIGINT)     # the run records itself failed, then is marked skipped
-                return rid
+        if status in FAIL_STATUSES and self.decider.decide(cell.key, f"seed {cell.seed} ended {status} (run {rid})"):
+            return rid
+        why = self.decider.why(cell.key)
         if why is None or status in FINISHED:
             return rid
-        with session(store) as s:     # interrupted (or crashed while the cell was being decided)
-            kk = default_k if k is None else k
-            fp = cell_fingerprint(preset, cell_args(k, seed))
-            mine = _cell_runs(s, build_id, a, p, seed, kk, recorded_engine, fp, (*FINISHED, FAILED, RUNNING), since)
+        g = self.grid
+        with session(self.store) as s:     # interrupted (or crashed while the cell was being decided)
+            mine = _cell_runs(s, g.build_id, cell.algo, cell.precision, cell.seed, g.k(cell), g.recorded_engine,
+                              g.fingerprint(cell), (*FINISHED, FAILED, RUNNING), since)
             mine_id, mine_status, at = (mine[0].id, mine[0].status, mine[0].step) if mine else (None, None, None)
         if mine_status in FINISHED:   # it ended before the interruption reached it (its output was cut)
             return mine_id
         if mine_id is not None:
-            return record_skipped(store, build_id, a, p, {}, recorded_engine, skip_reason(why, at), mine_id)
-        return skip(cell, why)
+            return record_skipped(self.store, g.build_id, cell.algo, cell.precision, {}, g.recorded_engine,
+                                  skip_reason(why, at), mine_id)
+        return self.skip(cell, why)
 
-    def one(cell) -> str | None:
-        a, p, k, seed = cell
-        at = where(k, seed)
-        if decide:
-            with lock:
-                why = decided.get((a, p, k))
-            if why is not None:
-                return skip(cell, why)
-        log(f"run {a} {p.name}{at} on build {build_id}")
-        since = utcnow()
-        rid = _one(cell)
-        if decide:
-            rid = after(cell, rid, since)
-        if progress and rid is not None:
-            with session(store) as s:
-                log(f"  {a} {p.name}{at}: {_ended_line(s, rid)}")
-        return rid
 
-    def _one(cell) -> str | None:
-        a, p, k, seed = cell
-        key = (a, p, k)
-        at = where(k, seed)
-        args = cell_args(k, seed)
-        label = f"{a} {p.name}{at}"
-        if jobs == 1 and verl_args is None:
-            cfg = get_preset(preset, **args)
-            cb = (lambda step, total, m: log(f"  {label} {step_line(step, total, m)}")) if progress else None
-            try:
-                return start_run(store, a, p, cfg, build_id=build_id, engine=engine, preset=preset,
-                                 ckpt_root=ckpt_root, progress=cb, device=device)
-            except Exception as e:  # the failed run is recorded in the store; go on with the grid
-                log(f"  {label} failed: {e}")
-                return None
-        cmd = [sys.executable, "-m", "bench.cli", "run", "--algo", a, "--dtype", p.spec, "--build", build_id,
-               "--engine", engine, "--preset", preset, "--json"]
-        if verl_args is not None:
-            cmd += ["--trainer", "verl", *verl_args]
-        else:
-            cmd += ["--device", device]
-        for k, v in args.items():
-            flag = k.replace('_', '-')
-            cmd += [f"--{flag}" if v else f"--no-{flag}"] if isinstance(v, bool) else [f"--{flag}", str(v)]
-        if ckpt_root is not None:
-            cmd += ["--checkpoint-dir", str(ckpt_root)]
-        if db_url:
-            cmd += ["--db", db_url]
-        if progress:
-            cmd += ["--progress-lines"]
-        def started(proc):
-            with lock:
-                running.setdefault(key, []).append(proc)
-                cancel = decide and key in decided
-            if cancel:                    # decided while this one was being launched
-                proc.send_signal(signal.SIGINT)
-
-        code, stdout, stderr = _relay(cmd, lambda line: log(f"  {label} {line}"), on_start=started)
-        with lock:
-            running[key] = [x for x in running.get(key, []) if x.args is not cmd]
-        if code != 0:
-            with lock:
-                why = decided.get(key) if decide else None
-            if why is not None:            # interrupted by us: `after` records it skipped (or finished)
-                log(f"  {label} interrupted: the cell was decided when {why}")
-                return None
-            err = stderr[stderr.rfind("error:"):] if "error:" in stderr else stderr.strip()[-500:]
-            log(f"  {label} failed: {' '.join(err.split()) or code}")
-            return None
-        return json.loads(stdout)["id"]
-
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+def run_grid(store, algos: list[str], pairs: list[Precision], build_id: str | None, engine: str, preset: str,
+             overrides: dict, jobs: int = 1, log=print, verl: VerlTarget | None = None,
+             seeds: list[int] | None = None, ckpt_root=None, progress: bool = True, device: str = "cpu",
+             staleness: list[int] | None = None, decide_early: bool = True) -> list[dict]:
+    """Run the grid; with `verl` every cell runs on the verl trainer, one at a time. `seeds` runs
+    every cell once per seed (the run config's `seed`), skipping the (cell, seed) pairs that
+    already finished; without it a cell is run once with the preset's seed and skipped when any
+    of its runs finished. `progress`: `log` one line per step of every cell (`<algo>
+    <precision>[ seed N] step …`) and one when it ends. `device`: where native cells train
+    (bench/device.py). `staleness`: run every cell (and seed) once per K, skipping the finished
+    (cell, K, seed) runs; without it every cell runs at the K of the overrides or the preset,
+    and only its runs at that K count as finished. `decide_early` (with seeds, native): a cell's
+    first failing seed decides it (module doc)."""
+    grid, cells = plan_grid(store, algos, pairs, build_id, engine, preset, overrides, seeds, staleness, device,
+                            ckpt_root, verl)
+    decider = SeedDecider(decide_early and seeds is not None and verl is None)
+    todo, results = [], {}
+    with session(store) as s:
+        for cell in cells:
+            done = _finished_run(s, grid.build_id, cell.algo, cell.precision, grid.trainer, cell.seed, grid.k(cell),
+                                 grid.recorded_engine, grid.fingerprint(cell))
+            if done:
+                log(f"skip {cell.label}: finished as run {done.id} ({done.status})")
+                results[cell] = _summary(s, done.id, cell.algo, cell.precision, f"{done.status} (earlier)",
+                                         cell.seed, cell.staleness)
+                if done.status in FAIL_STATUSES:
+                    decider.decide(cell.key, f"seed {cell.seed} ended {done.status} (run {done.id})")
+            else:
+                todo.append(cell)
+    one = _GridRun(store, grid, decider, 1 if verl is not None else jobs, log, progress)
+    with ThreadPoolExecutor(max_workers=max(1, one.jobs)) as pool:
         ids = list(pool.map(one, todo))
     with session(store) as s:
-        for (a, p, k, seed), rid in zip(todo, ids):
-            results[(a, p, k, seed)] = _summary(s, rid, a, p, seed=seed, staleness=k)
+        for cell, rid in zip(todo, ids):
+            results[cell] = _summary(s, rid, cell.algo, cell.precision, seed=cell.seed, staleness=cell.staleness)
     return [results[c] for c in cells]

@@ -42,7 +42,7 @@ from bench.errors import ConfigError
 from bench.engines.torch_engine import TorchEngine
 from bench.grading import Grader
 from bench.mismatch import mismatch_metrics
-from bench.models import ModelRef, load_model, load_tokenizer, render_prompt
+from bench.models import load_model, load_tokenizer, render_prompt
 from bench.moe import is_moe
 from bench.precision import Precision
 from bench.router_metrics import at_positions, router_metrics
@@ -54,7 +54,7 @@ from bench import stop as stop_rules
 from .algos import LossInputs, get_loss, leave_one_out_advantages
 from .draws import BENCHMARK_EVAL, SPLIT_EVAL, eval_seed
 from .logprobs import response_logprobs
-from .presets import RunConfig
+from .plan import RunPlan
 from .staleness import NO_STALENESS, WeightQueue, staleness_metrics
 from .train_engine import Batch, TrainingEngine
 
@@ -139,13 +139,15 @@ def pi_old(learner: TrainingEngine, stale: WeightQueue, batch: Batch, updates_pe
 # ------------------------------------------------------------------ the trainer
 
 class NativeTrainer:
-    def __init__(self, store, run_id: str, cfg: RunConfig, algo: str, precision: Precision, engine: str,
-                 ref: ModelRef, split: list[Problem], ckpt_dir: Path, progress=None, rollout_engine=None,
-                 device: str = "cpu"):
+    def __init__(self, store, run_id: str, plan: RunPlan, split: list[Problem], ckpt_dir: Path, progress=None,
+                 rollout_engine=None):
+        """Train run `run_id` of `plan` (runners/plan.py: every input already checked) on `split`,
+        checkpointing to `ckpt_dir`; `progress(step, total, metrics)` after every step."""
+        cfg, algo, precision, engine, ref = plan.cfg, plan.algo, plan.precision, plan.engine, plan.model
         self.store, self.run_id, self.cfg, self.algo, self.precision = store, run_id, cfg, algo, precision
         self.loss_fn = get_loss(algo)
         self.ckpt_dir, self.progress, self.ref = ckpt_dir, progress, ref
-        self.device = torch.device(device)
+        self.device = torch.device(plan.device)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.tok = load_tokenizer(ref)

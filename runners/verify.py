@@ -48,7 +48,8 @@ from bench.problem_ids import split_hash
 from bench.store import Build, Eval, Model, Run, RunDigest, RunStep, RunVerification, open_store, session
 
 from . import verify_compare as vc
-from .runs import RunError, _train, config_from_dict, load_split, resolve_inputs
+from .plan import RunError, RunPlan, config_from_dict, load_split, resolve_inputs
+from .runs import _train
 
 DEFAULT_STEPS = 3
 # what the trainer's checkpoint holds (runners/trainer.py save_checkpoint)
@@ -263,8 +264,9 @@ def replay(run: Run, build: Build, model: Model, ref, split, last_step: int, dev
         with session(source) if source is not None else nullcontext() as src:
             _copy_rows(scratch, run, build, model, ckpt_dir, src, start)
         try:
-            _train(scratch, run.id, cfg, run.algo, Precision(run.rollout_dtype, run.train_dtype), run.engine, ref,
-                   split, ckpt_dir, until_window, device=device)
+            plan = RunPlan(run.algo, Precision(run.rollout_dtype, run.train_dtype), cfg, build.id, model.id, ref,
+                           run.engine, device, run.config.get("preset", "tiny"))
+            _train(scratch, run.id, plan, split, ckpt_dir, until_window)
         except _WindowDone:
             pass
         with session(scratch) as s:

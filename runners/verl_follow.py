@@ -303,7 +303,7 @@ def prepare(store, algo: str, precision, cfg: RunConfig, build_id: str | None, m
     from bench.problems import SourceSpec, load_problems
 
     from . import verl_reward
-    from .runs import RunError, load_split, resolve_inputs
+    from .plan import RunError, load_split, resolve_inputs
     from .verl_runner import VerlJob, export_parquet, verl_command
 
     with session(store) as s:
@@ -367,7 +367,8 @@ def resume_verl_run(store, run_id: str, progress=None) -> str:
     """Relaunch verl with the run's command (`trainer.resume_mode=auto`: it continues from its
     latest checkpoint); steps logged after that checkpoint are replaced. verl truncates its
     metrics file on start, so the previous one is kept as metrics.<n>.jsonl."""
-    from .runs import config_from_dict, resumable_run
+    from .plan import config_from_dict
+    from .runs import resumable_run
 
     with session(store) as s:
         run = resumable_run(s, run_id)

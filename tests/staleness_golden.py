@@ -127,7 +127,8 @@ def run_case(url: str, build: str, config: dict, algo: str, dtype: str, ckpt_roo
 
     from bench.precision import Precision
     from bench.store import Eval, Run, RunStep, open_store, session
-    from runners.runs import config_from_dict, start_run
+    from runners.plan import config_from_dict
+    from runners.runs import start_run
 
     store = open_store(url)
     run_id = start_run(store, algo, Precision.parse(dtype), config_from_dict(config), build_id=build,

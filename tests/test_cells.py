@@ -216,7 +216,7 @@ def test_the_sweep_skips_only_a_cell_finished_by_its_engine_and_settings(tmp_pat
     def grid(eng, **overrides):
         started.clear()
         lines = []
-        sweep.run_grid(engine, url, ["grpo"], [Precision.parse("fp32")], "b0", eng, "tiny",
+        sweep.run_grid(engine, ["grpo"], [Precision.parse("fp32")], "b0", eng, "tiny",
                        {"max_steps": 2, **overrides}, log=lines.append, seeds=[0], progress=False)
         return started[:], lines
 

@@ -184,21 +184,21 @@ def test_preset_enum_matches_presets():
 
 @pytest.fixture
 def captured(monkeypatch):
-    """start_run and run_grid replaced by recorders: what `bench run` / `bench sweep` pass on."""
+    """run_plan and run_grid replaced by recorders: what `bench run` / `bench sweep` pass on."""
     import runners.sweep
     import runners.runs
 
     calls = {}
 
-    def start_run(store, algo, precision, cfg, **kw):
-        calls["run"] = cfg
+    def run_plan(store, plan, *args, **kw):
+        calls["run"] = plan.cfg
         raise SystemExit(0)
 
-    def run_grid(store, db, algos, pairs, build_id, engine, preset, overrides, jobs, **kw):
+    def run_grid(store, algos, pairs, build_id, engine, preset, overrides, jobs, **kw):
         calls["sweep"] = (preset, overrides, kw)
         return []
 
-    monkeypatch.setattr(runners.runs, "start_run", start_run)
+    monkeypatch.setattr(runners.runs, "run_plan", run_plan)
     monkeypatch.setattr(runners.sweep, "run_grid", run_grid)
     return calls
 
@@ -264,7 +264,7 @@ def test_every_user_error_class_is_a_bench_error():
     from bench.errors import SourceError
     from bench.store import StoreError
     from datasets_build.builder import BuildError
-    from runners.runs import RunError
+    from runners.plan import RunError
     from runners.verl_runner import VerlError
 
     for cls in (BundleError, DeviceError, ConfigError, PrecisionError, ModelError, SourceError, StoreError,
@@ -280,7 +280,7 @@ def test_a_bug_shows_its_traceback_and_exits_1(monkeypatch, store_with_build):
     def boom(*a, **kw):
         raise ValueError("Invalid learning rate: deep inside torch")
 
-    monkeypatch.setattr(runners.runs, "start_run", boom)
+    monkeypatch.setattr(runners.runs, "run_plan", boom)
     r = CliRunner().invoke(app, ["run", "--algo", "grpo", "--device", "cpu", "--db", store_with_build])
     assert r.exit_code == 1 and isinstance(r.exception, ValueError), r.output
     assert "error:" not in r.output
@@ -288,12 +288,12 @@ def test_a_bug_shows_its_traceback_and_exits_1(monkeypatch, store_with_build):
 
 def test_a_bench_error_from_deep_inside_is_one_line_exit_2(monkeypatch, store_with_build):
     import runners.runs
-    from runners.runs import RunError
+    from runners.plan import RunError
 
     def refuse(*a, **kw):
         raise RunError("no such thing; do this instead")
 
-    monkeypatch.setattr(runners.runs, "start_run", refuse)
+    monkeypatch.setattr(runners.runs, "run_plan", refuse)
     r = CliRunner().invoke(app, ["run", "--algo", "grpo", "--device", "cpu", "--db", store_with_build])
     assert r.exit_code == 2 and r.output.strip().splitlines()[-1] == "error: no such thing; do this instead", \
         r.output

@@ -12,7 +12,8 @@ from bench.cli import app
 from bench.precision import Precision
 from bench.store import MismatchReport, Run, RunStep, open_store, session
 from runners.presets import get_preset
-from runners.runs import RunError, start_run
+from runners.plan import RunError
+from runners.runs import start_run
 
 pytestmark = pytest.mark.integration
 

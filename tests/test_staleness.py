@@ -16,7 +16,8 @@ from sqlalchemy import select
 from bench.precision import Precision
 from bench.store import Eval, Run, RunStep, open_store, session
 from runners.algos import REGISTRY
-from runners.runs import config_from_dict, start_run
+from runners.plan import config_from_dict
+from runners.runs import start_run
 from runners.trainer import NativeTrainer
 
 import staleness_golden as golden
@@ -139,7 +140,7 @@ class Recorder(NativeTrainer):
 
 
 def make_trainer(url, build, cfg, algo, dtype, tmp, cls=NativeTrainer, run_id="r0"):
-    from runners.runs import load_split, resolve_inputs
+    from runners.plan import load_split, resolve_inputs
     from bench.store import Run as RunRow
 
     store = open_store(url)

@@ -1,7 +1,7 @@
 """`bench sweep` shows progress while it runs: one line per step of every cell (reward, KL,
 and split / benchmark accuracy at the evaluation steps), from the trainer in process and
-relayed from the `bench run --progress-lines` children with `--jobs N`, and one line as each
-cell ends."""
+relayed from the cells' own processes with `--jobs N` (runners/cell_process.py), and one line as
+each cell ends."""
 
 import json
 import os
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from runners.sweep import PROGRESS_PREFIX, _relay, step_line
+from runners.sweep import step_line
 
 
 def test_step_line_shows_reward_kl_and_the_evaluations_of_that_step():
@@ -21,17 +21,6 @@ def test_step_line_shows_reward_kl_and_the_evaluations_of_that_step():
     assert step_line(10, 40, m) == ("step 10/40  reward 0.531  split 0.656  split@train 0.700  synthetic-hard 0.141"
                                     "  kl_k3 1.23e-04")
     assert step_line(7, None, {"critic/score/mean": 0.25}) == "step 7  reward 0.250"     # verl's metrics
-
-
-def test_relay_passes_progress_lines_on_and_keeps_the_rest():
-    code = ("import sys\nprint('{\"id\": \"r1\"}')\n"
-            f"print({PROGRESS_PREFIX!r} + 'step 1/2', file=sys.stderr, flush=True)\n"
-            "print('Loading weights 100%', file=sys.stderr)\n"
-            f"print({PROGRESS_PREFIX!r} + 'step 2/2  split 0.500', file=sys.stderr)\n")
-    seen = []
-    rc, out, err = _relay([sys.executable, "-c", code], seen.append)
-    assert (rc, json.loads(out), err) == (0, {"id": "r1"}, "Loading weights 100%\n")
-    assert seen == ["step 1/2", "step 2/2  split 0.500"]
 
 
 FAST = ["--max-steps", "2", "--eval-every", "2", "--prompts-per-step", "4", "--samples-per-prompt", "4",
@@ -81,7 +70,7 @@ def test_sweep_prints_every_step_of_every_cell_in_process(built, monkeypatch):
 
 
 @pytest.mark.integration
-def test_sweep_with_jobs_relays_the_step_lines_of_its_subprocess_cells(built):
+def test_sweep_with_jobs_relays_the_step_lines_of_its_process_cells(built):
     url, build, tmp = built
     p = subprocess.run([sys.executable, "-m", "bench.cli", "sweep", "--algo", "pg-seq-is,gspo", "--dtype", "fp32",
                         "--build", build, *FAST, "--jobs", "2", "--db", url],
@@ -93,4 +82,3 @@ def test_sweep_with_jobs_relays_the_step_lines_of_its_subprocess_cells(built):
         assert [line.split("  ")[0] for line in lines] == [f"{cell} step 1/2", f"{cell} step 2/2"], p.stderr
         assert " split " in lines[1] and " synthetic-hard " in lines[1], lines
         assert f"{cell}: max_steps after 2 steps" in p.stderr
-    assert PROGRESS_PREFIX not in p.stderr          # relayed, not passed through raw

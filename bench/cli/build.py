@@ -9,7 +9,7 @@ from typing import List, Optional, Tuple
 import typer
 from rich.table import Table
 
-from bench.cli import DB_OPT, _progress, _store, _user_errors, app, build_app, builds_app, console, fail, out
+from bench.cli import DB_OPT, _progress, _store, app, build_app, builds_app, console, fail, out
 from bench.cli.options import DEVICE_METAVAR, Engine, knob_options, parse_device
 from bench.grading import GradeConfig
 from datasets_build.config import BuildConfig
@@ -82,20 +82,17 @@ def build(ctx: typer.Context,
     resolve_model(cfg.model)
     resolve_engine(cfg.engine)
     store = _store(db)
-    try:
-        if ray:
-            from bench.store import default_url
-            from datasets_build.ray_build import ray_build
+    if ray:
+        from bench.store import default_url
+        from datasets_build.ray_build import ray_build
 
-            with _progress("shards") as prog:
-                task = prog.add_task("shards", total=None, rate="")
-                manifest = ray_build(db or default_url(), cfg, shards, ray_address,
-                                     on_shard=lambda r, done, n: prog.update(
-                                         task, completed=done, total=n, rate=f"shard {r['shard']}: {r['build_id']}"))
-        else:
-            manifest = _build_with_progress(store, cfg)
-    except _user_errors() as e:
-        fail(str(e))
+        with _progress("shards") as prog:
+            task = prog.add_task("shards", total=None, rate="")
+            manifest = ray_build(db or default_url(), cfg, shards, ray_address,
+                                 on_shard=lambda r, done, n: prog.update(
+                                     task, completed=done, total=n, rate=f"shard {r['shard']}: {r['build_id']}"))
+    else:
+        manifest = _build_with_progress(store, cfg)
     if (manifest.get("duplicates") or {}).get("repeated"):
         console.print(f"[yellow]warning:[/] the source repeats problems: {_duplicates_line(manifest['duplicates'])} "
                       "(listed in the manifest's `duplicates`)", highlight=False)
@@ -152,10 +149,7 @@ def build_merge(build_ids: Optional[List[str]] = typer.Argument(None, help="Shar
     """Join shards built with `bench build --shard i/n` into one split (all shards complete, same settings)."""
     from datasets_build.merge import merge_shards
 
-    try:
-        manifest = merge_shards(_store(db), build_ids, out_dir)
-    except _user_errors() as e:
-        fail(str(e))
+    manifest = merge_shards(_store(db), build_ids, out_dir)
     if as_json:
         out.print_json(json.dumps(manifest, default=str))
     else:

@@ -55,7 +55,7 @@ def compare(cell_a: str = typer.Argument(..., metavar="A", help="A cell as ALGO:
     device = resolve_device(device)
     store = _store(db)
     overrides = {k: v for k, v in {"benchmark": benchmark, **knobs}.items() if v is not None}
-    result = run_comparison(store, db, cells, metric, max_seeds, batch, level, build_id, engine.value, preset.value,
+    result = run_comparison(store, cells, metric, max_seeds, batch, level, build_id, engine.value, preset.value,
                             overrides, jobs, log=_log, device=device, ckpt_root=checkpoint_dir)
     if as_json:
         out.print_json(json.dumps(result))

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from bench.cli import DB_OPT, _store, _user_errors, app, console, fail, out
+from bench.cli import DB_OPT, _store, app, console, fail, out
 from bench.cli.options import DEVICE_METAVAR, Engine, knob_options, parse_device
 from runners.mismatch_config import MismatchConfig
 
@@ -53,11 +53,8 @@ def mismatch(model: str = typer.Option("tiny-math"), dtype: str = typer.Option("
     pairs = [Precision.parse(dtype)] if "=" in dtype and ";" not in dtype else parse_list(dtype)
     cfg.device = resolve_device(device)
     store = _store(db)
-    try:
-        reports = analyse(store, cfg, pairs, progress=lambda p, m: console.print(
-            f"{p.name}: mean |π−μ| {m['prob_abs_diff_mean']:.2e}, KL {m['kl_k1']:.2e} nats", highlight=False))
-    except _user_errors() as e:
-        fail(str(e))
+    reports = analyse(store, cfg, pairs, progress=lambda p, m: console.print(
+        f"{p.name}: mean |π−μ| {m['prob_abs_diff_mean']:.2e}, KL {m['kl_k1']:.2e} nats", highlight=False))
     if as_json:
         out.print_json(json.dumps(reports))
         return

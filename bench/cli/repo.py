@@ -1,5 +1,6 @@
 """`bench results …` (a results repository: runners/results_repo.py) and `bench publish` (its
-static leaderboard: leaderboard/site.py)."""
+static leaderboard: leaderboard/site.py). A refusal is a BenchError: the root command prints it
+as one line, exit 2."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from bench.cli import _progress, _user_errors, app, fail, out
+from bench.cli import _progress, app, out
 
 results_app = typer.Typer(help="A results repository: bundles anyone can submit and anyone can check.",
                           no_args_is_help=True)
@@ -21,10 +22,7 @@ def results_init(repo: Path = typer.Argument(..., help="The folder (a git reposi
     """Make an empty results repository: index.json, bundles/, keys/ (the keyring) and a .gitignore."""
     from runners.results_repo import init
 
-    try:
-        init(repo)
-    except _user_errors() as e:
-        fail(str(e))
+    init(repo)
     out.print(f"results repository at {repo}: add public keys to {repo / 'keys'} (NAME.pub) to accept only signed "
               "bundles", highlight=False)
 
@@ -36,10 +34,7 @@ def results_keygen(name: str = typer.Argument(..., help="The signer's name (what
     repository's keys/."""
     from bench.signing import new_key
 
-    try:
-        key, pub = new_key(name, out_dir)
-    except _user_errors() as e:
-        fail(str(e))
+    key, pub = new_key(name, out_dir)
     out.print(f"{key} (private: `bench runs export … --sign {key}`), {pub} (public: copy it to a results "
               "repository's keys/)", highlight=False)
 
@@ -59,16 +54,13 @@ def results_add(bundle: Path = typer.Argument(..., help="A bundle from `bench ru
     changes nothing: exit 2."""
     from runners.results_repo import add
 
-    try:
-        if verify == "claimed":
-            entry = add(repo, bundle, verify, device)
-        else:
-            with _progress(f"re-running ({verify})") as prog:
-                task = prog.add_task("steps", total=None, rate="")
-                entry = add(repo, bundle, verify, device,
-                            progress=lambda step, total, m: prog.update(task, completed=step, total=total))
-    except _user_errors() as e:
-        fail(str(e))
+    if verify == "claimed":
+        entry = add(repo, bundle, verify, device)
+    else:
+        with _progress(f"re-running ({verify})") as prog:
+            task = prog.add_task("steps", total=None, rate="")
+            entry = add(repo, bundle, verify, device,
+                        progress=lambda step, total, m: prog.update(task, completed=step, total=total))
     if as_json:
         out.print_json(json.dumps(entry, default=str))
         return
@@ -88,10 +80,7 @@ def publish(results: Path = typer.Option(..., help="The results repository."),
     from leaderboard.site import write_site
     from runners.results_repo import read_index, signers, store_url
 
-    try:
-        index = read_index(results)
-        url = store_url(results)                     # re-checks every bundle's file and signature
-        pages = write_site(url, out_dir, title, signers=signers(index))
-    except _user_errors() as e:
-        fail(str(e))
+    index = read_index(results)
+    url = store_url(results)                         # re-checks every bundle's file and signature
+    pages = write_site(url, out_dir, title, signers=signers(index))
     out.print(f"{out_dir / 'index.html'}: {pages} page(s)", highlight=False)

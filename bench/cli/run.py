@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -12,7 +11,7 @@ import typer
 from rich.table import Table
 
 from bench import statuses
-from bench.cli import DB_OPT, _progress, _store, _user_errors, app, console, fail, out, runs_app
+from bench.cli import DB_OPT, _progress, _store, app, console, fail, out, runs_app
 from bench.cli.options import DEVICE_METAVAR, Engine, Preset, Trainer, knob_options, parse_device
 from runners.presets import RunConfig
 
@@ -33,23 +32,9 @@ def _run_progress(prog, task):
     return cb
 
 
-def _line_progress():
-    """`--progress-lines`: each step as one plain `progress: step …` line on stderr (what a
-    sweep relays from its subprocess cells), in place of the progress bar."""
-    from runners.sweep import PROGRESS_PREFIX, step_line
-
-    def cb(step, total, m):
-        print(PROGRESS_PREFIX + step_line(step, total, m), file=sys.stderr, flush=True)
-    return cb
-
-
 @contextlib.contextmanager
-def _step_progress(lines: bool, bar_callback):
-    """The step callback for a run: the progress bar (`bar_callback(prog, task)`), or plain
-    lines on stderr when `lines`."""
-    if lines:
-        yield _line_progress()
-        return
+def _step_progress(bar_callback):
+    """The step callback for a run: a progress bar updated by `bar_callback(prog, task)`."""
     with _progress("steps") as prog:
         yield bar_callback(prog, prog.add_task("steps", total=None, rate=""))
 
@@ -133,16 +118,14 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
         checkpoint_dir: Optional[Path] = typer.Option(None, help="Default $BENCH_HOME/runs/<run id>."),
         resume: Optional[str] = typer.Option(None, help="Continue run ID from its last checkpoint."),
         as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
-        progress_lines: bool = typer.Option(False, "--progress-lines", hidden=True,
-                                            help="One `progress: step …` line per step on stderr instead of the "
-                                            "bar (what `bench sweep --jobs N` relays from its cells)."),
         db: Optional[str] = DB_OPT, knobs: dict = None):
     """Train one algorithm at one precision pair on a build until it converges, plateaus,
     collapses, diverges or reaches max steps."""
     from bench.device import resolve_device
     from bench.precision import Precision
     from bench.algorithms import SPECS
-    from runners.runs import resume_run, start_run
+    from runners.plan import plan_run
+    from runners.runs import resume_run, run_plan
 
     if algo == "list":
         for spec in SPECS.values():
@@ -160,24 +143,19 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
         _seeded_run(algo, dtype, build_id, model, engine, trainer, preset.value, overrides, seeds, resume,
                     checkpoint_dir, as_json, db, device, decide_early=not all_seeds)
         return
-    if resume and _resume_verl(resume, db, as_json, progress_lines):
+    if resume and _resume_verl(resume, db, as_json):
         return
     if trainer == "verl":
         _verl_run(algo, dtype, build_id, model, preset.value, overrides, db, verl_python, dry_run, gpus, nodes,
-                  as_json, progress_lines)
+                  as_json)
         return
     if not algo and not resume:
         fail("give --algo (see `bench run --algo list`) or --resume RUN_ID")
     store = _store(db)
-    if not resume:
-        _check_inputs(store, cfg, precision, build_id, model, engine, device)
-    with _step_progress(progress_lines, _run_progress) as cb:
-        if resume:
-            run_id = resume_run(store, resume, progress=cb, device=device)
-        else:
-            run_id = start_run(store, algo, precision, cfg, build_id=build_id, model=model,
-                               engine=engine, ckpt_root=checkpoint_dir, preset=preset.value, progress=cb,
-                               device=device)
+    plan = None if resume else plan_run(store, algo, precision, cfg, build_id, model, engine, device, preset.value,
+                                        checkpoint_dir)           # every input checked before the bar is drawn
+    with _step_progress(_run_progress) as cb:
+        run_id = resume_run(store, resume, progress=cb, device=device) if resume else run_plan(store, plan, cb)
     _print_run_end(run_id, store, as_json)
 
 
@@ -194,25 +172,9 @@ def runs_extend(ctx: typer.Context,
     from runners.runs import extend_run
 
     store = _store(db or (ctx.obj or {}).get("db"))
-    with _step_progress(False, _run_progress) as cb:
+    with _step_progress(_run_progress) as cb:
         extend_run(store, run_id, max_steps, progress=cb, device=device)
     _print_run_end(run_id, store, as_json)
-
-
-def _check_inputs(store, cfg, precision, build_id, model, engine, device) -> None:
-    """What start_run would refuse, read before the progress bar is drawn: the engine, the
-    formats on the device, the build (start_run checks them all again)."""
-    from bench.engines import resolve_engine
-    from bench.device import device_supports
-    from bench.store import session
-    from runners.runs import RunError, resolve_inputs
-
-    resolve_engine(engine)
-    for d in {precision.rollout, precision.train}:
-        if not device_supports(d, device):
-            raise RunError(f"{d} is not supported on {device}; choose another --dtype")
-    with session(store) as s:
-        resolve_inputs(s, build_id, model)
 
 
 def _seeded_run(algo, dtype, build_id, model, engine, trainer, preset, overrides, seeds, resume, checkpoint_dir,
@@ -220,7 +182,7 @@ def _seeded_run(algo, dtype, build_id, model, engine, trainer, preset, overrides
     """`bench run --seeds`: the one cell once per seed, as a one-cell sweep."""
     from bench.precision import Precision
     from runners.sweep import parse_seeds, run_grid
-    from runners.runs import RunError, resolve_inputs
+    from runners.plan import resolve_inputs
 
     if resume:
         fail("--seeds starts runs; resume one run with --resume RUN_ID alone")
@@ -231,20 +193,17 @@ def _seeded_run(algo, dtype, build_id, model, engine, trainer, preset, overrides
     if not algo:
         fail("give --algo (see `bench run --algo list`)")
     store = _store(db)
-    try:
-        seed_list = parse_seeds(seeds)
-        pairs = [Precision.parse(dtype)]
-        if model and not build_id:
-            from bench.store import session
+    seed_list = parse_seeds(seeds)
+    pairs = [Precision.parse(dtype)]
+    if model and not build_id:
+        from bench.store import session
 
-            with session(store) as s:
-                build_id = resolve_inputs(s, None, model)[0].id
-        results = run_grid(store, db, [algo], pairs, build_id, engine, preset,
-                           {k: v for k, v in overrides.items() if v is not None}, 1,
-                           log=_log, seeds=seed_list,
-                           ckpt_root=checkpoint_dir, device=device, decide_early=decide_early)
-    except (RunError, *_user_errors()) as e:
-        fail(str(e))
+        with session(store) as s:
+            build_id = resolve_inputs(s, None, model)[0].id
+    results = run_grid(store, [algo], pairs, build_id, engine, preset,
+                       {k: v for k, v in overrides.items() if v is not None}, 1,
+                       log=_log, seeds=seed_list,
+                       ckpt_root=checkpoint_dir, device=device, decide_early=decide_early)
     _print_grid(results, as_json)
 
 
@@ -271,10 +230,9 @@ def _print_grid(results: list[dict], as_json: bool = False) -> None:
         raise typer.Exit(1)
 
 
-def _resume_verl(run_id, db, as_json, progress_lines: bool = False) -> bool:
+def _resume_verl(run_id, db, as_json) -> bool:
     """Resume `run_id` if verl ran it (False for a native run)."""
     from bench.store import Run, session
-    from runners.runs import RunError
     from runners.verl_follow import resume_verl_run
 
     store = _store(db)
@@ -282,11 +240,8 @@ def _resume_verl(run_id, db, as_json, progress_lines: bool = False) -> bool:
         run = s.get(Run, run_id)
         if run is None or run.trainer != "verl":
             return False
-    try:
-        with _step_progress(progress_lines, _verl_progress) as cb:
-            resume_verl_run(store, run_id, progress=cb)
-    except RunError as e:
-        fail(str(e))
+    with _step_progress(_verl_progress) as cb:
+        resume_verl_run(store, run_id, progress=cb)
     _print_run_end(run_id, store, as_json)
     return True
 
@@ -296,19 +251,13 @@ _VERL_KNOBS = {"benchmark", "prompts_per_step", "samples_per_prompt", "updates_p
                "max_steps", "eval_every", "checkpoint_every", "staleness", "router_replay"}   # router_replay: refused
 
 
-def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, dry_run, gpus, nodes, as_json,
-              progress_lines: bool = False) -> None:
-    import shutil
-    import uuid
-
+def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, dry_run, gpus, nodes,
+              as_json) -> None:
     from bench.precision import Precision
-    from bench.store import bench_home
     from runners.presets import get_preset
-    from runners.runs import RunError
-    from runners.verl_follow import prepare, start_verl_run
-    from runners.verl_runner import (VerlError, check_algorithm, check_router_replay, check_staleness,
-                                     check_verl_version, installed_verl_version, missing_launch_modules, shell_line,
-                                     validate_cells)
+    from runners.verl_follow import start_verl_run
+    from runners.verl_launch import VerlTarget, check_verl_cell, prepare_verl_run
+    from runners.verl_runner import shell_line
 
     if not algo:
         fail("give --algo (see `bench run --algo list`)")
@@ -316,44 +265,22 @@ def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, 
     if unused:
         console.print("[yellow]warning:[/] verl does not take " + ", ".join(f"--{k.replace('_', '-')}" for k in unused)
                       + " (native trainer settings); the run ignores them", highlight=False, soft_wrap=True)
-    try:
-        check_algorithm(algo)
-        check_staleness(get_preset(preset, **overrides).staleness)
-        check_router_replay(get_preset(preset, **overrides).router_replay)
-    except _user_errors() as e:
-        fail(str(e))
+    cfg = get_preset(preset, **overrides)
+    check_verl_cell(algo, cfg)
     store = _store(db)
-    try:
-        p = Precision.parse(dtype)
-        cfg = get_preset(preset, **overrides)
-        version = installed_verl_version(verl_python)
-        if version is not None or not dry_run:          # a dry run without verl prints the command unchecked
-            check_verl_version(version)
-        if not dry_run:
-            missing = missing_launch_modules(verl_python)
-            if missing:
-                raise VerlError(f"{verl_python} has verl but not {' or '.join(missing)}, which main_ppo needs to "
-                                "train: pip install 'verl[vllm]==0.9.1' there (a GPU machine); --dry-run works without")
-        # one directory per run (its name is the run id); dry runs share one per cell
-        root = bench_home() / "verl" / (f"dry-run/{algo}-{p.rollout}-{p.train}" if dry_run else uuid.uuid4().hex[:12])
-        job = prepare(store, algo, p, cfg, build_id, model, verl_python, root=root, gpus=gpus, nodes=nodes)
-        if version is not None:
-            (error,) = validate_cells(verl_python, [job["argv"][3:]])
-            if error:
-                if not dry_run:
-                    shutil.rmtree(root, ignore_errors=True)         # nothing half-written
-                raise VerlError(f"verl's validate_config rejects this cell: {error}")
-            console.print(f"verl {version}: validate_config passed", highlight=False)
-        elif dry_run:
-            console.print(f"verl is not installed for {verl_python}: the command was not validated "
-                          "(pass --verl-python)", highlight=False)
-    except (RunError, VerlError, *_user_errors()) as e:
-        fail(str(e))
+    p = Precision.parse(dtype)
+    job, version = prepare_verl_run(store, algo, p, cfg, build_id, model, VerlTarget(verl_python, gpus, nodes),
+                                    dry_run)
+    if version is not None:
+        console.print(f"verl {version}: validate_config passed", highlight=False)
+    elif dry_run:
+        console.print(f"verl is not installed for {verl_python}: the command was not validated "
+                      "(pass --verl-python)", highlight=False)
     if dry_run:
         out.print(shell_line(job["argv"], job["env"]), highlight=False, markup=False, soft_wrap=True)
         return
     console.print(f"verl log: {job['root']}/verl.log", highlight=False)
-    with _step_progress(progress_lines, _verl_progress) as cb:
+    with _step_progress(_verl_progress) as cb:
         run_id = start_verl_run(store, algo, p, cfg, preset, job, progress=cb)
     _print_run_end(run_id, store, as_json)
 
@@ -418,25 +345,24 @@ def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or a
         raise ConfigError("give --seed or --seeds, not both")
     if seed_list is not None and trainer == "verl":
         raise ConfigError("--seeds runs the native trainer only: the verl launcher passes no seed to verl yet")
+    verl = None
     if trainer == "verl":
-        from runners.verl_runner import VERL_SEQ_MIS, check_algorithm, check_router_replay, check_staleness
+        from runners.verl_launch import VerlTarget, check_verl_cell
+        from runners.verl_runner import VERL_SEQ_MIS
 
         if algo == "all":                  # every algorithm verl can run to its end
             algos = [a for a in algos if a != "pg-seq-mis"]
             console.print(f"[yellow]note:[/] --algo all with --trainer verl leaves out {VERL_SEQ_MIS}",
                           highlight=False, soft_wrap=True)
-        for a in algos:
-            check_algorithm(a)
-        for k in k_list or []:
-            check_staleness(k)
-        check_router_replay(bool(knobs.get("router_replay")))
+        for a in algos:                    # before the store is opened (run_grid plans the cells again)
+            for k in k_list or [None]:
+                check_verl_cell(a, _run_config(preset, benchmark, {**knobs, "staleness": k}))
+        verl = VerlTarget(verl_python, gpus, nodes)
     device = resolve_device(device) if trainer == "native" else "cpu"
     store = _store(db)
     overrides = {"benchmark": benchmark, **knobs}
-    verl_args = None if trainer == "native" else ["--verl-python", verl_python, "--gpus", str(gpus),
-                                                   "--nodes", str(nodes)]
-    results = run_grid(store, db, algos, pairs, build_id, engine, preset.value,
+    results = run_grid(store, algos, pairs, build_id, engine, preset.value,
                        {k: v for k, v in overrides.items() if v is not None}, jobs,
-                       log=_log, verl_args=verl_args, seeds=seed_list, device=device, staleness=k_list,
+                       log=_log, verl=verl, seeds=seed_list, device=device, staleness=k_list,
                        ckpt_root=checkpoint_dir, decide_early=not all_seeds)
     _print_grid(results)

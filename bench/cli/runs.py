@@ -10,7 +10,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from bench.cli import DB_OPT, _progress, _store, _user_errors, fail, fmt3 as _f, out, runs_app
+from bench.cli import DB_OPT, _progress, _store, fail, fmt3 as _f, out, runs_app
 
 
 @runs_app.callback()
@@ -52,19 +52,13 @@ def runs_export(ctx: typer.Context,
     """Write runs to a self-contained bundle: run rows, steps, evaluations, calibration, provenance,
     config and seed, state digests, and each build's kept split (ids, golds, base accuracy, n) with
     its split hash; optionally the deciding windows' checkpoints and a signature."""
-    from bench.bundle import BundleError, export_runs
+    from bench.bundle import export_runs
     from bench.signing import SigningError, load_private_key, sign as sign_bundle
 
-    try:
-        if sign:
-            load_private_key(sign)          # a bad key is bad input before anything is written
-    except SigningError as e:
-        fail(str(e))
-    try:
-        manifest = export_runs(_store(db or (ctx.obj or {}).get("db"), read_only=True), run_ids, out_path,
-                               window_checkpoints)
-    except BundleError as e:
-        fail(str(e))
+    if sign:
+        load_private_key(sign)              # a bad key is bad input before anything is written
+    manifest = export_runs(_store(db or (ctx.obj or {}).get("db"), read_only=True), run_ids, out_path,
+                           window_checkpoints)
     try:
         signed = sign_bundle(out_path, sign, signer or sign.stem) if sign else None
     except SigningError as e:
@@ -128,14 +122,11 @@ def runs_verify(ctx: typer.Context, run_id: str = typer.Argument(..., help="A na
     from runners.verify import parse_window, plan_verification, run_verification
 
     store = _store(db or (ctx.obj or {}).get("db"))
-    try:
-        start, end = parse_window(window) if window else (0, steps)
-        plan = plan_verification(store, run_id, end, device, start, checkpoint)
-        with _progress("re-running") as prog:
-            task = prog.add_task("steps", total=plan.last_step, completed=plan.start, rate="")
-            result = run_verification(store, plan, progress=lambda step, total, m: prog.update(task, completed=step))
-    except _user_errors() as e:
-        fail(str(e))
+    start, end = parse_window(window) if window else (0, steps)
+    plan = plan_verification(store, run_id, end, device, start, checkpoint)
+    with _progress("re-running") as prog:
+        task = prog.add_task("steps", total=plan.last_step, completed=plan.start, rate="")
+        result = run_verification(store, plan, progress=lambda step, total, m: prog.update(task, completed=step))
     if as_json:
         out.print_json(json.dumps(result, default=str))
     else:

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from bench.cli import DB_OPT, _store, _user_errors, app, console, fail
+from bench.cli import DB_OPT, _store, app, console
 
 
 # what `bench leaderboard` passes to Streamlit besides the port, the address and headless: the
@@ -40,10 +40,7 @@ def leaderboard(db: Optional[str] = DB_OPT, port: int = typer.Option(8501, help=
     if results is not None:
         from runners.results_repo import store_url
 
-        try:
-            db = store_url(results)
-        except _user_errors() as e:
-            fail(str(e))
+        db = store_url(results)
     url = db or default_url()
     _store(url, read_only=True)                   # a bad or empty URL fails here, readably
     app_path = Path(lb.__file__).parent / "app.py"

