@@ -30,8 +30,6 @@ from functools import lru_cache
 
 from bench.errors import ConfigError
 
-_BOUNDS = ("ge", "gt", "le", "lt")
-
 
 def knob(default=MISSING, *, help: str, unit: str | None = None, ge=None, gt=None, le=None, lt=None,
          flag: str | None = None, cli: bool = True, nested: bool = False, finite: bool = True,

@@ -139,7 +139,7 @@ def ratio_stats(log_ratio: torch.Tensor, prefix: str) -> dict[str, float]:
 
 
 def mismatch_metrics(logp_mu: torch.Tensor, logp_pi: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """Every mismatch metric of DESIGN.md for one batch of sampled tokens."""
+    """Every mismatch metric of docs/metrics.md for one batch of sampled tokens."""
     logp_mu, logp_pi, mask = logp_mu.detach().float(), logp_pi.detach().float(), mask.float()
     k1 = kl_k1(logp_mu, logp_pi, mask)
     slope, slope_se = log_ratio_slope(logp_mu, logp_pi, mask)

@@ -42,7 +42,6 @@ from .gemms import W8A8STE, split_k_matmul
 from .grids import float_step
 
 EXPERT_WEIGHTS = ("gate_up_proj", "down_proj")
-MODES = ("native", "upcast", "split_k")     # how a 16-bit expert / router GEMM computes (module docstring)
 
 
 # ------------------------------------------------------------------ finding the layers

@@ -1,4 +1,4 @@
-"""The seven algorithms of DESIGN.md as registered pure loss functions.
+"""The seven algorithms of docs/algorithms.md as registered pure loss functions.
 
 Notation, per response y of length T (mask m_t), with sg = stop-gradient:
     w   = exp(Σ_t (logp_t − logp_rollout_t))        current π_θ over the rollout μ_θ' (sequence)

@@ -2,7 +2,7 @@
 `python -m verl.trainer.main_ppo` overrides for every algorithm × precision pair, as read off
 verl 0.9.1's source (its trainer config and ppo modules). `bench run --trainer verl --dry-run` prints them.
 
-Where bench's one definition (DESIGN.md) and verl's defaults differ, the overrides choose
+Where bench's one definition (docs/algorithms.md) and verl's defaults differ, the overrides choose
 bench's, and tests/test_verl_crosscheck.py checks each loss against verl's `core_algos` on the
 same tensors: leave-one-out advantages (`rloo`, not `grpo`'s R − mean, which is (G−1)/G of it),
 no dual-clip (`clip_ratio_c=1e9`; verl's default 3.0 bounds −r·A for A < 0), the Dr.GRPO

@@ -185,7 +185,7 @@ def test_kl_warning_fires_at_the_hand_checked_step_of_a_rise():
 
 
 def test_defaults_are_the_documented_ones():
-    """StopConfig's defaults (the module docstring, DESIGN.md) and a fresh StopState: nothing read yet."""
+    """StopConfig's defaults (the module docstring) and a fresh StopState: nothing read yet."""
     assert StopConfig() == StopConfig(target=0.95, hold=3, confidence=0.9, patience=10, min_delta=0.01,
                                       collapse_drop=0.3, kl_window=20)
     # futility on (0 false FAIL in 35 real runs), plateaued off (1 false FAIL in 17 sound ones)

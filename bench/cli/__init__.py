@@ -64,20 +64,9 @@ def fail(msg: str, code: int = 2) -> None:
 def _store(url: str | None, read_only: bool = False):
     """The store at `url` (opened and migrated); `read_only` verbs (report, runs, builds,
     leaderboard) refuse a store that does not exist instead of creating an empty one."""
-    from bench.store import StoreError, open_store
+    from bench.store import open_store
 
-    try:
-        return open_store(url, must_exist=read_only)
-    except StoreError as e:
-        fail(str(e))
-
-
-def _user_errors():
-    """Exception types whose message is the whole story for the user: BenchError and its
-    subclasses only (a ValueError from torch or transformers is a bug and keeps its traceback)."""
-    from bench.errors import BenchError
-
-    return (BenchError,)
+    return open_store(url, must_exist=read_only)
 
 
 def fmt3(x) -> str:

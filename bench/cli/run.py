@@ -86,6 +86,27 @@ def _check_algo(algo: Optional[str]) -> None:
 
 _RUN_PANEL = "Run settings (RunConfig; default: the preset's)"
 
+# the options `bench run` and `bench sweep` share, declared once
+_BUILD = typer.Option(None, "--build", help="Build id (default: the latest complete build).")
+_ENGINE = typer.Option(Engine.torch, help="Rollout engine (auto: vllm when importable, else torch).")
+_TRAINER = typer.Option(Trainer.native, help="native (one process a run), or verl (launch verl 0.9.1's main_ppo, "
+                        "follow its metrics, stop it by bench's rules; a sweep's cells one after another).")
+_VERL_PYTHON = typer.Option("python", help="With --trainer verl: the interpreter of the environment that has verl.")
+_GPUS = typer.Option(1, min=1, help="With --trainer verl: GPUs per node.")
+_NODES = typer.Option(1, min=1, help="With --trainer verl: nodes.")
+_PRESET = typer.Option(Preset.tiny, help="The run settings every option below starts from.")
+_BENCHMARK = typer.Option(None, help="Problem source of the preset's benchmark (paper: AIME24 from the hub; "
+                          "offline, a .jsonl such as the paper's aime24.jsonl).")
+_SEEDS = typer.Option(None, help="Run every cell once per seed: N for seeds 0..N-1, or a list such as 0,3,5; "
+                      "finished (cell, seed) pairs are skipped. A cell's first failing seed decides it: its other "
+                      "seeds are not started, or are interrupted, and recorded skipped.")
+_ALL_SEEDS = typer.Option(False, "--all-seeds", help="With --seeds: run every seed of every cell, even once a "
+                          "failing seed has decided it.")
+_DEVICE = typer.Option(None, parser=parse_device, metavar=DEVICE_METAVAR, help="Where the native trainer and the "
+                       "built-in engine run: auto (cuda when available; the default), cpu, cuda, cuda:i. With "
+                       "--resume: default the device the run started on.")
+_CHECKPOINT_DIR = typer.Option(None, help="Default $BENCH_HOME/runs/<run id>.")
+
 
 @app.command()
 @knob_options(RunConfig, defaults=_preset_values(), panel=_RUN_PANEL, before="checkpoint_dir")
@@ -93,29 +114,21 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
         dtype: str = typer.Option("fp32", help="Precision: fp32 | bf16 | bf16+head32 | fp16 | fp8 (both engines) or "
                                                "rollout=X,train=Y (rollout may also be int8, nvfp4 or mxfp4, "
                                                "rollout-only formats)."),
-        build_id: Optional[str] = typer.Option(None, "--build", help="Build id (default: the latest complete build)."),
+        build_id: Optional[str] = _BUILD,
         model: Optional[str] = typer.Option(None, help="Only builds of this model (and check the build's model)."),
-        engine: Engine = typer.Option(Engine.torch, help="Rollout engine (auto: vllm when importable, else torch)."),
-        trainer: Trainer = typer.Option(Trainer.native, help="native (one process) or verl (launch verl 0.9.1's "
-                                        "main_ppo, follow its metrics, stop it by bench's rules)."),
-        gpus: int = typer.Option(1, min=1, help="With --trainer verl: GPUs per node."),
-        nodes: int = typer.Option(1, min=1, help="With --trainer verl: nodes."),
+        engine: Engine = _ENGINE,
+        trainer: Trainer = _TRAINER,
+        gpus: int = _GPUS,
+        nodes: int = _NODES,
         dry_run: bool = typer.Option(False, help="With --trainer verl: export the split and reward module, "
                                      "print the command, launch nothing."),
-        verl_python: str = typer.Option("python", help="Interpreter of the environment that has verl."),
-        preset: Preset = typer.Option(Preset.tiny, help="The run settings every option below starts from."),
-        benchmark: Optional[str] = typer.Option(None, help="Problem source of the preset's benchmark (paper: AIME24 "
-                                                "from the hub; offline, a .jsonl such as the paper's aime24.jsonl)."),
-        seeds: Optional[str] = typer.Option(None, help="Run the cell once per seed: N for seeds 0..N-1, or a list "
-                                            "such as 0,3,5; (cell, seed) pairs already finished are skipped. The "
-                                            "first seed that fails decides the cell: the rest are recorded skipped."),
-        all_seeds: bool = typer.Option(False, "--all-seeds", help="With --seeds: run every seed, even once a "
-                                       "failing seed has decided the cell."),
-        device: Optional[str] = typer.Option(None, parser=parse_device, metavar=DEVICE_METAVAR,
-                                             help="Where the native trainer and the built-in engine run: auto "
-                                             "(cuda when available; the default), cpu, cuda, cuda:i. With --resume: "
-                                             "default the device the run started on."),
-        checkpoint_dir: Optional[Path] = typer.Option(None, help="Default $BENCH_HOME/runs/<run id>."),
+        verl_python: str = _VERL_PYTHON,
+        preset: Preset = _PRESET,
+        benchmark: Optional[str] = _BENCHMARK,
+        seeds: Optional[str] = _SEEDS,
+        all_seeds: bool = _ALL_SEEDS,
+        device: Optional[str] = _DEVICE,
+        checkpoint_dir: Optional[Path] = _CHECKPOINT_DIR,
         resume: Optional[str] = typer.Option(None, help="Continue run ID from its last checkpoint."),
         as_json: bool = typer.Option(False, "--json", help="Print the run summary as JSON."),
         db: Optional[str] = DB_OPT, knobs: dict = None):
@@ -305,26 +318,19 @@ def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or a
           dtype: str = typer.Option("bf16,fp16,fp32", help="Dtypes (both engines) or pairs (rollout=X,train=Y), "
                                     "separated by ',' or ';' (a pair's own comma binds: fp16;rollout=fp8,train=fp16); "
                                     "`all` for all 35 pairs, `all16` for the paper's nine."),
-          build_id: Optional[str] = typer.Option(None, "--build",
-                                                 help="Build id (default: the latest complete build)."),
-          engine: Engine = typer.Option(Engine.torch, help="Rollout engine (auto: vllm when importable, else torch)."),
-          preset: Preset = typer.Option(Preset.tiny, help="The run settings every option below starts from."),
-          benchmark: Optional[str] = typer.Option(None, help="Problem source of the preset's benchmark."),
-          jobs: int = typer.Option(1, min=1, help="Cells run in parallel processes."),
-          device: str = typer.Option("auto", parser=parse_device, metavar=DEVICE_METAVAR,
-                                     help="Native cells: auto (cuda when available), cpu, cuda, cuda:i."),
-          trainer: Trainer = typer.Option(Trainer.native, help="native, or verl (cells one after another on the "
-                                          "cluster)."),
-          verl_python: str = typer.Option("python", help="With --trainer verl: verl's interpreter."),
-          gpus: int = typer.Option(1, min=1, help="With --trainer verl: GPUs per node."),
-          nodes: int = typer.Option(1, min=1, help="With --trainer verl: nodes."),
-          seeds: Optional[str] = typer.Option(None, help="Run every cell once per seed: N for seeds 0..N-1, or a list "
-                                              "such as 0,3,5; finished (cell, seed) pairs are skipped. A cell's first "
-                                              "failing seed decides it: its other seeds are not started, or are "
-                                              "interrupted, and recorded skipped."),
-          all_seeds: bool = typer.Option(False, "--all-seeds", help="With --seeds: run every seed of every cell, "
-                                         "even once a failing seed has decided it."),
-          checkpoint_dir: Optional[Path] = typer.Option(None, help="Default $BENCH_HOME/runs/<run id>."),
+          build_id: Optional[str] = _BUILD,
+          engine: Engine = _ENGINE,
+          preset: Preset = _PRESET,
+          benchmark: Optional[str] = _BENCHMARK,
+          jobs: int = typer.Option(1, min=1, help="Cells run at once, each in a process of its own."),
+          device: Optional[str] = _DEVICE,
+          trainer: Trainer = _TRAINER,
+          verl_python: str = _VERL_PYTHON,
+          gpus: int = _GPUS,
+          nodes: int = _NODES,
+          seeds: Optional[str] = _SEEDS,
+          all_seeds: bool = _ALL_SEEDS,
+          checkpoint_dir: Optional[Path] = _CHECKPOINT_DIR,
           db: Optional[str] = DB_OPT, knobs: dict = None):
     """Run the algorithm × precision grid on one build, skipping cells already finished (by the same
     trainer and rollout engine, at the same settings but the seed)."""
