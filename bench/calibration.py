@@ -96,7 +96,7 @@ class Band:
     max_abs: float | None = None
 
 
-# Where the bands come from. tiny-math (tests/test_calibration.py; 16 prompts x 8 responses of
+# Where the bands come from. tiny-math (tests/bench/test_calibration.py; 16 prompts x 8 responses of
 # ~24 tokens, built-in engines, upcast and native 16-bit kernels alike), worst correct pair:
 #   fp32/fp32   mean 9.0e-8  max 2.2e-5  k3 3.9e-13
 #   with fp16   mean 1.3e-4  max 2.6e-2  k3 6.7e-7

@@ -12,7 +12,7 @@ An output column of a GEMM is the dot product of its weight row with the activat
 the kernel's K order whatever the other columns are, so the members' outputs are the numbers
 their own GEMMs give, bit for bit, where the BLAS runs one kernel for both widths: checked on
 the CPUs measured over decode and prefill shapes of 16 columns a member and more
-(tests/test_fused_projections.py compares whole rollouts; an Intel AMX Xeon's MKL takes another
+(tests/bench/test_fused_projections.py compares whole rollouts; an Intel AMX Xeon's MKL takes another
 kernel for a member of fewer than 16 columns, which no real projection has). On a GPU cuBLAS chooses its kernel
 by shape, so there the group rounds as vLLM's fused GEMM does. The members' weights become views of
 the group's (a sync writes them in place), so nothing is copied per sync but the fp32 copy an

@@ -42,7 +42,7 @@ def split_k_matmul(x: torch.Tensor, w: torch.Tensor, splits: int = 1) -> torch.T
     xs = x.reshape(-1, splits, k // splits).transpose(0, 1)                 # [S, M, K/S]
     ws = w.reshape(w.shape[0], splits, k // splits).permute(1, 2, 0)        # [S, K/S, N]
     p = torch.bmm(xs, ws)                                                   # the S partials
-    # added left to right in place: the order by construction (tests/test_rollout_kernels.py has
+    # added left to right in place: the order by construction (tests/bench/test_rollout_kernels.py has
     # the hand test), and at decode sizes ~1.8× faster on a CPU than torch's sum over dim 0
     y = p[0] + p[1]
     for s in range(2, splits):

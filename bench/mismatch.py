@@ -7,7 +7,7 @@ mask [B, T]. Sign conventions are the paper's: Δp = π − μ; KL[μ‖π] = E_
 Besides bench's own metrics, the ones verl 0.9.1 logs as `rollout_corr/*`
 (`rollout_corr_helper.compute_offpolicy_metrics`) and `training/rollout_probs_diff_*`
 (`utils/debug/metrics.py`) are computed here exactly as verl computes them, so that native
-and verl runs fill the same columns (tests/test_verl_metrics.py checks them against verl):
+and verl runs fill the same columns (tests/runners/test_verl_metrics.py checks them against verl):
 `kl_k1_token`, `chi2_token`, `chi2_seq`, `ppl_*`, `log_ppl_*`, `prob_abs_diff_max`/`_std`.
 Where verl averages a per-sequence quantity, a sequence without response tokens counts with
 its per-token mean taken as 0 (verl's `masked_mean` of an empty row), as below.

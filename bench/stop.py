@@ -9,12 +9,12 @@ each reading:
 - converged: the one-sided `confidence` Wilson lower bound on the successes pooled over the
   last `hold` evaluations is >= target. With hold=3 and confidence=0.9 (pooled n = 2,124 on
   that build) the pooled accuracy must reach ~0.956 (0.957 at n = 1,440, the n that
-  tests/test_stop.py simulates), which a run truly at 0.93 (4.7 pooled standard errors below
+  tests/bench/test_stop.py simulates), which a run truly at 0.93 (4.7 pooled standard errors below
   at n = 2,124) reaches in ~0.1% of runs of 30 evaluations at n = 1,440 (windows overlapping;
   fewer at a larger n), while a run truly at 0.97 converges at its third evaluation in > 99% of
   runs. hold=2 at the same confidence lets ~0.5% of runs at 0.93 through (too close to the 1%
   the sanity test allows); hold=4 costs one more evaluation and gains nothing needed.
-  tests/test_stop.py simulates both cases.
+  tests/bench/test_stop.py simulates both cases.
 - plateaued / collapsed: measured from a peak that moves only on a gain of at least
   `min_delta`, so upward noise of less than min_delta neither resets the patience nor raises
   the bar a later reading must not fall far below. The raw best reading is kept for display.
@@ -29,7 +29,7 @@ each reading:
   futile when P + z·se(P) < target, z = Φ⁻¹(futility_confidence): even the optimistic upper end
   of the projection stays below the bar. Measured by `runners/stop_sim.py` (simulated runs at
   the embedded default's n = 177 × 4 = 708 graded samples per evaluation, an evaluation every 5
-  steps, max_steps 150, binomial noise; 2,000 runs per shape, seed 0; tests/test_stop.py re-runs
+  steps, max_steps 150, binomial noise; 2,000 runs per shape, seed 0; tests/bench/test_stop.py re-runs
   it with 400 per shape and checks the bounds below). With window 10 and confidence 0.95:
     shape (true accuracy)                       futile  converged  median step: futile  plateaued
     rising to 0.97 (0.95 at step ~60, fp16)      0.0%    100%                     -       125

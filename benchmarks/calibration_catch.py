@@ -1,5 +1,5 @@
 """Catch table of the step-0 calibration gate (bench/calibration.py): each of the gate test's own
-plumbing faults (tests/test_calibration.py: rollout temperature 0.7, RoPE inv_freq in bf16 in
+plumbing faults (tests/bench/test_calibration.py: rollout temperature 0.7, RoPE inv_freq in bf16 in
 the rollout engine, a stale untied lm_head that the weight sync misses) injected into the
 built-in rollout engine, per precision pair, judged by the gate as it was (the band check alone:
 `before`) and as it is (`after`: band, reference, processing, buffers), on one CPU kernel path.

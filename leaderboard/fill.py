@@ -19,7 +19,7 @@ square of that grid (the same cell key: leaderboard/cells.py).
   every top-level setting that has a value is written out. What has no option (a nested `algo.*` or `stop.*`
   value, a setting unset where the preset sets it) is returned as a note, never dropped silently.
 
-The leaderboard reads only the store, so this module does not import the CLI; tests/test_app.py
+The leaderboard reads only the store, so this module does not import the CLI; tests/leaderboard/test_app.py
 parses the command back with the real `bench sweep` and checks that the runs it would start have
 the grid's settings fingerprint.
 """

@@ -135,9 +135,7 @@ def plan_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: s
     router replay and vLLM's MoE limit, and a split that kept problems. Every refusal is one
     BenchError."""
     check_algo(algo)
-    check_run_config(cfg)
-    if cfg.samples_per_prompt < 2:
-        raise RunError("samples per prompt must be >= 2 (leave-one-out advantages)")
+    check_run_config(cfg)              # samples_per_prompt >= 2 among the bounds (leave-one-out advantages)
     engine = resolve_engine(engine)
     device = resolve_device(device)
     check_formats_on(precision, device)

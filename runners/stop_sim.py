@@ -1,5 +1,5 @@
 """Simulated split-accuracy sequences for the stop rules' error rates (bench/stop.py's module
-doc quotes them; tests/test_stop.py re-runs them at a fixed seed and checks the stated bounds).
+doc quotes them; tests/bench/test_stop.py re-runs them at a fixed seed and checks the stated bounds).
 
 A shape is a true accuracy curve p(step); a simulated run reads Binomial(n, p(step)) / n at every
 evaluation (steps 0, every, 2·every, ..., max_steps), n the graded samples of one evaluation (the

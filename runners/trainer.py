@@ -18,7 +18,7 @@ precision metrics, π_old vs μ, stay precision only); π_θ, the weights being 
 compared with π_old in `staleness_kl_k3` / `staleness_abs_dp` (with `staleness_k` = K_eff);
 w = π_θ/μ carries both. After each update the oldest snapshot, not the master, goes to the
 rollout engine; evaluations sample the current weights. At K = 0 the step is the code of
-before, bit for bit (tests/test_staleness.py compares stored steps).
+before, bit for bit (tests/runners/test_staleness.py compares stored steps).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 verl 0.9.1's source (its trainer config and ppo modules). `bench run --trainer verl --dry-run` prints them.
 
 Where bench's one definition (docs/algorithms.md) and verl's defaults differ, the overrides choose
-bench's, and tests/test_verl_crosscheck.py checks each loss against verl's `core_algos` on the
+bench's, and tests/runners/test_verl_crosscheck.py checks each loss against verl's `core_algos` on the
 same tensors: leave-one-out advantages (`rloo`, not `grpo`'s R − mean, which is (G−1)/G of it),
 no dual-clip (`clip_ratio_c=1e9`; verl's default 3.0 bounds −r·A for A < 0), the Dr.GRPO
 normaliser as an explicit `loss_scale_factor` (else verl divides by each micro-batch's padded
@@ -17,7 +17,7 @@ Metrics (METRIC_MAP): a verl value is stored under a bench name only where bench
 meaning is the same; everything else keeps verl's name under `verl/`. verl's off-policy
 diagnostics (`rollout_corr/*` from `rollout_corr_helper.compute_offpolicy_metrics`, π_old vs μ
 on the whole batch, decoupled mode) are computed natively by bench/mismatch.py exactly as verl
-does (tests/test_verl_metrics.py): `rollout_corr/kl` is a per-token mean of log μ − log π, stored
+does (tests/runners/test_verl_metrics.py): `rollout_corr/kl` is a per-token mean of log μ − log π, stored
 as `kl_k1_token` (bench's `kl_k1` sums each sequence first), `k3_kl` is per-token k3 = `kl_k3`,
 then `chi2_token`, `chi2_seq`, `ppl_*`, `log_ppl_*`. `training/rollout_probs_diff_{mean,max,std}`
 are of |p_rollout − p_actor| (`prob_abs_diff_*`; bench's prob_diff_max/min are signed π − μ).

@@ -1,5 +1,5 @@
 """The pins behind "staleness K=0 reproduces the runs from before staleness existed"
-(tests/test_staleness.py): 3-step native runs of tiny-math on a 12-problem build, every
+(tests/runners/test_staleness.py): 3-step native runs of tiny-math on a 12-problem build, every
 deterministic per-step metric and every evaluation.
 
 Two files, two kinds of pin:

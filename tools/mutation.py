@@ -32,25 +32,46 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# module → the tests that cover it (pytest node ids / -k expressions)
-MODULES: dict[str, list[str]] = {
-    "runners/algos.py": ["tests/test_algos.py"],
-    "bench/mismatch.py": ["tests/test_mismatch.py"],
-    "bench/formats.py": ["tests/test_formats.py", "tests/test_mxfp4.py", "-m", "not vllm"],
-    "bench/quantizers.py": ["tests/test_formats.py", "tests/test_mxfp4.py", "-m", "not vllm"],
-    "bench/gemms.py": ["tests/test_formats.py", "tests/test_rollout_kernels.py", "-m", "not vllm"],
-    "bench/grids.py": ["tests/test_formats.py", "tests/test_mxfp4.py", "-m", "not vllm"],
-    "bench/stop.py": ["tests/test_stop.py"],
-    "bench/stats.py": ["tests/test_stats.py"],
-    "bench/calibration.py": ["tests/test_calibration.py", "-m", "not integration"],
-    "runners/staleness.py": ["tests/test_staleness_metrics.py",
-                             "tests/test_staleness.py::test_rollouts_use_the_weights_of_k_updates_ago"],
-    "leaderboard/cells.py": ["tests/test_seeds.py", "tests/test_report_summary.py", "-m", "not integration"],
-    "leaderboard/summary.py": ["tests/test_summary_helpers.py", "tests/test_report_summary.py"],
-    "bench/bundle.py": ["tests/test_bundle.py", "-m", "not postgres"],
-    "bench/engines/torch_engine.py": ["tests/test_engine_torch.py"],
-    "bench/router_metrics.py": ["tests/test_moe.py", "-k", "router or at_positions or replayed"],
+# The modules mutated. Each is covered by its tests where the layout puts them (`mirror`:
+# tests/<package>/test_<module>.py, when it exists) and by the further tests or pytest arguments
+# listed beside it (node ids, -m / -k expressions).
+MUTATED: dict[str, list[str]] = {
+    "runners/algos.py": [],
+    "bench/mismatch.py": [],
+    "bench/formats.py": ["tests/bench/test_mxfp4.py", "-m", "not vllm"],
+    "bench/quantizers.py": ["tests/bench/test_formats.py", "tests/bench/test_mxfp4.py", "-m", "not vllm"],
+    "bench/gemms.py": ["tests/bench/test_formats.py", "tests/bench/test_rollout_kernels.py", "-m", "not vllm"],
+    "bench/grids.py": ["tests/bench/test_formats.py", "tests/bench/test_mxfp4.py", "-m", "not vllm"],
+    "bench/stop.py": [],
+    "bench/stats.py": [],
+    "bench/calibration.py": ["-m", "not integration"],
+    "runners/staleness.py": ["tests/runners/test_staleness_metrics.py",
+                             "tests/runners/test_staleness.py::test_rollouts_use_the_weights_of_k_updates_ago"],
+    "leaderboard/cells.py": ["tests/leaderboard/test_seeds.py", "tests/leaderboard/test_report_summary.py", "-m",
+                             "not integration"],
+    "leaderboard/summary.py": ["tests/leaderboard/test_summary_helpers.py", "tests/leaderboard/test_report_summary.py"],
+    "bench/bundle.py": ["-m", "not postgres"],
+    "bench/engines/torch_engine.py": [],
+    "bench/router_metrics.py": ["tests/bench/test_moe.py", "-k", "router or at_positions or replayed"],
 }
+# where the mirror's other tests take minutes a mutant (real runs, the app): only the tests listed run
+NO_MIRROR = {"runners/staleness.py": "its mirror trains real runs", "leaderboard/cells.py": "its mirror drives the app"}
+
+
+def mirror(module: str) -> Path:
+    """Where the layout puts a module's tests: bench/stop.py → tests/bench/test_stop.py."""
+    m = Path(module)
+    return ROOT / "tests" / m.parent / f"test_{m.stem}.py"
+
+
+def tests_of(module: str) -> list[str]:
+    """The pytest arguments that cover `module`: its mirror (where it exists and is not left
+    out), then the tests and arguments MUTATED lists."""
+    own = mirror(module)
+    listed = MUTATED[module]
+    use = own.exists() and module not in NO_MIRROR and str(own.relative_to(ROOT)) not in listed
+    return ([str(own.relative_to(ROOT))] if use else []) + listed
+
 
 KEEP_BINARY = ("Add_Sub", "Sub_Add", "Mul_Div", "Div_Mul", "Pow_Mul", "FloorDiv_Div", "Mod_FloorDiv")
 KEEP_COMPARE = ("Lt_LtE", "LtE_Lt", "Gt_GtE", "GtE_Gt", "Eq_NotEq", "NotEq_Eq", "Is_IsNot", "IsNot_Is",
@@ -94,7 +115,7 @@ def run_module(module: str, work: Path, out: Path, timeout: float, rerun: bool =
 
     name = module.replace("/", ".").removesuffix(".py")
     cfg, db = work / f"{name}.toml", out / f"{name}.sqlite"
-    cfg.write_text(config(module, MODULES[module], timeout))
+    cfg.write_text(config(module, tests_of(module), timeout))
     if rerun and not db.exists():
         raise SystemExit(f"{module}: no earlier session {db} to re-run the survivors of")
     if not rerun:
@@ -102,7 +123,7 @@ def run_module(module: str, work: Path, out: Path, timeout: float, rerun: bool =
     env = {**os.environ, "PYTHONPATH": str(work), "OMP_NUM_THREADS": "1",
            "BENCH_HOME": tempfile.mkdtemp(prefix="bench-mut-home-")}
     t0 = time.time()
-    base = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *MODULES[module]],
+    base = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests_of(module)],
                           cwd=work, env=env, capture_output=True, text=True)
     baseline_s = time.time() - t0
     if base.returncode != 0:
@@ -142,7 +163,7 @@ def run_module(module: str, work: Path, out: Path, timeout: float, rerun: bool =
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("modules", nargs="*", help="modules to mutate (default: all of MODULES)")
+    ap.add_argument("modules", nargs="*", help="modules to mutate (default: all of MUTATED)")
     ap.add_argument("--out", type=Path, default=ROOT / ".mutation")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds for one mutant's test run")
     ap.add_argument("--rerun-survivors", action="store_true",
@@ -150,13 +171,13 @@ def main() -> None:
     ap.add_argument("--list", action="store_true")
     a = ap.parse_args()
     if a.list:
-        for m, t in MODULES.items():
-            print(f"{m}: {' '.join(t)}")
+        for m in MUTATED:
+            print(f"{m}: {' '.join(tests_of(m))}")
         return
-    mods = a.modules or list(MODULES)
-    unknown = [m for m in mods if m not in MODULES]
+    mods = a.modules or list(MUTATED)
+    unknown = [m for m in mods if m not in MUTATED]
     if unknown:
-        raise SystemExit(f"not mapped to tests: {', '.join(unknown)} (see MODULES in {__file__})")
+        raise SystemExit(f"not mapped to tests: {', '.join(unknown)} (see MUTATED in {__file__})")
     a.out = a.out.resolve()
     a.out.mkdir(parents=True, exist_ok=True)
     rows = []

@@ -6,7 +6,7 @@
 
 Starts `bench leaderboard --db URL` on a free port (or opens the file), opens the page in
 headless Chromium (Debian's chromium and chromedriver, driven by Selenium, as
-tests/test_browser.py), waits until the page shows TEXT (default: the summary line's "cells"),
+tests/leaderboard/test_browser.py), waits until the page shows TEXT (default: the summary line's "cells"),
 and saves the window.
 """
 

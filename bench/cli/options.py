@@ -41,7 +41,7 @@ class Engine(str, Enum):
 
 
 class Preset(str, Enum):
-    """runners/presets.py PRESETS (tests/test_cli_knobs.py keeps the two in step)."""
+    """runners/presets.py PRESETS (tests/bench/cli/test_cli_knobs.py keeps the two in step)."""
 
     tiny = "tiny"
     paper = "paper"

@@ -15,7 +15,7 @@ row (`reorder_cache`, DynamicCache's way) copies the whole live cache each time 
 A prompt prefilled once for its n samples is written into each of its n rows as the prefill
 stores it (`repeat`), with no second copy. A row's keys and values are the same
 numbers in the same order as DynamicCache's wherever the row sits in the batch, so samples and
-log-probs are unchanged bit for bit (tests/test_kv_cache.py).
+log-probs are unchanged bit for bit (tests/bench/engines/test_kv_cache.py).
 """
 
 from __future__ import annotations

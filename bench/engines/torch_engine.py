@@ -97,7 +97,7 @@ class TorchEngine:
         copied to each row: `shared_prompts`); False prefills every row (the baseline of
         benchmarks/rollout_engine.py). Samples are the same either way where the CPU's GEMM rounds
         a row whatever the row count (the AMD EPYCs measured; an Intel AMX Xeon's fp32 GEMM does not,
-        and there fp32 μ moves in its last bits, the tokens unchanged: tests/test_kv_cache.py).
+        and there fp32 μ moves in its last bits, the tokens unchanged: tests/bench/engines/test_kv_cache.py).
         `record_distributions`: each sample carries the whole distribution every token was drawn
         from (`Sample.distributions`, fp32 [T, V] log-probs: `bench check`'s full-vocabulary KL)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer

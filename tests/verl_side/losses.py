@@ -1,4 +1,4 @@
-"""verl's side of the loss cross-check (tests/test_verl_crosscheck.py), run by verl's interpreter:
+"""verl's side of the loss cross-check (tests/runners/test_verl_crosscheck.py), run by verl's interpreter:
 
     <verl python> tests/verl_side/losses.py inputs.pt outputs.pt
 

@@ -1,4 +1,4 @@
-"""verl's side of the mismatch-metric cross-check (tests/test_verl_metrics.py), run by verl's
+"""verl's side of the mismatch-metric cross-check (tests/runners/test_verl_metrics.py), run by verl's
 interpreter:
 
     <verl python> tests/verl_side/offpolicy_metrics.py inputs.pt outputs.pt

@@ -17,7 +17,7 @@ from runners.verl_follow import MetricsTail, prepare, resume_verl_run, start_ver
 from runners.verl_runner import METRIC_MAP
 
 pytestmark = [pytest.mark.verl, pytest.mark.integration]
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 
 
 @pytest.fixture

@@ -39,7 +39,7 @@ def test_the_table_placeholder_draws_numeric_gaps_as_a_dash():
 
 
 def test_my_pages_show_every_table_through_the_display_helper():
-    root = Path(__file__).parent.parent / "leaderboard"
+    root = Path(__file__).parents[2] / "leaderboard"
     for page in MY_PAGES:
         text = (root / page).read_text()
         assert "st.dataframe(" not in text and "display.dataframe(" in text, page

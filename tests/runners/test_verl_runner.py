@@ -138,7 +138,7 @@ def test_metric_names():
 @pytest.mark.integration
 def test_pg_seq_mis_is_refused_for_verl_before_launch(tmp_path):
     """verl 0.9.1 dies mid-run on pg-seq-mis (compute_is_metrics divides by zero when IcePop drops
-    every sequence of a micro-batch: tests/test_verl_crosscheck.py and test_verl_metrics.py show it
+    every sequence of a micro-batch: tests/runners/test_verl_crosscheck.py and test_verl_metrics.py show it
     in verl's own code), so bench refuses it before launching anything, for run and sweep; `--algo
     all` with verl leaves it out and says so."""
     from bench.cli import app

@@ -103,7 +103,7 @@ def _rope(eng, rollout):
 
 def _stale_head(eng, rollout):
     """The engine's head holds an older policy (the master's + 0.01 noise), as a reload that
-    misses a tied head leaves it (tests/test_calibration.py's fault)."""
+    misses a tied head leaves it (tests/bench/test_calibration.py's fault)."""
     head = eng.model.lm_head
     g = torch.Generator().manual_seed(0)
     w = head.weight.detach().float()

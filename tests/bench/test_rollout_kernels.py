@@ -3,7 +3,7 @@ rounds once where transformers' MLP rounds twice, for every format with 16-bit a
 split-K GEMMs (a hand-computed fp32 order) in the quantized layers everywhere and in the 16-bit
 layers where the CPU lacks the instructions (BENCH_CPU_16BIT); FlashAttention-2's arithmetic
 (exp(S − m) rounded, the fp32 row sum dividing at the end, softcap); fp32 gets only the fused
-projections (bench/fused_projections.py, tests/test_fused_projections.py)."""
+projections (bench/fused_projections.py, tests/bench/test_fused_projections.py)."""
 
 import pytest
 import torch

@@ -279,7 +279,7 @@ def test_the_leaderboard_and_run_page_show_the_verification(source, tmp_path):
     full = any(v["steps"] >= 3 and v["window_start"] == 0 and v["verdict"] != "differs" for v in _verifications(url))
     cell = "1/1 seeds verified (fully re-run)" if full else "0/1 seeds verified; weakest: first 1 of 3 steps re-run"
     os.environ["BENCH_DB_URL"] = url
-    app_path = str(Path(__file__).parent.parent / "leaderboard" / "app.py")
+    app_path = str(Path(__file__).parents[2] / "leaderboard" / "app.py")
     at = AppTest.from_file(app_path, default_timeout=120)
     at.run()
     assert not at.exception, [e.message for e in at.exception]

@@ -186,8 +186,8 @@ def test_licence_and_provenance_ship_beside_the_data():
 
     from setuptools import find_packages
 
-    cfg = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert "bench.data" in find_packages(str(Path(__file__).parent.parent), include=cfg["packages"]["find"]["include"])
+    cfg = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "bench.data" in find_packages(str(Path(__file__).parents[2]), include=cfg["packages"]["find"]["include"])
     assert {"*.jsonl", "*.json", "LICENSE", "SOURCE.md"} <= set(cfg["package-data"]["bench.data"])
 
 
@@ -205,7 +205,7 @@ def test_no_code_reads_data_outside_the_repository():
     """The paper's data ships in bench/data: no code or test reads it from the team's shared
     data directory beside the repository (a fresh clone has none). Mentions of the shared
     reference notes are documentation, not data, and are allowed."""
-    root = Path(__file__).parent.parent
+    root = Path(__file__).parents[2]
     needles = ["shared" + "/data", '"shared", ' + '"data"', "'shared', " + "'data'"]
     hits = [f"{f.relative_to(root)}:{i}" for d in ("bench", "runners", "datasets_build", "leaderboard", "tests")
             for f in sorted((root / d).rglob("*.py"))

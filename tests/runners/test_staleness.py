@@ -22,7 +22,7 @@ from runners.trainer import NativeTrainer
 
 import staleness_golden as golden
 
-GOLDEN = Path(__file__).parent / "data" / "staleness_golden.json"
+GOLDEN = Path(__file__).parents[1] / "data" / "staleness_golden.json"
 
 
 @pytest.fixture(scope="module")
@@ -389,7 +389,7 @@ def test_staleness_page(swept):
 
     url, build, _, _ = swept
     os.environ["BENCH_DB_URL"] = url
-    at = AppTest.from_file(str(Path(__file__).parent.parent / "leaderboard" / "app.py"), default_timeout=120)
+    at = AppTest.from_file(str(Path(__file__).parents[2] / "leaderboard" / "app.py"), default_timeout=120)
     at.run()
     at.switch_page("pages/staleness.py")
     at.run()
@@ -407,7 +407,7 @@ def test_staleness_page(swept):
     titles = [json.loads(c.proto.spec).get("title") for c in at.get("vega_lite_chart")]
     assert len(titles) == 3 and any("precision vs staleness" in str(t) for t in titles), titles
     # the Run page of a stale run shows its K and both components
-    at = AppTest.from_file(str(Path(__file__).parent.parent / "leaderboard" / "app.py"), default_timeout=120)
+    at = AppTest.from_file(str(Path(__file__).parents[2] / "leaderboard" / "app.py"), default_timeout=120)
     at.query_params["run"] = run.value
     at.run()
     at.switch_page("pages/run.py")

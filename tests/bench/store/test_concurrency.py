@@ -17,7 +17,7 @@ from sqlalchemy import select, text
 
 from bench.store import Model, Run, RunStep, open_store, session
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 STEPS = 200
 
 # One writer: opens (and, on a fresh database, migrates) the store once the barrier file

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from bench.cli.serve import STREAMLIT_FLAGS, streamlit_argv
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parents[2]
 APP = ROOT / "leaderboard" / "app.py"
 CONFIG = ROOT / "leaderboard" / ".streamlit" / "config.toml"
 

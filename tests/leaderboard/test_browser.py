@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
-SHOTS = Path(os.environ.get("BENCH_SCREENSHOTS", Path(__file__).parent.parent / "out" / "screenshots"))
+SHOTS = Path(os.environ.get("BENCH_SCREENSHOTS", Path(__file__).parents[2] / "out" / "screenshots"))
 
 
 from screenshot import chromium, serve  # noqa: E402  (tools/screenshot.py, on the path by conftest.py)

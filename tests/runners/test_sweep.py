@@ -1,0 +1,111 @@
+"""The sweep's parts, each alone (runners/sweep.py, runners/cell_process.py): the grid planned
+before any cell runs (`plan_grid`), a cell decided by its first failing seed (`SeedDecider`),
+and a cell in a process of its own (`CellProcess`: a real spawned process)."""
+
+import pytest
+
+from bench.errors import ConfigError
+from bench.precision import Precision
+from bench.store import open_store, session
+from conftest import add_model_and_build
+from runners.cell_process import CellEnd, CellProcess, CellRun
+from runners.presets import get_preset
+from runners.sweep import Cell, SeedDecider, plan_grid
+from runners.verl_launch import VerlTarget
+from runners.verl_runner import VerlError
+
+FP32, FP16 = Precision("fp32", "fp32"), Precision("fp16", "fp16")
+
+
+@pytest.fixture
+def store(tmp_path):
+    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+    with session(store) as s:
+        add_model_and_build(s, "b0")
+    return store
+
+
+class Handle:
+    """A running seed's handle as SeedDecider sees it: something it may interrupt."""
+
+    def __init__(self):
+        self.interrupts = 0
+
+    def interrupt(self):
+        self.interrupts += 1
+
+
+def test_plan_grid_orders_the_cells_and_gives_each_its_overrides(store):
+    grid, cells = plan_grid(store, ["grpo", "gspo"], [FP32, FP16], None, "torch", "tiny", {"lr": 5e-4},
+                            seeds=[0, 3], staleness=[0, 2])
+    assert grid.build_id == "b0" and grid.trainer == "native" and grid.default_k == 0
+    assert len(cells) == 2 * 2 * 2 * 2
+    assert cells[:3] == [Cell("grpo", FP32, 0, 0), Cell("grpo", FP32, 0, 3), Cell("grpo", FP32, 2, 0)]
+    c = Cell("gspo", FP16, 2, 3)
+    assert c.label == "gspo fp16 K=2 seed 3" and c.key == ("gspo", FP16, 2)
+    assert grid.args(c) == {"lr": 5e-4, "seed": 3, "staleness": 2} and grid.k(c) == 2
+    assert grid.config(c)["seed"] == 3 and grid.config(c)["preset"] == "tiny"
+    assert grid.fingerprint(c) == grid.fingerprint(Cell("gspo", FP16, 2, 0))        # every setting but the seed
+    assert Cell("grpo", FP32).label == "grpo fp32" and grid.k(Cell("grpo", FP32)) == 0
+
+
+@pytest.mark.parametrize("kw, needle", [
+    (dict(seeds=[0, 1], overrides={"seed": 2}), "either a seed or seeds"),
+    (dict(staleness=[0, 1], overrides={"staleness": 1}), "either a staleness or a staleness axis"),
+    (dict(build_id="nope"), "no build 'nope'"),
+])
+def test_plan_grid_refuses_grid_wide_input(store, kw, needle):
+    args = dict(algos=["grpo"], pairs=[FP32], build_id=None, engine="torch", preset="tiny", overrides={}) | kw
+    with pytest.raises(Exception, match=needle):
+        plan_grid(store, **args)
+
+
+def test_plan_grid_refuses_what_verl_cannot_run_before_any_cell(store):
+    with pytest.raises(VerlError, match="pg-seq-mis runs on the native trainer only"):
+        plan_grid(store, ["grpo", "pg-seq-mis"], [FP32], None, "torch", "tiny", {}, verl=VerlTarget())
+    with pytest.raises(VerlError):
+        plan_grid(store, ["grpo"], [FP32], None, "torch", "tiny", {}, staleness=[0, 2], verl=VerlTarget())
+    grid, _ = plan_grid(store, ["grpo"], [FP32], None, "torch", "tiny", {}, verl=VerlTarget("py", 8, 2))
+    assert grid.trainer == "verl" and grid.recorded_engine == "vllm" and grid.verl.gpus == 8
+
+
+def test_no_build_is_one_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="no build yet"):
+        plan_grid(open_store(f"sqlite:///{tmp_path / 'e.db'}"), ["grpo"], [FP32], None, "torch", "tiny", {})
+
+
+def test_the_first_failing_seed_decides_its_cell_and_interrupts_its_running_seeds():
+    d = SeedDecider(True)
+    key, other = ("grpo", FP32, None), ("gspo", FP32, None)
+    a, b, c = Handle(), Handle(), Handle()
+    d.started(key, a)
+    d.started(key, b)
+    d.started(other, c)
+    d.ended(key, b)                                     # b ended before the verdict: not interrupted
+    assert d.why(key) is None
+    assert d.decide(key, "seed 0 ended futile (run r0)") is True
+    assert (a.interrupts, b.interrupts, c.interrupts) == (1, 0, 0)
+    assert d.decide(key, "seed 1 ended collapsed") is False        # the first reason stands
+    assert d.why(key) == "seed 0 ended futile (run r0)" and d.why(other) is None
+    late = Handle()
+    d.started(key, late)                                # launched while the cell was being decided
+    assert late.interrupts == 1
+
+
+def test_a_decider_that_is_off_decides_nothing():
+    d = SeedDecider(False)
+    h = Handle()
+    d.started(("grpo", FP32, None), h)
+    assert d.decide(("grpo", FP32, None), "seed 0 ended futile") is False
+    assert d.why(("grpo", FP32, None)) is None and h.interrupts == 0
+
+
+def test_a_process_cell_reports_its_refusal(tmp_path):
+    """A real spawned cell whose build is not in the store: the run's own refusal comes back as
+    the cell's end, no run id, no step."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    open_store(url).dispose()
+    steps = []
+    end = CellProcess(url, CellRun("grpo", FP32, get_preset("tiny"), "nope", "torch", "tiny", "cpu")).follow(
+        lambda *a: steps.append(a))
+    assert end == CellEnd(None, "RunError: no build 'nope'; `bench builds` lists them", False) and steps == []
