@@ -140,7 +140,7 @@ class Recorder(NativeTrainer):
 
 
 def make_trainer(url, build, cfg, algo, dtype, tmp, cls=NativeTrainer, run_id="r0"):
-    from runners.plan import load_split, resolve_inputs
+    from runners.plan import RunPlan, load_split, resolve_inputs
     from bench.store import Run as RunRow
 
     store = open_store(url)
@@ -149,7 +149,8 @@ def make_trainer(url, build, cfg, algo, dtype, tmp, cls=NativeTrainer, run_id="r
         split = load_split(s, b.id)
         s.add(RunRow(id=run_id, model_id=m.id, build_id=b.id, algo=algo, rollout_dtype=dtype, train_dtype=dtype,
                      trainer="native", engine="torch", config={"seed": 0}, status="running"))
-    return cls(store, run_id, cfg, algo, Precision(dtype, dtype), "torch", ref, split, tmp, device="cpu")
+    plan = RunPlan(algo, Precision(dtype, dtype), cfg, b.id, m.id, ref, "torch", "cpu")
+    return cls(store, run_id, plan, split, tmp)
 
 
 @pytest.mark.integration
