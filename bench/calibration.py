@@ -260,11 +260,11 @@ def twin_model(master: torch.nn.Module, fmt_name: str, device="cpu") -> torch.nn
     """The reference check's twin τ: a copy of the fp32 `master` computing in `fmt_name` with
     the training engine's arithmetic (`prepare_compute_model`, upcast GEMMs where the CPU lacks
     16-bit instructions); for a rollout-only format (int8, nvfp4), which the training engine
-    has no arithmetic for, the built-in engine's weights (bench/format_modules.RolloutWeights:
+    has no arithmetic for, the built-in engine's weights (bench/model_formats.RolloutWeights:
     quantized linear layers) in one prefill without the rollout engine's kernels (fused
     activation, split-K)."""
     from . import formats
-    from .format_modules import RolloutWeights, prepare_compute_model
+    from .model_formats import RolloutWeights, prepare_compute_model
 
     if formats.get(fmt_name).train:
         return prepare_compute_model(copy.deepcopy(master), fmt_name, str(device)).eval()

@@ -4,7 +4,7 @@ A format says how an engine stores and multiplies: `dtype` is the storage dtype 
 parameter it does not quantize (and of activations and linear outputs); `quant`, when set,
 is the W8A8 (or W4A4) quantizer of every linear layer (lm_head included; embeddings and norms
 stay in `dtype`); `head32` keeps lm_head and the logits in fp32. `cast` / `quantize` / `matmul`
-are the three operations; bench/format_modules.py applies them to a model for either engine.
+are the three operations; bench/model_formats.py applies them to a model for either engine.
 
     fp32, fp16, bf16   parameters in that dtype (buffers such as RoPE's stay fp32)
     bf16+head32        bf16, except an fp32 lm_head and fp32 logits (vLLM's

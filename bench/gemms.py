@@ -69,7 +69,7 @@ def scale_epilogue(y: torch.Tensor, x_scale, w_scale, bias, out_dtype: torch.dty
 
 
 class W8A8STE(torch.autograd.Function):
-    """The training side of a W8A8 format (bench/format_modules.py's compute copy, bench/moe.py's
+    """The training side of a W8A8 format (bench/model_formats.py's compute copy, bench/moe.py's
     experts). Forward: the rollout engine's W8A8 arithmetic (same codes, same fp32 sum, same
     rounding). Backward: straight through the quantizers, i.e. the gradient of
     y = x̂ ŵᵀ + b at the dequantized operands x̂, ŵ: ∂x = g ŵ, ∂w = gᵀ x̂, ∂b = Σ g (fp32)."""

@@ -1,5 +1,5 @@
 """The CPU 16-bit kernels of both engines, and the arithmetic the built-in rollout engine shares
-with an inference engine (vLLM). Which of them a model gets is bench/format_modules.py's choice
+with an inference engine (vLLM). Which of them a model gets is bench/model_formats.py's choice
 (`prepare_train` for the training engine, `apply_rollout_kernels` for the rollout engine).
 
 **The training engine on CPUs without 16-bit GEMM.** On a CPU with no bf16/fp16 GEMM (no AMX or
@@ -310,7 +310,7 @@ def _split_k_linear_forward(self, x):
 def split_k_linears(model: nn.Module) -> int:
     """Every 16-bit nn.Linear of `model` computes as `_split_k_linear_forward` (a decode GEMM in
     SPLIT_K slices). Returns how many layers changed; the quantized layers' scaled GEMMs get the
-    same order from bench/format_modules.split_k_matmuls."""
+    same order from bench/model_formats.split_k_matmuls."""
     n = 0
     for mod in model.modules():
         if (isinstance(mod, nn.Linear) and mod.weight.element_size() == 2

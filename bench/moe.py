@@ -3,7 +3,7 @@
 transformers 5 keeps a Mixtral / Qwen2-MoE / Qwen3-MoE layer's experts as two 3-D parameters of
 one module (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj` [E, H, I]) and its router as
 a module with a 2-D `weight` [E, H] (`gate`), none of them an nn.Linear, so the dense layers'
-machinery (bench/format_modules.py) does not see them. Here each expert's two projections and
+machinery (bench/model_formats.py) does not see them. Here each expert's two projections and
 the router are linear layers like the others:
 
 - **16-bit casts**: the parameters are cast with the rest (`Format.cast`); the GEMMs read
@@ -321,7 +321,7 @@ class Router32(nn.Module):
         return self.load_weight
 
 
-def prepare_rollout(model: nn.Module, fmt: Format) -> dict[int, nn.Module]:
+def prepare_rollout_experts(model: nn.Module, fmt: Format) -> dict[int, nn.Module]:
     """The rollout engine's MoE layers in `fmt`, before the format's cast: W8A8 / W4A4 formats
     replace each experts module with `QuantExperts` and each router with `QuantRouter`;
     `+router32` replaces each router with `Router32`; other 16-bit formats give the experts and
@@ -351,7 +351,7 @@ def _patch(mod: nn.Module, attr: str, fmt: Format, mode: str, fused: bool) -> No
     mod.forward = types.MethodType(fwd, mod)
 
 
-def apply_rollout_kernels(model: nn.Module, emulate: bool) -> int:
+def apply_expert_kernels(model: nn.Module, emulate: bool) -> int:
     """The rollout engine's kernels for its MoE layers (bench/kernels.py): the fused
     SiluAndMul in every expert; the scaled GEMMs of quantized experts and routers in SPLIT_K
     slices; with `emulate` (a CPU without the format's 16-bit instructions) the 16-bit expert
@@ -373,7 +373,7 @@ def apply_rollout_kernels(model: nn.Module, emulate: bool) -> int:
 
 # ------------------------------------------------------------------ training side
 
-def prepare_train(model: nn.Module, fmt: Format, device: str = "cpu") -> set[int]:
+def prepare_train_experts(model: nn.Module, fmt: Format, device: str = "cpu") -> set[int]:
     """The training compute copy's MoE layers in `fmt`, before the format's cast; returns the
     ids of the parameters the cast must leave in fp32. W8A8 formats: expert and router weights
     stay fp32 and are quantized in the forward (straight-through backward); `+router32`: the

@@ -275,7 +275,7 @@ def mismatch(base, tokenizer, prompts: list[str], n: int, max_tokens: int | list
     from bench.engines import Sampling
     from bench.engines.torch_engine import TorchEngine
     from bench.mismatch import mismatch_metrics
-    from bench.format_modules import prepare_compute_model
+    from bench.model_formats import prepare_compute_model
     from runners.logprobs import response_logprobs
     from runners.train_engine import Batch
 

@@ -50,7 +50,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from bench import format_modules, formats, kernels
+    from bench import model_formats, formats, kernels
     from bench.engines import Sampling
     from bench.engines.torch_engine import TorchEngine
     from bench.mismatch import mismatch_metrics
@@ -78,7 +78,7 @@ def main() -> None:
         for i, s in enumerate(flat):
             mu[i, :len(s.logprobs)] = torch.tensor(s.logprobs)
         train_fmt = fmt if fmt in formats.TRAIN_FORMATS else args.train_for
-        compute = format_modules.prepare_compute_model(load_model(ref, torch.float32), train_fmt)
+        compute = model_formats.prepare_compute_model(load_model(ref, torch.float32), train_fmt)
         compute.train()
         cells[spec] = dict(eng=eng, batch=batch, mu=mu, train_fmt=train_fmt, compute=compute, roll=[], train=[])
         train_pass(compute, batch)                                   # warm-up

@@ -19,7 +19,7 @@ from bench.engines import Sampling
 from bench.engines.torch_engine import TorchEngine
 from bench.mismatch import mismatch_metrics
 from bench.models import load_model, load_tokenizer, render_prompt, resolve_model
-from bench.format_modules import prepare_compute_model
+from bench.model_formats import prepare_compute_model
 from bench.precision import torch_dtype
 from bench.synthetic import synthetic_examples
 from runners.logprobs import pack, response_logprobs

@@ -47,7 +47,7 @@ import torch
 
 from bench.calibration import buffer_mismatches
 from bench.engines import Sampling, make_engine
-from bench.format_modules import prepare_compute_model
+from bench.model_formats import prepare_compute_model
 from bench.knobs import check as check_knobs
 from bench.mismatch import chi2_token, kl_k1_token, kl_k3
 from bench.models import load_model, load_tokenizer, render_prompt, resolve_model

@@ -19,7 +19,7 @@ from bench.mismatch import mismatch_metrics
 from bench.moe import config_is_moe, is_moe
 from bench.models import load_model, load_tokenizer, render_prompt, resolve_model, weights_hash
 from bench.kernels import cpu_kernel_path
-from bench.format_modules import prepare_compute_model
+from bench.model_formats import prepare_compute_model
 from bench.precision import Precision
 from bench.problems import SourceSpec, load_problems
 from bench.router_metrics import at_positions, router_metrics

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bench.format_modules import prepare_compute_model
+from bench.model_formats import prepare_compute_model
 from bench.routes import routed
 
 from .algos import LossInputs, sequences_in_mean

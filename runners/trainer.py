@@ -52,7 +52,7 @@ from bench.store import Eval, Run, RunDecision, RunDigest, RunStep, session
 
 from bench import stop as stop_rules
 from .algos import LossInputs, get_loss, leave_one_out_advantages
-from .draws import BENCHMARK_EVAL, SPLIT_EVAL, eval_seed
+from .eval_seeds import BENCHMARK_EVAL, SPLIT_EVAL, eval_seed
 from .logprobs import response_logprobs
 from .plan import RunPlan
 from .staleness import NO_STALENESS, WeightQueue, staleness_metrics
@@ -295,7 +295,7 @@ class NativeTrainer:
         `split@train`: the same avg@m (same seeds) sampled from the training engine's compute
         copy (fp32 master weights in the training format, its forward as in training), i.e.
         what the run learned rather than what its quantized sampler answers. The draws are
-        seeded by the run's seed and the step (runners/draws.py): seeds never share them. The
+        seeded by the run's seed and the step (runners/eval_seeds.py): seeds never share them. The
         stop rules, peak and final accuracy read `split` (what training sees, as before). With staleness
         the rollout engine holds the current weights for the evaluation (runners/staleness.py)."""
         with self.stale.current_weights(self.engine, self.learner.master):

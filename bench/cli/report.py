@@ -42,7 +42,7 @@ def report(csv: Optional[Path] = typer.Option(None, "--csv", help="Also write th
 
     store = _store(db, read_only=True)
     if early:
-        from bench.cli.early import print_early
+        from bench.cli.report_early import print_early
 
         print_early(store, build_id, as_json)
         return

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 import torch
 
 from .. import formats
-from ..format_modules import NO_KERNELS, RolloutWeights, apply_rollout_kernels
+from ..model_formats import NO_KERNELS, RolloutWeights, apply_rollout_kernels
 from ..kernels import UPCAST_ATTENTION
 from ..moe import is_moe
 from ..routes import DecodeRoutes
@@ -164,7 +164,7 @@ class TorchEngine:
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load fp32 master weights by the master's parameter names; W8A8 layers re-quantize
         from them, a tied lm_head is refreshed from the embedding's tensor. With
-        `track_updates`, `sync_stats` describes this sync (bench/format_modules.py)."""
+        `track_updates`, `sync_stats` describes this sync (bench/model_formats.py)."""
         if self.weights is None:
             raise RuntimeError("this engine samples from a prepared model; it takes no weight updates")
         self.sync_stats = self.weights.load(named_tensors, track=self.track_updates)

@@ -12,8 +12,8 @@ from bench.algorithms import ALGORITHMS     # the grid shows cells not run yet
 from bench.fingerprint import short
 from bench.formats import ROLLOUT_FORMATS, TRAIN_FORMATS
 from leaderboard import cells as cell_stats
-from leaderboard import colours, data, fill
-from leaderboard.cellpick import engine_and_settings
+from leaderboard import colours, data, fill_command
+from leaderboard.cell_filter import engine_and_settings
 
 PASS_LINE = 0.95
 
@@ -93,14 +93,15 @@ if empty or short_of_seeds:
     newest = view.sort_values("created_at").run.iloc[-1] if not view.empty else None
     info = data.run_info(url, newest) if newest else None
     prov = (info or {}).get("provenance")
-    command, notes = fill.sweep_command(
+    command, notes = fill_command.sweep_command(
         algo, build, [p for p in have if p in empty or p in short_of_seeds], seeds=seeds, trainer=trainer,
         engine=view.engine.iloc[0] if not view.empty else "torch", staleness=k,
         config=(info or {}).get("config"), defaults=prov.get("preset_defaults") if isinstance(prov, dict) else None,
         every=list(have))
     st.subheader("Empty cells")
     st.caption(f"{len(empty)} of {len(have)} cells have no run" + (
-        f", {len(short_of_seeds)} lack some of the grid's seeds ({fill.seeds_text(seeds)})" if short_of_seeds else "")
+        f", {len(short_of_seeds)} lack some of the grid's seeds ({fill_command.seeds_text(seeds)})"
+        if short_of_seeds else "")
         + ". One sweep fills them all with the settings of the cells shown (it skips every cell and seed "
         "already finished):")
     st.code(command, language="bash", wrap_lines=True)

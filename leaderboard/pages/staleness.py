@@ -14,7 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from leaderboard import colours, data, display
-from leaderboard.cellpick import engine_and_settings
+from leaderboard.cell_filter import engine_and_settings
 from leaderboard.cells import cells_frame, with_staleness
 
 METRICS = {"pass_rate": "pass rate (k/N seeds)", "peak_mean": "peak split accuracy (mean over seeds)",

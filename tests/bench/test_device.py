@@ -113,7 +113,7 @@ def test_sync_statistic_of_a_large_model_keeps_a_sample(monkeypatch):
     still counts every weight."""
     import copy
 
-    import bench.format_modules as fm
+    import bench.model_formats as fm
     from bench import formats
     from bench.models import load_model, resolve_model
 

@@ -1,4 +1,4 @@
-"""Number formats below 16 bits and bf16+head32 (bench/formats.py, bench/format_modules.py):
+"""Number formats below 16 bits and bf16+head32 (bench/formats.py, bench/model_formats.py):
 exact quantizer values on hand-made tensors, parsing of every pair and its messages, the
 built-in engine's untied lm_head and re-quantization at every sync, the sync statistics, the
 straight-through training forward, and the vLLM refusals (no engine started)."""
@@ -11,7 +11,7 @@ from torch import nn
 
 from bench import formats, gemms, grids, quantizers
 from bench.calibration import BANDS
-from bench.format_modules import QuantLinear, RolloutWeights, prepare_compute_model
+from bench.model_formats import QuantLinear, RolloutWeights, prepare_compute_model
 from bench.errors import PrecisionError
 from bench.formats import FORMATS
 from bench.gemms import W8A8STE, w8a8_matmul
@@ -368,7 +368,7 @@ def test_nvfp4_fused_projections_share_one_global_scale():
     scale is e4m3(0.1 · 448) · g = 44/448 (its own g would give exactly 0.1)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from bench.format_modules import fused_groups
+    from bench.model_formats import fused_groups
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
@@ -554,7 +554,7 @@ def test_engine_requantizes_at_every_sync(tiny):
 
 
 def test_head32_engine_and_training_copy(tiny):
-    from bench.format_modules import Head32Linear
+    from bench.model_formats import Head32Linear
 
     _, _, master = tiny
     e = _engine(tiny, "bf16+head32")

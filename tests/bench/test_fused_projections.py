@@ -11,7 +11,7 @@ from torch import nn
 from bench import formats
 from bench.engines import Sampling
 from bench.engines.torch_engine import TorchEngine
-from bench.format_modules import RolloutWeights, apply_rollout_kernels
+from bench.model_formats import RolloutWeights, apply_rollout_kernels
 from bench.fused_projections import FusedProjection, fuse_projections, unfuse_projections
 from bench.models import TINY_MATH_DIR
 

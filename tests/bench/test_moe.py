@@ -14,9 +14,9 @@ from bench import formats, moe
 from bench.engines import Sampling
 from bench.engines.torch_engine import TorchEngine
 from bench.errors import ConfigError, PrecisionError
-from bench.format_modules import RolloutWeights
+from bench.model_formats import RolloutWeights
 from bench.formats import FORMATS
-from bench.format_modules import prepare_compute_model
+from bench.model_formats import prepare_compute_model
 from bench.precision import ALL_PAIRS, Precision, parse_list
 from bench.router_metrics import at_positions, flips, router_flip_frac, router_metrics, router_token_flip_frac
 from bench.routes import TrainRoutes, pad_routes, replayed, routed

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bench.errors import PrecisionError
-from bench.format_modules import RolloutWeights
+from bench.model_formats import RolloutWeights
 from bench.formats import FORMATS, NAMED_FORMATS, ROLLOUT_FORMATS
 from bench.precision import ALL_PAIRS, Precision, parse_list
 
@@ -126,7 +126,7 @@ def test_vllm_refuses_mxfp4_with_what_to_run():
 def test_mxfp4_rollout_weights_quantize_every_linear_per_block():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from bench.format_modules import QuantLinear
+    from bench.model_formats import QuantLinear
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=64, intermediate_size=128, num_hidden_layers=1,

@@ -109,7 +109,7 @@ def test_casting_keeps_rope_buffers_fp32(dtype):
 
     from bench.engines.torch_engine import TorchEngine
     from bench.models import load_model, load_tokenizer, resolve_model
-    from bench.format_modules import prepare_compute_model
+    from bench.model_formats import prepare_compute_model
     from bench.precision import torch_dtype
 
     ref = resolve_model("tiny-math")

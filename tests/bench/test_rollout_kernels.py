@@ -1,4 +1,4 @@
-"""The built-in rollout engine's kernels (bench/kernels.py, chosen by bench/format_modules.py): vLLM's fused SiluAndMul
+"""The built-in rollout engine's kernels (bench/kernels.py, chosen by bench/model_formats.py): vLLM's fused SiluAndMul
 rounds once where transformers' MLP rounds twice, for every format with 16-bit activations;
 split-K GEMMs (a hand-computed fp32 order) in the quantized layers everywhere and in the 16-bit
 layers where the CPU lacks the instructions (BENCH_CPU_16BIT); FlashAttention-2's arithmetic
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from bench import formats, kernels
-from bench.format_modules import NO_KERNELS, QuantLinear, RolloutWeights, apply_rollout_kernels, split_k_matmuls
+from bench.model_formats import NO_KERNELS, QuantLinear, RolloutWeights, apply_rollout_kernels, split_k_matmuls
 
 
 def _mlp(dtype):

@@ -87,7 +87,7 @@ def sweep_fingerprint(params: dict) -> str:
 
 def test_dtype_list_by_hand_and_read_back_by_the_cli_parser():
     from bench.precision import ALL_PAIRS, parse_list
-    from leaderboard.fill import dtype_list
+    from leaderboard.fill_command import dtype_list
 
     pairs = [("fp16", "fp16"), ("bf16+head32", "bf16+head32"), ("fp8", "fp16"), ("int8", "fp32")]
     text = dtype_list(pairs)
@@ -101,7 +101,7 @@ def test_dtype_list_by_hand_and_read_back_by_the_cli_parser():
 
 
 def test_seeds_text_by_hand_and_read_back_by_the_sweep():
-    from leaderboard.fill import seeds_text
+    from leaderboard.fill_command import seeds_text
     from runners.sweep import parse_seeds
 
     for seeds, text in (([0, 1, 2], "3"), ([2, 0, 1], "3"), ([0, 3, 5], "0,3,5"), ([5], "5,"), ([0], "1"),
@@ -121,7 +121,7 @@ def test_every_setting_of_a_stored_config_is_a_sweep_flag():
 
     from bench.cli import app
     from bench.knobs import flag_of, knob_fields
-    from leaderboard.fill import NOT_FLAGS
+    from leaderboard.fill_command import NOT_FLAGS
     from runners.presets import RunConfig
 
     stored = json.loads(json.dumps({"preset": "tiny", **asdict(RunConfig())}))
@@ -144,7 +144,7 @@ def _stored(**overrides) -> dict:
 
 def test_setting_flags_reproduce_the_settings_and_name_what_no_flag_gives():
     from bench.fingerprint import fingerprint
-    from leaderboard.fill import setting_flags, sweep_command
+    from leaderboard.fill_command import setting_flags, sweep_command
     from runners.presets import preset_defaults
 
     config = _stored(lr=2e-3, max_tokens=32, gradient_checkpointing=True, threads=2, seed=4)

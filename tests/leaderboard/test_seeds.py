@@ -139,7 +139,7 @@ def test_a_partly_finished_seeded_sweep_resumes_the_missing_pairs(tmp_path):
 
 
 def test_eval_seed_mixes_the_run_seed_by_hand():
-    from runners.draws import BENCHMARK_EVAL, SPLIT_EVAL, eval_seed
+    from runners.eval_seeds import BENCHMARK_EVAL, SPLIT_EVAL, eval_seed
 
     assert eval_seed(SPLIT_EVAL, 0, 0) == 10_000_019 and eval_seed(BENCHMARK_EVAL, 0, 7) == 20_000_010  # as before
     assert eval_seed(SPLIT_EVAL, 1, 0) == 10_000_019 + 4_294_967_296

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bench.models import load_model, resolve_model
-from bench.format_modules import prepare_compute_model
+from bench.model_formats import prepare_compute_model
 from runners.logprobs import full_response_logprobs, pack, response_logprobs, split_head
 
 

@@ -12,7 +12,7 @@ from sqlalchemy import delete, select
 from typer.testing import CliRunner
 
 from bench.cli import app
-from runners.early import RunShadow, rule_table
+from runners.early_decisions import RunShadow, rule_table
 from bench.statuses import verdict
 from bench.stop import COLLAPSED, CONVERGED, FUTILE, PLATEAUED
 
@@ -62,7 +62,7 @@ def test_recorded_decisions_agree_with_the_recomputed_ones(tmp_path):
     --early` back-fills them once the stored rows are gone."""
     from bench.precision import Precision
     from bench.store import Run, RunDecision, open_store, session
-    from runners.early import recompute, recorded
+    from runners.early_decisions import recompute, recorded
     from runners.runs import start_run
     from staleness_golden import base_config, make_build
 

@@ -1,5 +1,5 @@
 """`bench report --early`: each stop rule's shadow decisions measured against the finished runs'
-verdicts (runners/early.py has the definitions)."""
+verdicts (runners/early_decisions.py has the definitions)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def _pct(x) -> str:
 
 
 def print_early(store, build_id: str | None, as_json: bool) -> None:
-    from runners.early import finished_shadows, rule_table
+    from runners.early_decisions import finished_shadows, rule_table
 
     shadows = finished_shadows(store, build_id)
     rows = rule_table(shadows)

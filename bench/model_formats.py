@@ -182,7 +182,7 @@ class RolloutWeights:
                     replaced[id(mod)] = new
                     if fmt.quant is not None:
                         self.quant_modules[f"{mod_name}.weight"] = new
-        replaced.update(moe.prepare_rollout(model, fmt))
+        replaced.update(moe.prepare_rollout_experts(model, fmt))
         fmt.cast(model)
         self.model = model
         self.loaders: dict[str, list] = {}
@@ -280,7 +280,7 @@ def prepare_train(model: nn.Module, fmt: Format, device: str = "cpu") -> nn.Modu
             else:
                 keep.update(id(p) for p in mod.parameters(recurse=False))
                 mod.forward = types.MethodType(_head32_forward, mod)
-    keep |= moe.prepare_train(model, fmt, device)
+    keep |= moe.prepare_train_experts(model, fmt, device)
     fmt.cast(model, keep)
     emb = model.get_input_embeddings()
     if emb is not None and emb.weight.dtype != fmt.dtype:       # tied to an fp32 head
@@ -330,6 +330,6 @@ def apply_rollout_kernels(model: nn.Module, fmt: Format, device) -> dict[str, in
         emulate = torch.device(device).type == "cpu" and not kernels.cpu_has_native(fmt.name)
         attention = int(emulate and kernels.upcast_attention(model))
         got.update({"split_k_linear": split_k_matmuls(model, sixteen_bit=emulate), "upcast_attention": attention,
-                    "fused_mlp": kernels.fuse_silu_mul(model) + moe.apply_rollout_kernels(model, emulate)})
+                    "fused_mlp": kernels.fuse_silu_mul(model) + moe.apply_expert_kernels(model, emulate)})
     got["fused_projections"] = fuse_projections(model)
     return got
