@@ -14,7 +14,7 @@ Metadata keys: help (one sentence or two), unit (what the number counts: "prompt
 ge / gt / le / lt (bounds; None values are always allowed where the field's type admits None),
 finite (a float knob is a finite number unless it says finite=False: `--lr inf` is a typo, not
 a run that diverges),
-flag (the CLI name when it is not the field's), cli (False: not a command-line option, e.g.
+cli (False: not a command-line option, e.g.
 nested configs or knobs that must keep their default), nested (True on a field holding a knob
 dataclass whose own CLI knobs are options of the verbs that read the outer config, under their
 own names: RunConfig.stop's `futility` is `bench run --futility`; `cli_knobs` lists them).
@@ -32,19 +32,31 @@ from bench.errors import ConfigError
 
 
 def knob(default=MISSING, *, help: str, unit: str | None = None, ge=None, gt=None, le=None, lt=None,
-         flag: str | None = None, cli: bool = True, nested: bool = False, finite: bool = True,
+         cli: bool = True, nested: bool = False, finite: bool = True,
          default_factory=MISSING) -> Field:
     """A dataclass field with its help, unit and bounds (see the module doc)."""
-    meta = {"help": help, "unit": unit, "ge": ge, "gt": gt, "le": le, "lt": lt, "flag": flag, "cli": cli,
+    meta = {"help": help, "unit": unit, "ge": ge, "gt": gt, "le": le, "lt": lt, "cli": cli,
             "nested": nested, "finite": finite}
     if default_factory is not MISSING:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)
 
 
-def flag_of(f: Field) -> str:
-    """The knob's command-line flag, without the dashes."""
-    return f.metadata.get("flag") or f.name.replace("_", "-")
+def flag_of(f: Field | str) -> str:
+    """The command-line flag of a knob (its field, or its field's name), without the dashes: the
+    name with dashes, `max_steps` → `max-steps`."""
+    return (f if isinstance(f, str) else f.name).replace("_", "-")
+
+
+def knob_argv(name: str, value) -> list[str]:
+    """The words that give knob `name` the value `value` on a command line the knobs generate
+    (bench/cli/options.py parses them back): `--flag VALUE`, a bool as `--flag` / `--no-flag`,
+    a float as its repr (every digit kept). The one place a command is written from settings
+    (the app's fill command)."""
+    flag = flag_of(name)
+    if isinstance(value, bool):
+        return [f"--{flag}" if value else f"--no-{flag}"]
+    return [f"--{flag}", repr(value) if isinstance(value, float) else str(value)]
 
 
 def bound_text(f: Field) -> str:

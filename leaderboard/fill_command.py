@@ -14,10 +14,11 @@ square of that grid (the same cell key: leaderboard/cells.py).
   too. The verl trainer takes no `--seeds`: its one seed is `--seed`.
 - the settings: the stored run config (`{"preset": name, **asdict(RunConfig)}`) against its
   preset's defaults (kept in the run's provenance, `preset_defaults`): `--preset NAME`, then one
-  flag per top-level setting that differs (flag = key with dashes; a bool as `--x`/`--no-x`),
+  flag per setting that differs, a stop rule's switch among them (bench/knobs.py `knob_argv`),
   `--benchmark SOURCE` when only the first benchmark's source differs. Without stored defaults
-  every top-level setting that has a value is written out. What has no option (a nested `algo.*` or `stop.*`
-  value, a setting unset where the preset sets it) is returned as a note, never dropped silently.
+  every top-level setting that has a value is written out. What has no option (a nested `algo.*`
+  value, a stop rule's constant, a setting unset where the preset sets it) is returned as a note,
+  never dropped silently.
 
 The leaderboard reads only the store, so this module does not import the CLI; tests/leaderboard/test_app.py
 parses the command back with the real `bench sweep` and checks that the runs it would start have
@@ -29,6 +30,8 @@ from __future__ import annotations
 import shlex
 
 from bench.configdiff import ABSENT, diff
+from bench.knobs import cli_knobs, knob_argv
+from bench.stop import StopConfig
 
 # top-level keys of a stored run config that are not `bench sweep` setting flags: the preset's name
 # and the verl job (their own options), the seed and K (axes: --seeds, --staleness), the nested
@@ -54,10 +57,6 @@ def seeds_text(seeds: list[int]) -> str:
     return ",".join(map(str, seeds)) + ("," if len(seeds) == 1 else "")
 
 
-def _value(v) -> str:
-    return repr(v) if isinstance(v, float) else str(v)
-
-
 def setting_flags(config: dict, defaults: dict | None) -> tuple[list[str], list[str]]:
     """(the flags that reproduce `config`'s settings from its preset, notes on those no flag can
     give); `defaults` the preset's stored defaults (None: every top-level setting is written)."""
@@ -74,10 +73,8 @@ def setting_flags(config: dict, defaults: dict | None) -> tuple[list[str], list[
             continue                        # not given: the preset's (which sets it, if anything, to the same)
         if v is None:
             notes.append(f"`{key}` is unset in these runs (the preset's {base.get(key)!r}); no flag unsets it")
-        elif isinstance(v, bool):
-            flags.append(f"--{key.replace('_', '-')}" if v else f"--no-{key.replace('_', '-')}")
         else:
-            flags += [f"--{key.replace('_', '-')}", _value(v)]
+            flags += knob_argv(key, v)
     if defaults is None:
         benchmarks = config.get("benchmarks") or []
         if benchmarks and benchmarks[0].get("source"):
@@ -91,8 +88,13 @@ def setting_flags(config: dict, defaults: dict | None) -> tuple[list[str], list[
     if [k for k, _, _ in nested] == ["benchmarks[0].source"] and nested[0][2] is not ABSENT:
         flags += ["--benchmark", str(nested[0][2])]
         nested = []
+    stop_options = {f.name for _, f in cli_knobs(StopConfig)}      # the stop rules' switches are options
     for k, d, r in nested:
-        notes.append(f"`{k} = {r!r}` (the preset's {d!r}) has no option: the command starts runs of another cell")
+        name = k.removeprefix("stop.")
+        if k.startswith("stop.") and name in stop_options and r is not ABSENT:
+            flags += knob_argv(name, r)
+        else:
+            notes.append(f"`{k} = {r!r}` (the preset's {d!r}) has no option: the command starts runs of another cell")
     return flags, notes
 
 

@@ -77,10 +77,10 @@ def sweep_fingerprint(params: dict) -> str:
     from dataclasses import asdict
 
     from bench.fingerprint import fingerprint
-    from bench.knobs import knob_fields
+    from bench.knobs import cli_knobs
     from runners.presets import RunConfig, get_preset
 
-    knobs = {f.name: params[f.name] for f in knob_fields(RunConfig) if f.name != "staleness"}
+    knobs = {f.name: params[f.name] for _, f in cli_knobs(RunConfig) if f.name != "staleness"}
     cfg = get_preset(params["preset"].value, benchmark=params["benchmark"], **knobs)
     return fingerprint(json.loads(json.dumps({"preset": params["preset"].value, **asdict(cfg)})))
 
@@ -165,6 +165,13 @@ def test_setting_flags_reproduce_the_settings_and_name_what_no_flag_gives():
     odd = {**_stored(), "algo": {**_stored()["algo"], "C": 2.0}}
     flags, notes = setting_flags(odd, preset_defaults("tiny"))
     assert flags == ["--preset", "tiny"] and len(notes) == 1 and "`algo.C = 2.0` (the preset's 3.0)" in notes[0]
+    # a stop rule's switch is an option: written as one, the same fingerprint; its constants are not
+    stopped = {**_stored(), "stop": {**_stored()["stop"], "futility": False, "futility_window": 6, "hold": 4}}
+    flags, notes = setting_flags(stopped, preset_defaults("tiny"))
+    assert flags == ["--preset", "tiny", "--no-futility", "--futility-window", "6"], flags
+    assert len(notes) == 1 and "`stop.hold = 4` (the preset's 3)" in notes[0]
+    switched = {**stopped, "stop": {**stopped["stop"], "hold": 3}}
+    assert sweep_fingerprint(parse_sweep("bench sweep " + " ".join(flags))) == fingerprint(switched)
     # without stored defaults: every top-level setting written out, and still the same fingerprint
     flags, notes = setting_flags(config, None)
     assert "--prompts-per-step" in flags and "--seed" not in flags and len(notes) == 1
