@@ -12,8 +12,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from bench.calibration import (BANDS, CHECKS, TWIN_RATIO, Z_REF, band_for, buffer_mismatches, calibration_metrics,
-                               judge, processing_metrics, reference_metrics)
+from bench.calibration import (BANDS, CAUSES, CHECKS, KAPPA_MAX, TWIN_RATIO, Z_MIN, Z_REF, band_for, buffer_mismatches,
+                               calibration_metrics, judge, processing_metrics, reference_metrics)
 from bench.cli import app
 from bench.engines.torch_engine import TorchEngine
 from bench.models import load_model, load_tokenizer, resolve_model
@@ -111,6 +111,65 @@ def test_processing_slope_reads_a_temperature_off_sampled_tokens():
     assert p["temperature"] == pytest.approx(0.95, abs=0.005)
 
 
+
+def test_the_limits_are_the_measured_ones():
+    """The bands and the checks' limits are measurements (the comment above BANDS and TWIN_RATIO
+    in bench/calibration.py, docs/metrics.md): a change is a new measurement, made there, not a
+    silent edit. Pinned here so that one is never made by accident."""
+    want = {"fp32": (1e-5, 1e-8, 1e-3), "fp16": (2e-2, 5e-4, None), "bf16": (1e-1, 5e-3, None),
+            "bf16+head32": (1e-1, 5e-3, None), "fp8": (1.5e-1, 3e-2, None), "int8": (1.5e-1, 4e-2, None),
+            "nvfp4": (2e-1, 8e-2, None), "mxfp4": (3e-1, 2e-1, None), "bf16+router32": (1e-1, 5e-3, None),
+            "fp16+router32": (2e-2, 5e-4, None)}
+    assert {k: (b.mean_abs, b.k3, b.max_abs) for k, b in BANDS.items()} == want
+    assert TWIN_RATIO == {"fp32": 0.0, "fp16": 2.0, "bf16": 2.0, "bf16+head32": 2.0, "fp8": 1.5, "int8": 1.5,
+                          "nvfp4": 1.5, "mxfp4": 1.5, "bf16+router32": 2.0, "fp16+router32": 2.0}
+    assert (Z_REF, KAPPA_MAX, Z_MIN) == (4.0, 0.1, 6.0)
+    with pytest.raises(AttributeError):                    # a band is a constant
+        BANDS["fp16"].k3 = 1.0
+
+
+def test_a_sequence_ratio_past_e50_is_clamped():
+    # one sequence sums to +60 (its IS ratio e^60 clamped to e^50), the other to -60 (e^-50)
+    mu = torch.tensor([[-70.0, -1.0], [-1.0, -1.0]])
+    pi = torch.tensor([[-10.0, -1.0], [-31.0, -31.0]])
+    m = calibration_metrics(mu, pi, torch.ones(2, 2))
+    assert m["seq_log_ratio_max"] == pytest.approx(60.0)
+    assert m["is_ratio_max"] == pytest.approx(math.exp(50)) and m["is_ratio_min"] == pytest.approx(math.exp(-50))
+
+
+def test_reference_z_when_the_excess_has_no_spread():
+    """One token, or tokens whose w_t all agree: no standard error; z is ±inf with an excess, 0
+    without."""
+    one = torch.ones(1, 1)                                 # dyadic values: every difference exact
+    over = reference_metrics(torch.tensor([[-1.0]]), torch.tensor([[-1.5]]), torch.tensor([[-1.625]]), one, 2.0)
+    assert over["excess"] == 0.25 and over["excess_se"] == 0.0 and over["z"] == math.inf
+    under = reference_metrics(torch.tensor([[-1.0]]), torch.tensor([[-1.25]]), torch.tensor([[-1.75]]), one, 2.0)
+    assert under["excess"] == -0.75 and under["excess_se"] == 0.0 and under["z"] == -math.inf
+    even = reference_metrics(torch.tensor([[-1.0]]), torch.tensor([[-1.5]]), torch.tensor([[-1.75]]), one, 2.0)
+    assert even["excess"] == 0.0 and even["z"] == 0.0
+    same = reference_metrics(torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -2.5]]),
+                             torch.tensor([[-1.625, -2.625]]), torch.ones(1, 2), 2.0)     # w = [0.25, 0.25]: sd 0
+    assert same["excess_se"] == 0.0 and same["z"] == math.inf
+
+
+def test_processing_sign_test_counts_both_signs_and_its_edges():
+    # g = [1, 1, 1, -1], a = [0.1, 0.2, 0.3, 0.1]: a·g = [0.1, 0.2, 0.3, -0.1]: n+ 3, n- 1, z = 2/√4
+    ref = torch.tensor([[-1.0, -1.0, -1.0, -3.0]])
+    ent = torch.full((1, 4), 2.0)
+    p = processing_metrics(torch.tensor([[0.1, 0.2, 0.3, 0.1]]), torch.zeros(1, 4), ref, ent, torch.ones(1, 4))
+    assert (p["n_pos"], p["n_neg"], p["z"]) == (3, 1, pytest.approx(1.0))
+    assert p["kappa"] == pytest.approx(0.5 / 4) and p["temperature"] == pytest.approx(1 / (1 + 0.125))
+    # no g at all: nothing to fit, as stored
+    none = processing_metrics(torch.ones(1, 2), torch.zeros(1, 2), -ent[:, :2], ent[:, :2], torch.ones(1, 2))
+    assert none == {"kappa": 0.0, "kappa_se": 0.0, "n_pos": 0, "n_neg": 0, "z": 0.0, "temperature": 1.0}
+    # a slope of -1 or below is no temperature
+    steep = processing_metrics(torch.tensor([[-2.0, 2.0]]), torch.zeros(1, 2), torch.tensor([[-1.0, -3.0]]),
+                               ent[:, :2], torch.ones(1, 2))
+    assert steep["kappa"] == pytest.approx(-2.0) and steep["temperature"] == math.inf
+    edge = processing_metrics(torch.tensor([[-1.0, 1.0]]), torch.zeros(1, 2), torch.tensor([[-1.0, -3.0]]),
+                              ent[:, :2], torch.ones(1, 2))
+    assert edge["kappa"] == pytest.approx(-1.0) and edge["temperature"] == math.inf
+
 class _Rope(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -174,6 +233,13 @@ def test_each_check_trips_alone_and_is_named():
     assert judge(ok_m, "fp32", "bf16", reference=fp32_ref)["ok"]            # z plays no part there
     fp32 = judge(ok_m, "fp32", "bf16", reference={**fp32_ref, "mean_rollout_ref": 2e-5})
     assert fp32["failed"] == ["reference"] and "mean |Δ| 2e-05 > 1e-05" in fp32["message"]
+    # each limit itself passes: |κ| = KAPPA_MAX, a sign z = Z_MIN, μ exactly fp32's max band from ρ
+    for kappa, z in ((KAPPA_MAX, 30.0), (0.35, Z_MIN), (-KAPPA_MAX, -30.0)):
+        assert judge(ok_m, "bf16", "bf16", **{**kw, "processing": {**ok_proc, "kappa": kappa, "z": z}})["ok"]
+    assert judge(ok_m, "fp32", "bf16", reference={**fp32_ref, "max_rollout_ref": BANDS["fp32"].max_abs})["ok"]
+    # a reference fault points to the rollout side's causes, the stale head first
+    ref_msg = judge(ok_m, "bf16", "bf16", **cases["reference"][1])["message"]
+    assert ref_msg.endswith("a fault on the rollout side: " + "; ".join((CAUSES[2], CAUSES[0], CAUSES[3])) + ".")
     # the verl runner passes k3 alone: only the band is judged
     verl = judge({"k3": 1e-4}, "bf16", "bf16")
     assert verl["ok"] and verl["checks"] == {"band": True} and "reference" not in verl
