@@ -266,6 +266,7 @@ _VERL_KNOBS = {"benchmark", "prompts_per_step", "samples_per_prompt", "updates_p
 
 def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, dry_run, gpus, nodes,
               as_json) -> None:
+    from bench.knobs import flag_of
     from bench.precision import Precision
     from runners.presets import get_preset
     from runners.verl_follow import start_verl_run
@@ -276,7 +277,7 @@ def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, 
         fail("give --algo (see `bench run --algo list`)")
     unused = [k for k, v in overrides.items() if v is not None and k not in _VERL_KNOBS]
     if unused:
-        console.print("[yellow]warning:[/] verl does not take " + ", ".join(f"--{k.replace('_', '-')}" for k in unused)
+        console.print("[yellow]warning:[/] verl does not take " + ", ".join(f"--{flag_of(k)}" for k in unused)
                       + " (native trainer settings); the run ignores them", highlight=False, soft_wrap=True)
     cfg = get_preset(preset, **overrides)
     check_verl_cell(algo, cfg)
