@@ -11,6 +11,8 @@ import multiprocessing
 import os
 import queue
 import signal
+import tempfile
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,35 +52,56 @@ def _numbers(metrics: dict) -> dict:
     return {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
 
 
-def _main(url: str, cell: CellRun, out) -> None:
-    """The cell's process: open the store at `url`, run the cell, report to the queue `out`."""
-    from bench.store import open_store
+def failure_text(e: BaseException) -> str:
+    """A cell's failure in one line: a user error's own message (BenchError), else the exception's
+    type and message (a bug, whose traceback the cell's log keeps)."""
+    from bench.errors import BenchError
 
-    from .runs import start_run
+    return str(e) if isinstance(e, BenchError) else f"{type(e).__name__}: {e}"
 
-    store = open_store(url)
+
+def _main(url: str, cell: CellRun, out, log_path: str) -> None:
+    """The cell's process: its output to `log_path`, the store at `url` opened, the cell run, how
+    it ended reported to the queue `out`. SIGINT (`CellProcess.interrupt`) is Ctrl-C for the
+    run; once the run has ended it is ignored, so the end still reaches the sweep."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    with open(log_path, "a") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    store = None
     try:
+        from bench.store import open_store
+
+        from .runs import start_run
+
+        store = open_store(url)
         run_id = start_run(store, cell.algo, cell.precision, cell.cfg, build_id=cell.build_id, engine=cell.engine,
                            preset=cell.preset, ckpt_root=cell.ckpt_root, device=cell.device,
                            progress=lambda step, total, m: out.put((STEP, (step, total, _numbers(m)))))
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        end = (DONE, run_id)
     except KeyboardInterrupt:
-        out.put((INTERRUPTED, None))
-    except Exception as e:        # recorded in the store by run_to_end; the sweep goes on with the grid
-        out.put((ERROR, f"{type(e).__name__}: {e}"))
-    else:
-        out.put((DONE, run_id))
-    finally:
+        end = (INTERRUPTED, None)
+    except Exception as e:        # a started run records itself failed (run_to_end); the sweep goes on
+        traceback.print_exc()
+        end = (ERROR, failure_text(e))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    out.put(end)
+    if store is not None:
         store.dispose()
 
 
 class CellProcess:
     """A started process running `cell` against the store at `url` (spawned: a fresh interpreter,
-    as a new `bench run` would be)."""
+    as a new `bench run` would be). Its output (torch's and the engines' warnings, a traceback)
+    goes to its own log file, `log_path`, removed when the cell ends well."""
 
     def __init__(self, url: str, cell: CellRun):
         ctx = multiprocessing.get_context("spawn")
         self._out = ctx.Queue()
-        self._proc = ctx.Process(target=_main, args=(url, cell, self._out), name=f"cell {cell.algo}")
+        fd, self.log_path = tempfile.mkstemp(prefix=f"bench-cell-{cell.algo}-", suffix=".log")
+        os.close(fd)
+        self._proc = ctx.Process(target=_main, args=(url, cell, self._out, self.log_path), name=f"cell {cell.algo}")
         self._proc.start()
 
     def interrupt(self) -> None:
@@ -102,10 +125,14 @@ class CellProcess:
                     kind, value = self._out.get(timeout=1)
                 except queue.Empty:
                     self._proc.join()
-                    return CellEnd(None, f"the cell's process ended with exit code {self._proc.exitcode}")
+                    return CellEnd(None, f"the cell's process ended with exit code {self._proc.exitcode} "
+                                         f"(its output: {self.log_path})")
             if kind == STEP:
                 if progress is not None:
                     progress(*value)
                 continue
             self._proc.join()
-            return CellEnd(value if kind == DONE else None, value if kind == ERROR else None, kind == INTERRUPTED)
+            if kind == ERROR:
+                return CellEnd(None, f"{value} (its output: {self.log_path})")
+            os.unlink(self.log_path)
+            return CellEnd(value if kind == DONE else None, None, kind == INTERRUPTED)

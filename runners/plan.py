@@ -1,9 +1,9 @@
 """A native run planned once: `plan_run` resolves and checks every input of a new run (the
 algorithm, the settings, the engine, the device and its formats, the build, its model and
-split) and returns a `RunPlan`; `plan_of_run` does the same for a stored run (resume, extend,
-verify). Everything that trains (runners/runs.py, the sweep, verify) takes a plan and checks
-nothing again. The inputs' own readers (the latest build, a build's split, a stored config)
-live here too."""
+split) and returns a `RunPlan`; `plan_of_run` does the same for a stored run (resume, extend).
+Everything that trains takes a plan (runners/runs.py; verify builds its plan from the checks of
+its own, which say why a run cannot be re-run) and checks nothing again. The inputs' own readers
+(the latest build, a build's split, a stored config, a model's weights) live here too."""
 
 from __future__ import annotations
 
@@ -80,11 +80,16 @@ def resolve_inputs(s, build_id: str | None, model: str | None) -> tuple[Build, M
     m = s.get(Model, build.model_id)
     if model and model != m.name:
         raise RunError(f"build {build.id} was made from model {m.name!r}, not {model!r}")
+    return build, m, model_ref(m)
+
+
+def model_ref(m: Model) -> ModelRef:
+    """Where a stored model's weights are read: the registry's entry for its name (the embedded
+    models, a local directory), else the path the store recorded."""
     try:
-        ref = resolve_model(m.name)
+        return resolve_model(m.name)
     except ValueError:
-        ref = ModelRef(m.name, m.path, False)
-    return build, m, ref
+        return ModelRef(m.name, m.path, False)
 
 
 def config_from_dict(c: dict) -> RunConfig:
@@ -150,17 +155,11 @@ def plan_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: s
         return RunPlan(algo, precision, cfg, build.id, m.id, ref, engine, device, preset, ckpt_root)
 
 
-def plan_of_run(s, run: Run, device: str | None = None, model: Model | None = None) -> RunPlan:
-    """The plan of stored run `run` (its algorithm, formats, engine, build and stored config), on
-    `device` (default the device it started on); `model`: the run's model row where it is not
-    its build's (verify reads it from the run). RunError when it cannot be resolved here."""
+def plan_of_run(s, run: Run, device: str | None = None) -> RunPlan:
+    """The plan of stored run `run` (its algorithm, formats, engine, build, model and stored
+    config), on `device` (default the device it started on); RunError when it cannot be resolved
+    here. Resume and extend continue a run from it."""
     build, m, ref = resolve_inputs(s, run.build_id, None)
-    if model is not None and model.name != ref.name:
-        m = model
-        try:
-            ref = resolve_model(model.name)
-        except ValueError:
-            ref = ModelRef(model.name, model.path, False)
     started_on = (run.provenance or {}).get("device", "cpu")
     try:
         device = resolve_device(device or started_on)

@@ -38,7 +38,7 @@ from bench.statuses import FAILED, FAILING, FINISHED, RUNNING, SKIPPED
 from bench.store import Build, Run, session
 from bench.store.schema import utcnow
 
-from .cell_process import CellProcess, CellRun
+from .cell_process import CellProcess, CellRun, failure_text
 from .plan import latest_build, resolve_inputs
 from .presets import get_preset
 from .runs import start_run
@@ -177,8 +177,6 @@ def _summary(s, run_id: str | None, algo: str, p: Precision, status: str | None 
             "steps": r.step if r else 0}
 
 
-
-
 # ------------------------------------------------------------------ the plan
 
 @dataclass(frozen=True)
@@ -266,7 +264,8 @@ def plan_grid(store, algos: list[str], pairs: list[Precision], build_id: str | N
 class SeedDecider:
     """A cell passes only when every seed passes, so its first failing seed decides it (module
     doc): which cells are decided and why, and the running seeds to interrupt when one is. The
-    grid's cells run on a pool of threads: every method holds the lock."""
+    grid's cells run on a pool of threads: the state is read and written under the lock (the
+    interrupts are sent outside it)."""
 
     def __init__(self, enabled: bool):
         self.enabled = enabled
@@ -353,9 +352,9 @@ class _GridRun:
                                  preset=g.preset, ckpt_root=g.ckpt_root, progress=self.step_log(cell),
                                  device=g.device)
         except Exception as e:  # the failed run is recorded in the store; go on with the grid
-            self.log(f"  {cell.label} failed: {e}")
+            self.log(f"  {cell.label} failed: {failure_text(e)}")
             return None
-        return self._in_process(cell, CellRun(cell.algo, cell.precision, cfg, g.build_id, g.engine, g.preset,
+        return self._in_own_process(cell, CellRun(cell.algo, cell.precision, cfg, g.build_id, g.engine, g.preset,
                                               g.device, g.ckpt_root))
 
     def _verl(self, cell: Cell, cfg) -> str:
@@ -367,7 +366,7 @@ class _GridRun:
         return start_verl_run(self.store, cell.algo, cell.precision, cfg, self.grid.preset, job,
                               progress=self.step_log(cell))
 
-    def _in_process(self, cell: Cell, run: CellRun) -> str | None:
+    def _in_own_process(self, cell: Cell, run: CellRun) -> str | None:
         proc = CellProcess(self.store.url.render_as_string(hide_password=False), run)
         self.decider.started(cell.key, proc)
         try:
@@ -379,7 +378,7 @@ class _GridRun:
             if why is not None:            # interrupted by us: `after` records it skipped (or finished)
                 self.log(f"  {cell.label} interrupted: the cell was decided when {why}")
             else:
-                self.log(f"  {cell.label} failed: {end.error or 'interrupted'}")
+                self.log(f"  {cell.label} " + ("interrupted" if end.interrupted else f"failed: {end.error}"))
         return end.run_id
 
     def skip(self, cell: Cell, why: str) -> str:
@@ -448,8 +447,16 @@ def run_grid(store, algos: list[str], pairs: list[Precision], build_id: str | No
             else:
                 todo.append(cell)
     one = _GridRun(store, grid, decider, 1 if verl is not None else jobs, log, progress)
-    with ThreadPoolExecutor(max_workers=max(1, one.jobs)) as pool:
-        ids = list(pool.map(one, todo))
+    if one.jobs == 1:           # on this thread: Ctrl-C reaches the cell (verl's follower stops verl on it)
+        ids = [one(cell) for cell in todo]
+    else:
+        pool = ThreadPoolExecutor(max_workers=one.jobs)
+        try:
+            ids = list(pool.map(one, todo))
+        except KeyboardInterrupt:       # the running cells had it too (one process group); start no more
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
     with session(store) as s:
         for cell, rid in zip(todo, ids):
             results[cell] = _summary(s, rid, cell.algo, cell.precision, seed=cell.seed, staleness=cell.staleness)

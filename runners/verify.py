@@ -41,14 +41,14 @@ from bench import provenance
 from bench.errors import BenchError
 from bench.device import resolve_device
 from bench.engines import resolve_engine
-from bench.models import ModelRef, resolve_model, weights_hash
+from bench.models import ModelRef, weights_hash
 from bench.kernels import cpu_kernel_path
 from bench.precision import Precision
 from bench.problem_ids import split_hash
 from bench.store import Build, Eval, Model, Run, RunDigest, RunStep, RunVerification, open_store, session
 
 from . import verify_compare as vc
-from .plan import RunError, RunPlan, config_from_dict, load_split, resolve_inputs
+from .plan import RunError, RunPlan, config_from_dict, load_split, model_ref, resolve_inputs
 from .runs import _train
 
 DEFAULT_STEPS = 3
@@ -185,10 +185,7 @@ def _inputs(s, run_id: str, steps: int, start: int = 0, checkpoint: Path | None 
         raise VerifyError(f"run {run_id}'s model {model.name!r} recorded no weights hash (a hub id): the model "
                           "cannot be confirmed to be the one it trained, so the run cannot be verified")
     if model.name != ref.name:            # the run's model, where it is not its build's
-        try:
-            ref = resolve_model(model.name)
-        except ValueError:
-            ref = ModelRef(model.name, model.path, False)
+        ref = model_ref(model)
     here = weights_hash(ref)
     if here != model.weights_hash:
         raise VerifyError(f"run {run_id} trained model {model.name!r} with weights hash {model.weights_hash}; "

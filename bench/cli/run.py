@@ -97,14 +97,14 @@ _NODES = typer.Option(1, min=1, help="With --trainer verl: nodes.")
 _PRESET = typer.Option(Preset.tiny, help="The run settings every option below starts from.")
 _BENCHMARK = typer.Option(None, help="Problem source of the preset's benchmark (paper: AIME24 from the hub; "
                           "offline, a .jsonl such as the paper's aime24.jsonl).")
-_SEEDS = typer.Option(None, help="Run every cell once per seed: N for seeds 0..N-1, or a list such as 0,3,5; "
+_SEEDS = typer.Option(None, help="Run each cell once per seed: N for seeds 0..N-1, or a list such as 0,3,5; "
                       "finished (cell, seed) pairs are skipped. A cell's first failing seed decides it: its other "
                       "seeds are not started, or are interrupted, and recorded skipped.")
-_ALL_SEEDS = typer.Option(False, "--all-seeds", help="With --seeds: run every seed of every cell, even once a "
-                          "failing seed has decided it.")
+_ALL_SEEDS = typer.Option(False, "--all-seeds", help="With --seeds: run every seed, even once a failing seed has "
+                          "decided its cell.")
 _DEVICE = typer.Option(None, parser=parse_device, metavar=DEVICE_METAVAR, help="Where the native trainer and the "
-                       "built-in engine run: auto (cuda when available; the default), cpu, cuda, cuda:i. With "
-                       "--resume: default the device the run started on.")
+                       "built-in engine run: auto (cuda when available; the default), cpu, cuda, cuda:i; a resumed "
+                       "run defaults to the device it started on.")
 _CHECKPOINT_DIR = typer.Option(None, help="Default $BENCH_HOME/runs/<run id>.")
 
 
@@ -323,7 +323,7 @@ def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or a
           engine: Engine = _ENGINE,
           preset: Preset = _PRESET,
           benchmark: Optional[str] = _BENCHMARK,
-          jobs: int = typer.Option(1, min=1, help="Cells run at once, each in a process of its own."),
+          jobs: int = typer.Option(1, min=1, help="Cells run at once (more than one: each in a process of its own)."),
           device: Optional[str] = _DEVICE,
           trainer: Trainer = _TRAINER,
           verl_python: str = _VERL_PYTHON,

@@ -111,7 +111,7 @@ def test_seeds_text_by_hand_and_read_back_by_the_sweep():
 
 
 def test_every_setting_of_a_stored_config_is_a_sweep_flag():
-    """The flags fill.py writes (a stored config's top-level settings, key with dashes) are the
+    """The flags fill_command.py writes (a stored config's top-level settings, key with dashes) are the
     sweep's own options, and every RunConfig knob but the two axes is one of them: a knob added or
     renamed in RunConfig without its option fails here."""
     import json

@@ -1,6 +1,6 @@
 """A cell decided by its first failing seed (runners/sweep.py): real runs of the tiny model with a
 tiny step limit and a futility window of 3 evaluations (every seed ends futile at step 4, a FAIL by
-the futility rule: split accuracy ~0.5, at most ~0.72 projected), in process and in subprocesses,
+the futility rule: split accuracy ~0.5, at most ~0.72 projected), in process and in processes of their own,
 and the report's "decided after k of N seeds"."""
 
 from __future__ import annotations

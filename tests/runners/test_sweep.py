@@ -2,6 +2,8 @@
 before any cell runs (`plan_grid`), a cell decided by its first failing seed (`SeedDecider`),
 and a cell in a process of its own (`CellProcess`: a real spawned process)."""
 
+from pathlib import Path
+
 import pytest
 
 from bench.errors import ConfigError
@@ -106,6 +108,8 @@ def test_a_process_cell_reports_its_refusal(tmp_path):
     url = f"sqlite:///{tmp_path / 's.db'}"
     open_store(url).dispose()
     steps = []
-    end = CellProcess(url, CellRun("grpo", FP32, get_preset("tiny"), "nope", "torch", "tiny", "cpu")).follow(
-        lambda *a: steps.append(a))
-    assert end == CellEnd(None, "RunError: no build 'nope'; `bench builds` lists them", False) and steps == []
+    proc = CellProcess(url, CellRun("grpo", FP32, get_preset("tiny"), "nope", "torch", "tiny", "cpu"))
+    end = proc.follow(lambda *a: steps.append(a))
+    assert end == CellEnd(None, f"no build 'nope'; `bench builds` lists them (its output: {proc.log_path})", False)
+    assert steps == [] and "RunError: no build 'nope'" in Path(proc.log_path).read_text()     # the traceback, kept
+    Path(proc.log_path).unlink()
