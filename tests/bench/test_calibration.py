@@ -13,7 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 from bench.calibration import (BANDS, CAUSES, CHECKS, KAPPA_MAX, TWIN_RATIO, Z_MIN, Z_REF, band_for, buffer_mismatches,
-                               calibration_metrics, judge, processing_metrics, reference_metrics)
+                               calibration_metrics, judge, processing_metrics, reference_metrics, twin_model)
 from bench.cli import app
 from bench.engines.torch_engine import TorchEngine
 from bench.models import load_model, load_tokenizer, resolve_model
@@ -191,6 +191,37 @@ def test_buffer_mismatches_by_hand():
     assert buffer_mismatches(master, None) is None and buffer_mismatches(master, object()) is None
 
 
+
+class _StepFirst(torch.nn.Module):
+    """A non-floating buffer, then one the model lacks, before the floating one compared."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("step", torch.tensor([3]))
+        self.register_buffer("only_in_master", torch.tensor([1.0]))
+        self.register_buffer("inv_freq", torch.tensor([1.0, 0.1]))
+
+
+def test_buffer_mismatches_look_past_buffers_they_skip():
+    master, other = _StepFirst(), _StepFirst()
+    del other.only_in_master
+    other.inv_freq = other.inv_freq.half()
+    assert buffer_mismatches(master, other) == ["inv_freq is float16 (master float32)"]
+
+
+def test_the_twin_computes_in_the_rollout_format():
+    """A format the training engine has arithmetic for: its compute copy (fp16 parameters); a
+    rollout-only one (int8): the built-in engine's quantized layers."""
+    from bench.model_formats import QuantLinear
+
+    master = load_model(resolve_model("tiny-math"), torch.float32)
+    fp16 = twin_model(master, "fp16")
+    assert {p.dtype for p in fp16.parameters()} == {torch.float16} and not fp16.training
+    assert not any(isinstance(m, QuantLinear) for m in fp16.modules())
+    int8 = twin_model(master, "int8")
+    assert any(isinstance(m, QuantLinear) for m in int8.modules()) and not int8.training
+    assert next(master.parameters()).dtype == torch.float32                 # the master is copied, not changed
+
 def test_each_check_trips_alone_and_is_named():
     ok_m = {"abs_logp_diff_mean": 1e-3, "abs_logp_diff_max": 0.1, "k3": 1e-5}
     ok_ref = {"mean_rollout": 1e-3, "mean_twin": 1e-3, "ratio": 1.0, "ratio_limit": 2.0, "excess": -1e-3,
@@ -233,6 +264,8 @@ def test_each_check_trips_alone_and_is_named():
     assert judge(ok_m, "fp32", "bf16", reference=fp32_ref)["ok"]            # z plays no part there
     fp32 = judge(ok_m, "fp32", "bf16", reference={**fp32_ref, "mean_rollout_ref": 2e-5})
     assert fp32["failed"] == ["reference"] and "mean |Δ| 2e-05 > 1e-05" in fp32["message"]
+    # a value exactly at its band passes
+    assert judge({**ok_m, "abs_logp_diff_mean": BANDS["bf16"].mean_abs, "k3": BANDS["bf16"].k3}, "bf16", "bf16")["ok"]
     # each limit itself passes: |κ| = KAPPA_MAX, a sign z = Z_MIN, μ exactly fp32's max band from ρ
     for kappa, z in ((KAPPA_MAX, 30.0), (0.35, Z_MIN), (-KAPPA_MAX, -30.0)):
         assert judge(ok_m, "bf16", "bf16", **{**kw, "processing": {**ok_proc, "kappa": kappa, "z": z}})["ok"]
@@ -240,6 +273,9 @@ def test_each_check_trips_alone_and_is_named():
     # a reference fault points to the rollout side's causes, the stale head first
     ref_msg = judge(ok_m, "bf16", "bf16", **cases["reference"][1])["message"]
     assert ref_msg.endswith("a fault on the rollout side: " + "; ".join((CAUSES[2], CAUSES[0], CAUSES[3])) + ".")
+    # a slope points to processing, a buffer to the cast buffer
+    assert judge(ok_m, "bf16", "bf16", **cases["processing"][1])["message"].endswith(CAUSES[0] + ".")
+    assert judge(ok_m, "bf16", "bf16", **cases["buffers"][1])["message"].endswith(CAUSES[1] + ".")
     # the verl runner passes k3 alone: only the band is judged
     verl = judge({"k3": 1e-4}, "bf16", "bf16")
     assert verl["ok"] and verl["checks"] == {"band": True} and "reference" not in verl
