@@ -133,8 +133,14 @@ def test_a_sequence_ratio_past_e50_is_clamped():
     mu = torch.tensor([[-70.0, -1.0], [-1.0, -1.0]])
     pi = torch.tensor([[-10.0, -1.0], [-31.0, -31.0]])
     m = calibration_metrics(mu, pi, torch.ones(2, 2))
+    exactly = lambda x: pytest.approx(x, rel=1e-9, abs=0)                   # noqa: E731  (e^-50 is 2e-22)
     assert m["seq_log_ratio_max"] == pytest.approx(60.0)
-    assert m["is_ratio_max"] == pytest.approx(math.exp(50)) and m["is_ratio_min"] == pytest.approx(math.exp(-50))
+    assert m["is_ratio_max"] == exactly(math.exp(50)) and m["is_ratio_min"] == exactly(math.exp(-50))
+    both_high = calibration_metrics(mu, torch.tensor([[-10.0, -1.0], [29.0, 29.0]]), torch.ones(2, 2))
+    assert both_high["is_ratio_min"] == exactly(math.exp(50))          # every sequence past +50
+    both_low = calibration_metrics(torch.tensor([[-1.0, -1.0], [-1.0, -1.0]]), torch.tensor([[-31.0, -31.0],
+                                   [-61.0, -1.0]]), torch.ones(2, 2))
+    assert both_low["is_ratio_max"] == exactly(math.exp(-50))          # every sequence past -50
 
 
 def test_reference_z_when_the_excess_has_no_spread():
@@ -166,6 +172,13 @@ def test_processing_sign_test_counts_both_signs_and_its_edges():
     steep = processing_metrics(torch.tensor([[-2.0, 2.0]]), torch.zeros(1, 2), torch.tensor([[-1.0, -3.0]]),
                                ent[:, :2], torch.ones(1, 2))
     assert steep["kappa"] == pytest.approx(-2.0) and steep["temperature"] == math.inf
+    warm = processing_metrics(torch.tensor([[-0.5, 0.5]]), torch.zeros(1, 2), torch.tensor([[-1.0, -3.0]]),
+                              ent[:, :2], torch.ones(1, 2))
+    assert warm["kappa"] == pytest.approx(-0.5) and warm["temperature"] == pytest.approx(2.0)
+    # a token where g is exactly 0 carries no sign, whatever its a
+    flat_g = processing_metrics(torch.tensor([[0.3, 0.1, -0.2]]), torch.zeros(1, 3), torch.tensor([[-2.0, -1.0, -3.0]]),
+                                torch.full((1, 3), 2.0), torch.ones(1, 3))
+    assert (flat_g["n_pos"], flat_g["n_neg"]) == (2, 0)                  # a·g = [0, 0.1, 0.2]
     edge = processing_metrics(torch.tensor([[-1.0, 1.0]]), torch.zeros(1, 2), torch.tensor([[-1.0, -3.0]]),
                               ent[:, :2], torch.ones(1, 2))
     assert edge["kappa"] == pytest.approx(-1.0) and edge["temperature"] == math.inf
