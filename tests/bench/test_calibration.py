@@ -179,6 +179,9 @@ def test_processing_sign_test_counts_both_signs_and_its_edges():
     flat_g = processing_metrics(torch.tensor([[0.3, 0.1, -0.2]]), torch.zeros(1, 3), torch.tensor([[-2.0, -1.0, -3.0]]),
                                 torch.full((1, 3), 2.0), torch.ones(1, 3))
     assert (flat_g["n_pos"], flat_g["n_neg"]) == (2, 0)                  # a·g = [0, 0.1, 0.2]
+    same = processing_metrics(torch.zeros(1, 3), torch.zeros(1, 3), torch.tensor([[-2.0, -1.0, -3.0]]),
+                              torch.full((1, 3), 2.5), torch.ones(1, 3))          # μ = τ: no sign at all
+    assert (same["kappa"], same["n_pos"], same["n_neg"], same["z"]) == (0.0, 0, 0, 0.0)
     edge = processing_metrics(torch.tensor([[-1.0, 1.0]]), torch.zeros(1, 2), torch.tensor([[-1.0, -3.0]]),
                               ent[:, :2], torch.ones(1, 2))
     assert edge["kappa"] == pytest.approx(-1.0) and edge["temperature"] == math.inf
