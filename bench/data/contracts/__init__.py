@@ -1,0 +1,1 @@
+"""bench check's shipped contracts: one TOML per embedded model and engine (bench/contract.py reads them)."""
