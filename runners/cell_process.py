@@ -89,6 +89,8 @@ def _main(url: str, cell: CellRun, out, log_path: str) -> None:
     out.put(end)
     if store is not None:
         store.dispose()
+    for child in multiprocessing.active_children():     # nothing the run started outlives the cell, nor
+        child.terminate()                               # holds its exit (Python joins its children then)
 
 
 class CellProcess:

@@ -142,7 +142,19 @@ class NativeTrainer:
     def __init__(self, store, run_id: str, plan: RunPlan, split: list[Problem], ckpt_dir: Path, progress=None,
                  rollout_engine=None):
         """Train run `run_id` of `plan` (runners/plan.py: every input already checked) on `split`,
-        checkpointing to `ckpt_dir`; `progress(step, total, metrics)` after every step."""
+        checkpointing to `ckpt_dir`; `progress(step, total, metrics)` after every step. Ctrl-C or
+        an error while starting closes what was started (the grader's worker processes, the
+        rollout engine) before it is raised: a process that ends then is not held by them."""
+        self.engine = self.grader = None
+        self.own_engine = rollout_engine is None
+        try:
+            self._start(store, run_id, plan, split, ckpt_dir, progress, rollout_engine)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, store, run_id: str, plan: RunPlan, split: list[Problem], ckpt_dir: Path, progress,
+               rollout_engine) -> None:
         cfg, algo, precision, engine, ref = plan.cfg, plan.algo, plan.precision, plan.engine, plan.model
         self.store, self.run_id, self.cfg, self.algo, self.precision = store, run_id, cfg, algo, precision
         self.loss_fn = get_loss(algo)
@@ -161,7 +173,6 @@ class NativeTrainer:
         self.prompts = [render_prompt(ref, self.tok, p.problem) for p in split]
         self.prompt_ids = [self.tok.encode(p, add_special_tokens=False) for p in self.prompts]
         self.benchmarks = [(b, load_problems(SourceSpec(b.source, limit=b.limit))) for b in cfg.benchmarks]
-        self.own_engine = rollout_engine is None
         if rollout_engine is None:
             kw = ({"model": copy.deepcopy(self.learner.master), "tokenizer": self.tok, "track_updates": True,
                    "device": str(self.device), "record_routes": True, **self._engine_batch}
@@ -185,9 +196,10 @@ class NativeTrainer:
         return {"max_batch": self.cfg.rollout_max_batch} if self.cfg.rollout_max_batch else {}
 
     def close(self) -> None:
-        if self.own_engine:
+        if self.own_engine and self.engine is not None:
             self.engine.close()
-        self.grader.close()
+        if self.grader is not None:
+            self.grader.close()
 
     # ---------------------------------------------------------- checkpoints
     @property
