@@ -10,6 +10,8 @@
   for its peak accuracy, always inside (0, 1).
 - `clopper_pearson_lower`: the one-sided exact lower bound on a binomial proportion: what k of N
   passing seeds say about one seed's pass probability.
+- `permutation_p`: the exact two-sided permutation test of two samples' means: whether a code
+  change moved a cell's steps or peak over its seeds (benchmarks/equivalence.py).
 
 z is the standard normal quantile (statistics.NormalDist); the formulas are in the docstrings.
 """
@@ -107,3 +109,25 @@ def clopper_pearson_lower(k: int, n: int, confidence: float = 0.95) -> float:
     from scipy.stats import beta
 
     return float(beta.ppf(1 - confidence, k, n - k + 1))
+
+
+def permutation_p(a, b) -> float:
+    """Two-sided p-value of the exact permutation test of d = mean(a) − mean(b): the share of the
+    C(n_a + n_b, n_a) ways to split the pooled values into groups of those sizes whose |d*| is at
+    least the observed |d| (every split enumerated, the observed one among them, so p ≥ 1/C;
+    ties within 1e-12 of |d| count, as scipy.stats.permutation_test counts them). 1.0 when either
+    side is empty."""
+    from itertools import combinations
+
+    xs, ys = [float(v) for v in a], [float(v) for v in b]
+    if not xs or not ys:
+        return 1.0
+    pooled, na, total = xs + ys, len(xs), sum(xs) + sum(ys)
+    nb = len(ys)
+
+    def diff(sa: float) -> float:
+        return sa / na - (total - sa) / nb
+
+    observed = abs(diff(sum(xs)))
+    splits = [abs(diff(sum(pooled[i] for i in idx))) for idx in combinations(range(len(pooled)), na)]
+    return sum(d >= observed - 1e-12 * max(1.0, observed) for d in splits) / len(splits)

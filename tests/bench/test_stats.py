@@ -1,12 +1,13 @@
 """The shared confidence bounds (bench/stats.py) against hand-computed values: the one-sided
 Wilson lower bound (the stop rule), the two-sided Wilson interval (adaptive builds), Student's t
-quantile against the statistical tables and the seed interval of a cell."""
+quantile against the statistical tables, the seed interval of a cell and the exact permutation
+test."""
 
 import math
 
 import pytest
 
-from bench.stats import t_interval, t_quantile, wilson_interval, wilson_lower
+from bench.stats import permutation_p, t_interval, t_quantile, wilson_interval, wilson_lower
 
 
 def test_wilson_lower_bound_by_hand():
@@ -71,3 +72,16 @@ def test_t_quantile_refuses_what_has_no_quantile():
     for p, df in ((0.0, 3), (1.0, 3), (0.5, 0), (-0.1, 2)):
         with pytest.raises(ValueError, match="t_quantile"):
             t_quantile(p, df)
+
+
+def test_permutation_p_by_hand():
+    # [1, 2, 3] vs [4, 5, 6]: |d| = 3 in 2 of the C(6, 3) = 20 splits (the observed one and its mirror)
+    assert permutation_p([1, 2, 3], [4, 5, 6]) == pytest.approx(2 / 20)
+    # [1, 2] vs [3]: splits {1,2}|{3} d = −1.5, {1,3}|{2} d = 0, {2,3}|{1} d = 1.5 → 2 of 3
+    assert permutation_p([1, 2], [3]) == pytest.approx(2 / 3)
+    # 5 vs 5 seeds, disjoint: only the observed split and its mirror reach |d| → 2/252, below 0.05
+    assert permutation_p([50, 52, 54, 56, 58], [60, 62, 64, 66, 68]) == pytest.approx(2 / 252)
+    # scipy.stats.permutation_test's exact answer for these (0.0397: 10 of 252)
+    assert permutation_p([55, 60, 50, 65, 55], [70, 75, 60, 80, 65]) == pytest.approx(10 / 252)
+    assert permutation_p([0.9, 0.95], [0.9, 0.95]) == 1.0 and permutation_p([3.0], [3.0]) == 1.0
+    assert permutation_p([], [1.0, 2.0]) == 1.0
