@@ -131,19 +131,23 @@ class Side:
         return {**os.environ, "PYTHONPATH": str(self.tree), "BENCH_HOME": str(home), **extra}
 
     def bench(self, home: Path, *args: str, **extra) -> subprocess.CompletedProcess:
-        """`bench ARGS` with this side's code and store; the output goes to a log under --out."""
+        """`bench ARGS` with this side's code and store; its progress (stderr) goes to a log under
+        --out as it runs (`tail -f` it), its stdout is returned."""
         log = self.out / "logs" / f"{self.name}-{args[0]}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        r = subprocess.run([sys.executable, "-m", "bench.cli", *args], cwd=self.tree, env=self.env(home, **extra),
-                           capture_output=True, text=True)
         with log.open("a") as f:
-            f.write(f"$ bench {' '.join(args)}  (exit {r.returncode})\n{r.stderr}\n")
+            f.write(f"$ bench {' '.join(args)}\n")
+            f.flush()
+            r = subprocess.run([sys.executable, "-m", "bench.cli", *args], cwd=self.tree, env=self.env(home, **extra),
+                               stdout=subprocess.PIPE, stderr=f, text=True)
+            f.write(f"(exit {r.returncode})\n")
+        r.stderr = log.read_text()[-3000:]
         return r
 
     def json(self, home: Path, *args: str, **extra):
         r = self.bench(home, *args, "--json", **extra)
         if r.returncode:
-            raise RuntimeError(f"{self.name}: bench {' '.join(args)} exited {r.returncode}:\n{r.stderr[-3000:]}")
+            raise RuntimeError(f"{self.name}: bench {' '.join(args)} exited {r.returncode}:\n{r.stderr}")
         return json.loads(r.stdout)
 
     def pytest(self, *args: str) -> dict:
@@ -173,6 +177,12 @@ def calibration(after: Side, base: Path, out: Path, jobs: int) -> list[dict]:
     return rows
 
 
+def offline_table(side: Side, base: Path, out: Path, limit: int, n: int) -> list[dict]:
+    """`bench mismatch --dtype all --json` on this side: one row per pair."""
+    return side.json(home_from(base, out / f"mismatch-{side.name}"), "mismatch", "--model", "tiny-math", "--dtype",
+                     "all", "--limit", str(limit), "--n", str(n))
+
+
 def seeds_of(side: Side, base: Path, out: Path, seeds: int, jobs: int) -> tuple[list[dict], dict]:
     home = home_from(base, out / f"seeds-{side.name}")
     side.bench(home, "sweep", "--algo", "pg-seq-is", "--dtype", CELLS, "--seeds", str(seeds), "--all-seeds",
@@ -180,6 +190,12 @@ def seeds_of(side: Side, base: Path, out: Path, seeds: int, jobs: int) -> tuple[
     runs = [r for r in side.json(home, "runs") if r["status"] in FINISHED]
     cells = side.json(home, "report")["cells"]
     return runs, {c["precision"]: c["sanity"] for c in cells}
+
+
+def seeds_both(before: Side, after: Side, base: Path, out: Path, seeds: int, jobs: int):
+    """`seed_cells`' arguments: each side's finished runs, then both sides' verdicts."""
+    (rb, vb), (ra, va) = (seeds_of(s, base, out, seeds, jobs) for s in (before, after))
+    return rb, ra, (vb, va)
 
 
 def main(argv=None) -> int:
@@ -211,21 +227,18 @@ def main(argv=None) -> int:
         before.json(base, "build", "--model", "tiny-math", "--engine", "torch")
         (base / "done").write_text("")
 
+    steps = {
+        "calibration": lambda: calibration(after, base, out, args.jobs),
+        "parity": lambda: [after.pytest("tests/runners/test_verl_crosscheck.py")],
+        "engines": lambda: [after.pytest("tests/bench/engines/test_engine_mismatch.py")],
+        "mismatch": lambda: mismatch_moves(*(offline_table(s, base, out, args.limit, args.n) for s in (before, after))),
+        "seeds": lambda: seed_cells(*seeds_both(before, after, base, out, args.seeds, args.jobs)),
+    }
     rows: list[dict] = []
-    if "calibration" in parts:
-        rows += calibration(after, base, out, args.jobs)
-    if "parity" in parts:
-        rows.append(after.pytest("tests/runners/test_verl_crosscheck.py"))
-    if "engines" in parts:
-        rows.append(after.pytest("tests/bench/engines/test_engine_mismatch.py"))
-    if "mismatch" in parts:
-        table = [s.json(home_from(base, out / f"mismatch-{s.name}"), "mismatch", "--model", "tiny-math", "--dtype",
-                        "all", "--limit", str(args.limit), "--n", str(args.n)) for s in (before, after)]
-        rows += mismatch_moves(*table)
-    if "seeds" in parts:
-        (rb, vb), (ra, va) = (seeds_of(s, base, out, args.seeds, args.jobs) for s in (before, after))
-        rows += seed_cells(rb, ra, (vb, va))
-
+    for part in PARTS:
+        if part in parts:
+            print(f"== {part} (logs under {out / 'logs'})", flush=True)
+            rows += steps[part]()
     for r in rows:
         print(f"{'ok ' if r['ok'] else 'NOT'}  {r['check']}  " +
               "  ".join(f"{k} {v}" for k, v in r.items() if k not in ("check", "ok")))

@@ -45,7 +45,7 @@ MUTATED: dict[str, list[str]] = {
     "bench/stop.py": [],
     "bench/stats.py": [],
     "bench/calibration.py": ["-m", "not integration"],
-    "runners/staleness.py": ["tests/runners/test_staleness_metrics.py",
+    "runners/staleness.py": ["tests/runners/test_staleness_metrics.py", "tests/runners/test_weight_queue.py",
                              "tests/runners/test_staleness.py::test_rollouts_use_the_weights_of_k_updates_ago"],
     "leaderboard/cells.py": ["tests/leaderboard/test_seeds.py", "tests/leaderboard/test_report_summary.py", "-m",
                              "not integration"],

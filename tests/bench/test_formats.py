@@ -731,3 +731,28 @@ def test_vllm_fp8_matches_the_builtin_engine_and_requantizes_at_sync(tiny):
         assert gap(e) < 3e-2                       # measured 1.1e-2 (less confident answers, more kernel noise)
     finally:
         e.close()
+
+
+def test_the_registry_is_immutable_and_names_the_moe_formats_exactly():
+    """A Format is one shared object per name: frozen, so no run can alter another's format; and
+    only the two +router32 formats change MoE routers (everything else keeps the default)."""
+    from dataclasses import FrozenInstanceError
+
+    with pytest.raises(FrozenInstanceError):
+        FORMATS["fp16"].dtype = torch.bfloat16
+    assert formats.MOE_FORMATS == ("bf16+router32", "fp16+router32")
+    assert [n for n, f in FORMATS.items() if f.router32] == list(formats.MOE_FORMATS)
+    assert formats.get("fp16+router32").dtype == torch.float16 and formats.get("bf16-router32").dtype == torch.bfloat16
+
+
+def test_a_formats_matmul_is_one_gemm_unless_split_k_is_asked():
+    """Format.matmul without `split_k` sums K in one GEMM: the same bits as split_k=1, on a case
+    where two slices round differently even after the bf16 output's rounding (128 × 512 outputs
+    of K = 1,024: ~20 of them on an AMD AVX2 CPU; so the default is seen, not assumed)."""
+    torch.manual_seed(3)
+    fmt = formats.get("nvfp4")
+    x, w = torch.randn(128, 1024), torch.randn(512, 1024)
+    codes, scale = fmt.quantize(w)
+    default = fmt.matmul(x, codes, scale)
+    assert default.dtype == torch.bfloat16 and torch.equal(default, fmt.matmul(x, codes, scale, split_k=1))
+    assert not torch.equal(default, fmt.matmul(x, codes, scale, split_k=2))
