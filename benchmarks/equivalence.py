@@ -151,8 +151,13 @@ class Side:
         return json.loads(r.stdout)
 
     def pytest(self, *args: str) -> dict:
+        """pytest ARGS in this side's tree, every service required (a test that would skip for
+        want of verl or vLLM fails: a skipped check is not a held one); verl's environment is
+        this checkout's .venv-verl unless BENCH_VERL_PYTHON names one."""
+        verl = os.environ.get("BENCH_VERL_PYTHON") or str(ROOT / ".venv-verl" / "bin" / "python")
         r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=self.tree,
-                           env=self.env(self.out / "pytest-home"), capture_output=True, text=True)
+                           env=self.env(self.out / "pytest-home", BENCH_TEST_SERVICES="require",
+                                        BENCH_VERL_PYTHON=verl), capture_output=True, text=True)
         tail = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-500:]
         return {"check": f"pytest {' '.join(args)}", "ok": r.returncode == 0, "detail": tail}
 
