@@ -51,7 +51,7 @@ MUTATED: dict[str, list[str]] = {
                              "not integration"],
     "leaderboard/summary.py": ["tests/leaderboard/test_summary_helpers.py", "tests/leaderboard/test_report_summary.py"],
     "bench/bundle.py": ["-m", "not postgres"],
-    "bench/engines/torch_engine.py": [],
+    "bench/engines/torch_engine.py": ["tests/bench/engines/test_kv_cache.py"],   # decoding, the cache, shared prefill
     "bench/router_metrics.py": ["tests/bench/test_moe.py", "-k", "router or at_positions or replayed"],
 }
 # where the mirror's other tests take minutes a mutant (real runs, the app): only the tests listed run
