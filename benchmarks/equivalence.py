@@ -42,6 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.precision import ALL_PAIRS  # noqa: E402
 from bench.stats import permutation_p  # noqa: E402
 from bench.statuses import FINISHED, MAX_STEPS  # noqa: E402
 
@@ -177,7 +178,7 @@ def calibration(after: Side, base: Path, out: Path, jobs: int) -> list[dict]:
                     "--threads", "1", BENCH_CPU_16BIT=path)
         runs = after.json(home, "runs", BENCH_CPU_16BIT=path)
         bad = sorted(r["precision"] for r in runs if r["status"] != MAX_STEPS)
-        rows.append({"check": f"calibration, 16-bit kernels {path}", "ok": len(runs) == 35 and not bad,
+        rows.append({"check": f"calibration, 16-bit kernels {path}", "ok": len(runs) == len(ALL_PAIRS) and not bad,
                      "detail": f"{len(runs)} pairs, not passed: {', '.join(bad) or 'none'}"})
     return rows
 
