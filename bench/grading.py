@@ -97,16 +97,21 @@ def extract(response: str) -> str | None:
 
 # ------------------------------------------------------------- the pool
 
-def _quiet_worker() -> None:
-    """Workers run math-verify with its own timeouts off; silence its warning about that. It
-    is imported here, when the worker starts, so that sympy's import (seconds on a loaded CPU)
-    never counts against the hard timeout of the first answer a worker grades, e.g. in the
-    worker started after a hostile answer killed one."""
+@lru_cache(maxsize=None)
+def _warm() -> None:
+    """Make this process ready to grade, once: silence math-verify's warning that its own
+    timeouts are off (they are: the pool's hard timeout replaces them), then grade one pair
+    that needs sympy, since a process's first verdict builds math-verify's LaTeX parser and
+    sympy's caches (~0.1 s on an idle 2-core CPU, over a second on a loaded one). The grader's
+    process warms before its pool forks, so workers start warm; a worker that did not inherit
+    it (a start method other than fork) warms as its pool initializer. Pebble's hard timeout
+    counts from a task's acknowledgement, after the initializer, so a cold start never counts
+    against the first answer a worker grades, e.g. in the worker started after a hostile answer
+    killed one (a cold first verdict timed out at 1 s on a loaded CI machine)."""
     import logging
 
-    import math_verify  # noqa: F401
-
     logging.getLogger("math_verify").setLevel(logging.ERROR)
+    _grade_pair("0.5", r"\frac{1}{2}")
 
 
 def _apply_all(fn, args_list: list[tuple]) -> list:
@@ -136,18 +141,18 @@ class Grader:
 
     def __init__(self, workers: int | None = None, timeout: float = 5.0, max_answer_chars: int = 2000,
                  chunk: int = 32):
-        # math-verify (sympy, the LaTeX grammar) is imported in this process before the pool
-        # forks its workers, so they start with it: a pool's first verdicts come ~0.6 s sooner
-        # on a 2-core CPU (0.75 → 0.15 s for a new grader and 16 answers), paid once per
+        # math-verify (sympy, the LaTeX grammar) is imported and warmed in this process before
+        # the pool forks its workers, so they start with it: a pool's first verdicts come ~0.6 s
+        # sooner on a 2-core CPU (0.75 → 0.15 s for a new grader and 16 answers), paid once per
         # process, not by every worker of every grader (a sweep's runs, the test suite's)
-        import math_verify  # noqa: F401
+        _warm()
         from pebble import ProcessPool
 
         self.timeout = timeout
         self.max_answer_chars = max_answer_chars
         self.chunk = chunk
         self.workers = workers or min(2, os.cpu_count() or 1)
-        self._pool = ProcessPool(max_workers=self.workers, initializer=_quiet_worker)
+        self._pool = ProcessPool(max_workers=self.workers, initializer=_warm)
         self.cache: dict[tuple[str, str], Verdict] = {}
         self.hits = 0
 
