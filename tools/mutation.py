@@ -47,8 +47,8 @@ MUTATED: dict[str, list[str]] = {
     "bench/calibration.py": ["-m", "not integration"],
     "runners/staleness.py": ["tests/runners/test_staleness_metrics.py", "tests/runners/test_weight_queue.py",
                              "tests/runners/test_staleness.py::test_rollouts_use_the_weights_of_k_updates_ago"],
-    "leaderboard/cells.py": ["tests/leaderboard/test_seeds.py", "tests/leaderboard/test_report_summary.py", "-m",
-                             "not integration"],
+    "leaderboard/cells.py": ["tests/leaderboard/test_cell_helpers.py", "tests/leaderboard/test_seeds.py",
+                             "tests/leaderboard/test_report_summary.py", "-m", "not integration"],
     "leaderboard/summary.py": ["tests/leaderboard/test_summary_helpers.py", "tests/leaderboard/test_report_summary.py"],
     "bench/bundle.py": ["-m", "not postgres"],
     "bench/engines/torch_engine.py": ["tests/bench/engines/test_kv_cache.py"],   # decoding, the cache, shared prefill

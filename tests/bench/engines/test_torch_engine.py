@@ -22,6 +22,15 @@ def test_sampling_logprobs_temperature_and_top_p_by_hand():
     assert torch.allclose(lp.exp()[0], p / p.sum(), atol=1e-6)
 
 
+def test_top_p_one_is_no_nucleus_at_all():
+    """top_p = 1 samples from the whole softmax, bit for bit (vLLM's "no top-p"): through the
+    nucleus code, fp32's cumulative sum reaches 1 before the tail and drops its smallest tokens
+    (9 of 64 × 85 here), and renormalising moves every log-prob by up to ~5e-7."""
+    logits = torch.randn(64, 85, generator=torch.Generator().manual_seed(0)) * 3
+    lp = sampling_logprobs(logits, 1.0, 1.0)
+    assert torch.equal(lp, torch.log_softmax(logits, -1)) and torch.isfinite(lp).all()
+
+
 def test_inverse_cdf_sample():
     lp = torch.log(torch.tensor([[0.5, 0.3, 0.2]] * 4))
     u = torch.tensor([0.0, 0.49, 0.51, 0.99])
@@ -45,6 +54,20 @@ def test_samples_do_not_depend_on_batching(engine):
     assert [[s.token_ids for s in r] for r in together] == [[s.token_ids for s in r] for r in alone]
     other_seed = engine.generate(PROMPTS, 4, Sampling(max_tokens=40, seed=8))
     assert [[s.token_ids for s in r] for r in together] != [[s.token_ids for s in r] for r in other_seed]
+
+
+def test_the_head_sees_one_position_per_row(engine):
+    """The prefill takes the logits of each prompt's last position only (`logits_to_keep=1`): a
+    [rows, prompt width, vocabulary] head output would not fit for a real model's vocabulary.
+    Every call of the output head, prefill and decode steps alike, sees one position a row."""
+    widths = []
+    hook = engine.model.get_output_embeddings().register_forward_hook(
+        lambda mod, args, out: widths.append(args[0].shape[-2]))
+    try:
+        engine.generate(PROMPTS, 2, Sampling(max_tokens=4, seed=1))
+    finally:
+        hook.remove()
+    assert len(widths) >= 2 and set(widths) == {1}
 
 
 def test_mu_matches_full_forward_in_fp32(engine):
