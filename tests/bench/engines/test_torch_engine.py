@@ -59,15 +59,16 @@ def test_samples_do_not_depend_on_batching(engine):
 def test_the_head_sees_one_position_per_row(engine):
     """The prefill takes the logits of each prompt's last position only (`logits_to_keep=1`): a
     [rows, prompt width, vocabulary] head output would not fit for a real model's vocabulary.
-    Every call of the output head, prefill and decode steps alike, sees one position a row."""
+    Every call of the output head, prefill and decode steps alike, sees one position a row, and
+    there is one call per sampled position: none after the last token."""
     widths = []
     hook = engine.model.get_output_embeddings().register_forward_hook(
         lambda mod, args, out: widths.append(args[0].shape[-2]))
     try:
-        engine.generate(PROMPTS, 2, Sampling(max_tokens=4, seed=1))
+        samples = engine.generate(PROMPTS, 2, Sampling(max_tokens=4, seed=1))
     finally:
         hook.remove()
-    assert len(widths) >= 2 and set(widths) == {1}
+    assert set(widths) == {1} and len(widths) == max(len(s.token_ids) for row in samples for s in row) == 4
 
 
 def test_mu_matches_full_forward_in_fp32(engine):
