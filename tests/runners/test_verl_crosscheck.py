@@ -39,13 +39,16 @@ def make_inputs(seed=0):
             "advantages": leave_one_out_advantages(rewards).flatten()}
 
 
-def run_verl(verl_python, tmp_path, x, cases):
-    inp, outp = tmp_path / "in.pt", tmp_path / "out.pt"
-    torch.save({**x, "cases": cases}, inp)
-    r = subprocess.run([verl_python, "tests/verl_side/losses.py", str(inp), str(outp)], capture_output=True,
+def run_verl(verl_python, tmp_path, inputs: dict[str, tuple[dict, list]]) -> dict[str, dict]:
+    """verl's results for each named (tensors, cases), all in one verl process."""
+    paths = []
+    for key, (x, cases) in inputs.items():
+        paths += [tmp_path / f"{key}.in.pt", tmp_path / f"{key}.out.pt"]
+        torch.save({**x, "cases": cases}, paths[-2])
+    r = subprocess.run([verl_python, "tests/verl_side/losses.py", *map(str, paths)], capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    return torch.load(outp)
+    return {key: torch.load(tmp_path / f"{key}.out.pt") for key in inputs}
 
 
 def bench_loss(x, algo, max_len=L):
@@ -79,12 +82,8 @@ def verl_out(verl_python, tmp_path_factory):
                          ("gspo-token-mean", [o for o in algo_overrides("gspo", L, C) if "loss_agg_mode" not in o]),
                          ("grpo-estimator",
                           ["algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=False"])])}
-    tmp = tmp_path_factory.mktemp("verl")
-    out = {}
-    for key, (inputs, cs) in cases.items():
-        (tmp / key).mkdir()
-        out[key] = (inputs, run_verl(verl_python, tmp / key, inputs, cs))
-    return out
+    out = run_verl(verl_python, tmp_path_factory.mktemp("verl"), cases)
+    return {key: (inputs, out[key]) for key, (inputs, _) in cases.items()}
 
 
 def close(a, b):

@@ -1,8 +1,8 @@
 """verl's side of the loss cross-check (tests/runners/test_verl_crosscheck.py), run by verl's interpreter:
 
-    <verl python> tests/verl_side/losses.py inputs.pt outputs.pt
+    <verl python> tests/verl_side/losses.py inputs.pt outputs.pt [inputs2.pt outputs2.pt ...]
 
-For each case in inputs.pt (a name and bench's verl overrides), compose verl's config with
+One process for every pair (verl's import is ~10 s of it). For each case in an inputs file (a name and bench's verl overrides), compose verl's config with
 those overrides and compute what verl's actor computes for one mini-batch: the advantage
 estimator on the rewards, the decoupled rollout-correction weights (when not in bypass mode,
 as `trainer_base` does), then the registered policy loss with the actor's aggregation and
@@ -150,10 +150,11 @@ def _metrics_tolerant():
         h.compute_is_metrics = orig
 
 
-def main(inp: str, outp: str) -> None:
-    x = torch.load(inp)
-    torch.save({name: one_case(x, overrides) for name, overrides in x["cases"]}, outp)
+def main(paths: list[str]) -> None:
+    for inp, outp in zip(paths[::2], paths[1::2], strict=True):
+        x = torch.load(inp)
+        torch.save({name: one_case(x, overrides) for name, overrides in x["cases"]}, outp)
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(sys.argv[1:])
