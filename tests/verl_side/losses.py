@@ -2,11 +2,12 @@
 
     <verl python> tests/verl_side/losses.py inputs.pt outputs.pt [inputs2.pt outputs2.pt ...]
 
-One process for every pair (verl's import is ~10 s of it). For each case in an inputs file (a name and bench's verl overrides), compose verl's config with
-those overrides and compute what verl's actor computes for one mini-batch: the advantage
-estimator on the rewards, the decoupled rollout-correction weights (when not in bypass mode,
-as `trainer_base` does), then the registered policy loss with the actor's aggregation and
-loss_scale_factor, and its gradient with respect to log π_θ.
+One process for every pair (verl's import is ~10 s of it). For each case in an inputs file (a
+name and bench's verl overrides), compose verl's config with those overrides and compute what
+verl's actor computes for one mini-batch: the advantage estimator on the rewards, the decoupled
+rollout-correction weights (when not in bypass mode, as `trainer_base` does), then the
+registered policy loss with the actor's aggregation and loss_scale_factor, and its gradient with
+respect to log π_θ.
 
 Two ways to call the loss:
 - `loss` / `grad`: the registered policy loss on the whole batch with only loss_scale_factor in
