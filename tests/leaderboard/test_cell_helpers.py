@@ -5,9 +5,10 @@ mirror, test_cells.py, drives them through a store and the app)."""
 import math
 
 import pandas as pd
+import pytest
 
 from bench.fingerprint import fingerprint
-from leaderboard.cells import (by_staleness, cells_frame, fingerprint_configs, ranked_cells, seed_runs,
+from leaderboard.cells import (_median, by_staleness, cells_frame, fingerprint_configs, ranked_cells, seed_runs,
                                settings_label, with_cell_key, with_staleness)
 
 
@@ -86,3 +87,23 @@ def test_settings_label_names_at_most_three_settings_then_counts_the_rest():
     assert settings_label("f1", spread) == "cfg f1: lr=0, kl=1, eval_every=2, +1 more"
     assert settings_label("f1", spread[:3]) == "cfg f1: lr=0, kl=1, eval_every=2"
     assert settings_label("f1", []) == "cfg f1"
+
+
+def test_median_of_odd_and_even_counts():
+    assert _median([5, 1, 4, 2, 3]) == 3 and _median([4, 1, 3, 2]) == 2.5 and math.isnan(_median([]))
+
+
+def test_early_verdicts_from_the_decision_columns_where_the_frame_has_them():
+    (row,) = cells_frame(_cell(seed=[0], status=["max_steps"], decided_by=["futile"], decided_step=[30],
+                               sanity=["FAIL"])).to_dict("records")
+    assert row["early"] == "seed 0: FAIL by futile at step 30"
+
+
+def test_a_cell_per_key_even_without_an_engine_after_a_cell_all_of_whose_seeds_were_skipped():
+    runs = pd.concat([_cell(seed=[0, 1], status=["skipped", "skipped"], algo=["grpo"] * 2),
+                      _cell(seed=[0, 1], engine=[None, None], algo=["gspo"] * 2, peak_accuracy=[0.9, 0.96],
+                            mean_router_flip_frac=[0.1, 0.3])], ignore_index=True)
+    (row,) = cells_frame(runs).to_dict("records")
+    assert row["algo"] == "gspo" and pd.isna(row["engine"]) and row["n_seeds"] == 2
+    assert row["peak_sd"] == pytest.approx(math.sqrt(2 * 0.03 ** 2))          # two seeds: s with n − 1 = 1
+    assert row["router_flip_median"] == pytest.approx(0.2)
