@@ -35,6 +35,9 @@ def test_inverse_cdf_sample():
     lp = torch.log(torch.tensor([[0.5, 0.3, 0.2]] * 4))
     u = torch.tensor([0.0, 0.49, 0.51, 0.99])
     assert inverse_cdf_sample(lp, u).tolist() == [0, 0, 1, 2]
+    # weights that do not sum to 1 are sampled in proportion (u scales the cdf's total)
+    w = torch.log(torch.tensor([[1.0, 1.0, 2.0]] * 3))
+    assert inverse_cdf_sample(w, torch.tensor([0.2, 0.3, 0.6])).tolist() == [0, 1, 2]
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +72,34 @@ def test_the_head_sees_one_position_per_row(engine):
     finally:
         hook.remove()
     assert set(widths) == {1} and len(widths) == max(len(s.token_ids) for row in samples for s in row) == 4
+
+
+def test_by_default_a_prompt_is_prefilled_once_and_nothing_extra_is_kept(engine):
+    """The defaults: a prompt's n samples share one prefill (the body sees the distinct prompts),
+    no sync statistics are tracked, a dense model records no routes, padding is the tokenizer's."""
+    rows = []
+    hook = engine.model.get_input_embeddings().register_forward_hook(lambda mod, args, out: rows.append(args[0].shape))
+    try:
+        engine.generate(PROMPTS, 2, Sampling(max_tokens=2, seed=1))
+    finally:
+        hook.remove()
+    assert rows[0][0] == len(PROMPTS) and all(r == (2 * len(PROMPTS), 1) for r in rows[1:])
+    assert (engine.share_prompts, engine.track_updates, engine.record_routes) == (True, False, False)
+    assert engine.pad == engine.tokenizer.pad_token_id == 0 != engine.eos
+
+
+def test_a_training_model_samples_in_eval_mode_and_is_given_back_training(engine):
+    seen = []
+    hook = engine.model.register_forward_pre_hook(lambda mod, args: seen.append(mod.training))
+    engine.model.train()
+    try:
+        engine.generate(PROMPTS[:1], 1, Sampling(max_tokens=2, seed=1))
+        assert engine.model.training and seen and not any(seen)
+    finally:
+        hook.remove()
+        engine.model.eval()
+    engine.generate(PROMPTS[:1], 1, Sampling(max_tokens=2, seed=1))
+    assert not engine.model.training
 
 
 def test_mu_matches_full_forward_in_fp32(engine):
