@@ -1,0 +1,38 @@
+"""bench/quantizers.py's own contracts beside tests/bench/test_formats.py's numbers: quantizers
+are frozen values, Int8's GEMM defaults to one fp32 GEMM where its sums are not exact in int32,
+and the FP4 block formats take activations of any rank and name a bad input dimension."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from bench.errors import PrecisionError
+from bench.quantizers import MXFP4, NVFP4, Int8
+
+
+def test_a_quantizer_is_a_frozen_value():
+    q = Int8()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        q.qmax = 1.0
+
+
+def test_int8_matmul_is_one_fp32_gemm_by_default_past_the_exact_int32_range():
+    """K = 2,048: K·127² ≥ 2^24, so the fp32 GEMM runs, and its default is one GEMM (split-K 1).
+    Codes of one sign near 127 sum past 2^24, where fp32 rounds: split-K 2 sums in another
+    order and moves some fp32 outputs."""
+    g = torch.Generator().manual_seed(0)
+    x, w = 0.8 + 0.2 * torch.rand(64, 2048, generator=g), 0.8 + 0.2 * torch.rand(96, 2048, generator=g)
+    q = Int8()
+    wc, ws = q.quantize_weight(w)
+    default = q.matmul(x, wc, ws, out_dtype=torch.float32)
+    assert torch.equal(default, q.matmul(x, wc, ws, out_dtype=torch.float32, split_k=1))
+    assert not torch.equal(default, q.matmul(x, wc, ws, out_dtype=torch.float32, split_k=2))
+
+
+@pytest.mark.parametrize("q", [NVFP4(), MXFP4()], ids=lambda q: q.name)
+def test_fp4_blocks_run_along_the_last_dimension_of_any_rank(q):
+    x = torch.randn(2, 3, 64, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(q.fake(x), q.fake(x.reshape(6, 64)).reshape(2, 3, 64))
+    with pytest.raises(PrecisionError, match=f"{q.name} needs an input dimension divisible by {q.block}, got 20"):
+        q.fake(torch.ones(3, 20))
