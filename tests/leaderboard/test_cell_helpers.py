@@ -35,6 +35,8 @@ def test_the_cell_key_keeps_a_stored_fingerprint_and_fills_what_is_missing():
 def test_one_run_per_seed_the_newest_even_where_the_key_has_none():
     r = _runs(engine=[None, None, None], seed=[0, 0, 1], run=["old", "new", "one"], created_at=[1, 2, 3])
     assert list(seed_runs(r).run) == ["new", "one"]                 # engine None is a key value, not a drop
+    unseeded = _runs(seed=[None, 1, 0], run=["none", "one", "zero"])
+    assert list(seed_runs(unseeded).run) == ["none", "one", "zero"]     # no seed is a seed of its own
 
 
 def _cell(**cols):
