@@ -76,13 +76,14 @@ def test_the_head_sees_one_position_per_row(engine):
 
 def test_by_default_a_prompt_is_prefilled_once_and_nothing_extra_is_kept(engine):
     """The defaults: a prompt's n samples share one prefill (the body sees the distinct prompts),
-    no sync statistics are tracked, a dense model records no routes, padding is the tokenizer's."""
+    no sync statistics, distributions or routes are kept, padding is the tokenizer's."""
     rows = []
     hook = engine.model.get_input_embeddings().register_forward_hook(lambda mod, args, out: rows.append(args[0].shape))
     try:
-        engine.generate(PROMPTS, 2, Sampling(max_tokens=2, seed=1))
+        out = engine.generate(PROMPTS, 2, Sampling(max_tokens=2, seed=1))
     finally:
         hook.remove()
+    assert all(s.distributions is None and s.routes is None for row in out for s in row)
     assert rows[0][0] == len(PROMPTS) and all(r == (2 * len(PROMPTS), 1) for r in rows[1:])
     assert (engine.share_prompts, engine.track_updates, engine.record_routes) == (True, False, False)
     assert engine.pad == engine.tokenizer.pad_token_id == 0 != engine.eos
