@@ -103,6 +103,19 @@ def test_a_training_model_samples_in_eval_mode_and_is_given_back_training(engine
     assert not engine.model.training
 
 
+def test_recorded_distributions_are_what_each_token_was_drawn_from(engine):
+    """`record_distributions`: a sample carries [T, V] log-probs, one row per token, each the
+    distribution its token was drawn from (its log-prob read off it; every row sums to 1)."""
+    e = make_engine("torch", str(TINY_MATH_DIR), "fp32", model=engine.model, tokenizer=engine.tokenizer,
+                    prepared=True, record_distributions=True)
+    out = e.generate(PROMPTS, 2, Sampling(max_tokens=6, seed=4))
+    for s in (s for row in out for s in row):
+        d = s.distributions
+        assert d.shape == (len(s.token_ids), len(engine.tokenizer))
+        assert torch.equal(d.gather(-1, torch.tensor(s.token_ids).unsqueeze(-1)).squeeze(-1), torch.tensor(s.logprobs))
+        assert torch.allclose(d.exp().sum(-1), torch.ones(len(s.token_ids)), atol=1e-5)
+
+
 def test_mu_matches_full_forward_in_fp32(engine):
     tok, model = engine.tokenizer, engine.model
     samples = engine.generate(PROMPTS, 3, Sampling(max_tokens=40, seed=1))
