@@ -151,7 +151,7 @@ class BlockFP4(Quantizer):
     x_b / s_b rounded to nearest even onto e2m1, saturating at ±6 (e2m1_round); the GEMM
     multiplies both operands dequantized exactly to fp32."""
 
-    block = 16
+    block: int                    # elements a scale covers: each format sets it (NVFP4 16, MXFP4 32)
 
     def __init__(self, name: str):
         super().__init__(name, 6.0, torch.int8)

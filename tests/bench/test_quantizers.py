@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bench.errors import PrecisionError
-from bench.quantizers import MXFP4, NVFP4, Int8
+from bench.quantizers import FP8E4M3, MXFP4, NVFP4, Int8
 
 
 def test_a_quantizer_is_a_frozen_value():
@@ -36,3 +36,25 @@ def test_fp4_blocks_run_along_the_last_dimension_of_any_rank(q):
     assert torch.equal(q.fake(x), q.fake(x.reshape(6, 64)).reshape(2, 3, 64))
     with pytest.raises(PrecisionError, match=f"{q.name} needs an input dimension divisible by {q.block}, got 20"):
         q.fake(torch.ones(3, 20))
+
+
+def test_fp8_matmul_is_one_fp32_gemm_by_default():
+    """e4m3 code products span more than fp32's 24 bits, so their sum depends on its order:
+    the default is one GEMM (split-K 1), and split-K 2 moves some fp32 outputs."""
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(64, 1024, generator=g), torch.randn(96, 1024, generator=g)
+    q = FP8E4M3()
+    wc, ws = q.quantize_weight(w)
+    default = q.matmul(x, wc, ws, out_dtype=torch.float32)
+    assert torch.equal(default, q.matmul(x, wc, ws, out_dtype=torch.float32, split_k=1))
+    assert not torch.equal(default, q.matmul(x, wc, ws, out_dtype=torch.float32, split_k=2))
+
+
+def test_nvfp4_activations_are_scaled_per_token():
+    """An activation row's global scale is its own amax's (per token), so a row quantizes the
+    same whatever else is in the batch; a weight's is the whole tensor's."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 64, generator=g) * torch.tensor([[1.0], [1000.0]])
+    q = NVFP4()
+    assert torch.equal(q.fake(x)[0], q.fake(x[:1])[0])
+    assert not torch.equal(q.dequantize(*q.quantize_weight(x))[0], q.fake(x)[0])
