@@ -51,7 +51,10 @@ MUTATED: dict[str, list[str]] = {
                              "tests/leaderboard/test_report_summary.py", "-m", "not integration"],
     "leaderboard/summary.py": ["tests/leaderboard/test_summary_helpers.py", "tests/leaderboard/test_report_summary.py"],
     "bench/bundle.py": ["-m", "not postgres"],
-    "bench/engines/torch_engine.py": ["tests/bench/engines/test_kv_cache.py"],   # decoding, the cache, shared prefill
+    "bench/engines/torch_engine.py": ["tests/bench/engines/test_kv_cache.py",    # decoding, the cache, shared prefill
+                                      # an MoE model's routes, recorded only when asked
+                                      "tests/bench/test_moe.py::test_the_rollout_engine_records_a_route_for_every_"
+                                      "position_it_ran"],
     "bench/router_metrics.py": ["tests/bench/test_moe.py", "-k", "router or at_positions or replayed"],
 }
 # where the mirror's other tests take minutes a mutant (real runs, the app): only the tests listed run
