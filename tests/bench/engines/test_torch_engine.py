@@ -116,6 +116,25 @@ def test_recorded_distributions_are_what_each_token_was_drawn_from(engine):
         assert torch.allclose(d.exp().sum(-1), torch.ones(len(s.token_ids)), atol=1e-5)
 
 
+def test_positions_count_from_zero_at_each_prompts_first_token(engine):
+    """Left-padded prompts: each prompt's tokens sit at positions 0 … len − 1 (its padding at
+    0, masked), and each decode step one further, as a forward of the prompt alone numbers them."""
+    seen = []
+    hook = engine.model.register_forward_pre_hook(lambda mod, args, kw: seen.append(kw["position_ids"].clone()),
+                                                  with_kwargs=True)
+    try:
+        engine.generate(PROMPTS[:2], 1, Sampling(max_tokens=2, seed=1))
+    finally:
+        hook.remove()
+    lens = [len(engine.tokenizer.encode(p, add_special_tokens=False)) for p in PROMPTS[:2]]
+    width = max(lens)
+    rows = sorted(range(2), key=lambda i: lens[i])          # the engine orders rows by prompt length
+    expect = torch.stack([torch.cat([torch.zeros(width - lens[i], dtype=torch.long), torch.arange(lens[i])])
+                          for i in rows])
+    assert torch.equal(seen[0].cpu(), expect)
+    assert torch.equal(seen[1].cpu(), torch.tensor([[lens[i]] for i in rows]))
+
+
 def test_mu_matches_full_forward_in_fp32(engine):
     tok, model = engine.tokenizer, engine.model
     samples = engine.generate(PROMPTS, 3, Sampling(max_tokens=40, seed=1))
