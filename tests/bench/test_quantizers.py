@@ -31,11 +31,16 @@ def test_int8_matmul_is_one_fp32_gemm_by_default_past_the_exact_int32_range():
 
 
 @pytest.mark.parametrize("q", [NVFP4(), MXFP4()], ids=lambda q: q.name)
-def test_fp4_blocks_run_along_the_last_dimension_of_any_rank(q):
+def test_fp4_blocks_run_along_the_last_dimension_of_any_rank_and_add_the_bias(q):
     x = torch.randn(2, 3, 64, generator=torch.Generator().manual_seed(1))
     assert torch.equal(q.fake(x), q.fake(x.reshape(6, 64)).reshape(2, 3, 64))
     with pytest.raises(PrecisionError, match=f"{q.name} needs an input dimension divisible by {q.block}, got 20"):
-        q.fake(torch.ones(3, 20))
+        q.fake(torch.ones(2, 3, 20))
+    w = torch.randn(8, 64, generator=torch.Generator().manual_seed(4))
+    b = torch.linspace(-1, 1, 8)
+    codes, scale = q.quantize_weight(w)
+    assert torch.equal(q.matmul(x, codes, scale, bias=b, out_dtype=torch.float32),
+                       q.matmul(x, codes, scale, out_dtype=torch.float32) + b)       # the bias added once, in fp32
 
 
 def test_fp8_matmul_is_one_fp32_gemm_by_default():
