@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from bench.formats import FORMATS
-from bench.gemms import W8A8STE, scaled_mm, split_k_matmul
+from bench.gemms import W8A8STE, scaled_mm, split_k_matmul, w8a8_matmul
 
 
 def _wide(rows, k, seed):
@@ -15,7 +15,7 @@ def _wide(rows, k, seed):
     return torch.randn(rows, k, generator=g) * torch.exp2(torch.randint(-8, 9, (rows, k), generator=g).float())
 
 
-def test_split_k_matmul_and_scaled_mm_are_one_gemm_by_default():
+def test_split_k_matmul_scaled_mm_and_w8a8_matmul_are_one_gemm_by_default():
     x, w = _wide(32, 1024, 0), _wide(48, 1024, 1)
     one = split_k_matmul(x, w)
     assert torch.equal(one, torch.matmul(x, w.t())) and not torch.equal(one, split_k_matmul(x, w, 2))
@@ -23,6 +23,11 @@ def test_split_k_matmul_and_scaled_mm_are_one_gemm_by_default():
     default = scaled_mm(x, xs, w, ws, out_dtype=torch.float32)
     assert torch.equal(default, scaled_mm(x, xs, w, ws, out_dtype=torch.float32, split_k=1))
     assert not torch.equal(default, scaled_mm(x, xs, w, ws, out_dtype=torch.float32, split_k=2))
+    q = FORMATS["fp8"].quant                                            # e4m3 products: fp32 sums round
+    wc, wsc = q.quantize_weight(w)
+    default = w8a8_matmul(q, x, wc, wsc, out_dtype=torch.float32)
+    assert torch.equal(default, w8a8_matmul(q, x, wc, wsc, out_dtype=torch.float32, split_k=1))
+    assert not torch.equal(default, w8a8_matmul(q, x, wc, wsc, out_dtype=torch.float32, split_k=2))
 
 
 @pytest.mark.parametrize("fmt", ["int8", "fp8"])
