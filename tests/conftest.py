@@ -152,6 +152,19 @@ def add_model_and_build(s, build_id: str = "b0", dtype: str = "fp32", n_problems
     return m.id
 
 
+def one_gemm_by_default(gemm):
+    """Assert that `gemm(**kw)`, a GEMM taking `split_k`, sums K in one GEMM unless split-K is
+    asked: its default gives split_k=1's bits and split_k=2 other ones (the case must be one where
+    two slices round differently, so the default is seen, not assumed). Returns the default's
+    output."""
+    import torch
+
+    default = gemm()
+    assert torch.equal(default, gemm(split_k=1))
+    assert not torch.equal(default, gemm(split_k=2))
+    return default
+
+
 APP = str(Path(__file__).parent.parent / "leaderboard" / "app.py")
 
 

@@ -4,6 +4,7 @@ built-in engine's untied lm_head and re-quantization at every sync, the sync sta
 straight-through training forward, and the vLLM refusals (no engine started)."""
 
 import copy
+from functools import partial
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from bench.formats import FORMATS
 from bench.gemms import W8A8STE, w8a8_matmul
 from bench.grids import e2m1_round, float_step
 from bench.precision import ALL_PAIRS, Precision, parse_list
+from conftest import one_gemm_by_default
 
 FP8, INT8, NVFP4 = FORMATS["fp8"], FORMATS["int8"], FORMATS["nvfp4"]
 ONE = torch.ones(1, 1)
@@ -752,7 +754,4 @@ def test_a_formats_matmul_is_one_gemm_unless_split_k_is_asked():
     torch.manual_seed(3)
     fmt = formats.get("nvfp4")
     x, w = torch.randn(128, 1024), torch.randn(512, 1024)
-    codes, scale = fmt.quantize(w)
-    default = fmt.matmul(x, codes, scale)
-    assert default.dtype == torch.bfloat16 and torch.equal(default, fmt.matmul(x, codes, scale, split_k=1))
-    assert not torch.equal(default, fmt.matmul(x, codes, scale, split_k=2))
+    assert one_gemm_by_default(partial(fmt.matmul, x, *fmt.quantize(w))).dtype == torch.bfloat16

@@ -2,11 +2,14 @@
 numbers tests/bench/test_formats.py and test_rollout_kernels.py check: a GEMM is one fp32 GEMM
 unless split-K is asked, and W8A8STE gives each operand its gradient only where one is asked."""
 
+from functools import partial
+
 import pytest
 import torch
 
 from bench.formats import FORMATS
 from bench.gemms import W8A8STE, scaled_mm, split_k_matmul, w8a8_matmul
+from conftest import one_gemm_by_default
 
 
 def _wide(rows, k, seed):
@@ -19,15 +22,9 @@ def test_split_k_matmul_scaled_mm_and_w8a8_matmul_are_one_gemm_by_default():
     x, w = _wide(32, 1024, 0), _wide(48, 1024, 1)
     one = split_k_matmul(x, w)
     assert torch.equal(one, torch.matmul(x, w.t())) and not torch.equal(one, split_k_matmul(x, w, 2))
-    xs, ws = torch.ones(32, 1), torch.ones(48, 1)
-    default = scaled_mm(x, xs, w, ws, out_dtype=torch.float32)
-    assert torch.equal(default, scaled_mm(x, xs, w, ws, out_dtype=torch.float32, split_k=1))
-    assert not torch.equal(default, scaled_mm(x, xs, w, ws, out_dtype=torch.float32, split_k=2))
+    one_gemm_by_default(partial(scaled_mm, x, torch.ones(32, 1), w, torch.ones(48, 1), out_dtype=torch.float32))
     q = FORMATS["fp8"].quant                                            # e4m3 products: fp32 sums round
-    wc, wsc = q.quantize_weight(w)
-    default = w8a8_matmul(q, x, wc, wsc, out_dtype=torch.float32)
-    assert torch.equal(default, w8a8_matmul(q, x, wc, wsc, out_dtype=torch.float32, split_k=1))
-    assert not torch.equal(default, w8a8_matmul(q, x, wc, wsc, out_dtype=torch.float32, split_k=2))
+    one_gemm_by_default(partial(w8a8_matmul, q, x, *q.quantize_weight(w), out_dtype=torch.float32))
 
 
 @pytest.mark.parametrize("fmt", ["int8", "fp8"])

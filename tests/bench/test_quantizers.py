@@ -3,12 +3,14 @@ are frozen values, Int8's GEMM defaults to one fp32 GEMM where its sums are not 
 and the FP4 block formats take activations of any rank and name a bad input dimension."""
 
 import dataclasses
+from functools import partial
 
 import pytest
 import torch
 
 from bench.errors import PrecisionError
 from bench.quantizers import FP8E4M3, MXFP4, NVFP4, Int8
+from conftest import one_gemm_by_default
 
 
 def test_a_quantizer_is_a_frozen_value():
@@ -24,10 +26,7 @@ def test_int8_matmul_is_one_fp32_gemm_by_default_past_the_exact_int32_range():
     g = torch.Generator().manual_seed(0)
     x, w = 0.8 + 0.2 * torch.rand(64, 2048, generator=g), 0.8 + 0.2 * torch.rand(96, 2048, generator=g)
     q = Int8()
-    wc, ws = q.quantize_weight(w)
-    default = q.matmul(x, wc, ws, out_dtype=torch.float32)
-    assert torch.equal(default, q.matmul(x, wc, ws, out_dtype=torch.float32, split_k=1))
-    assert not torch.equal(default, q.matmul(x, wc, ws, out_dtype=torch.float32, split_k=2))
+    one_gemm_by_default(partial(q.matmul, x, *q.quantize_weight(w), out_dtype=torch.float32))
 
 
 @pytest.mark.parametrize("q", [NVFP4(), MXFP4()], ids=lambda q: q.name)
@@ -49,10 +48,7 @@ def test_fp8_matmul_is_one_fp32_gemm_by_default():
     g = torch.Generator().manual_seed(2)
     x, w = torch.randn(64, 1024, generator=g), torch.randn(96, 1024, generator=g)
     q = FP8E4M3()
-    wc, ws = q.quantize_weight(w)
-    default = q.matmul(x, wc, ws, out_dtype=torch.float32)
-    assert torch.equal(default, q.matmul(x, wc, ws, out_dtype=torch.float32, split_k=1))
-    assert not torch.equal(default, q.matmul(x, wc, ws, out_dtype=torch.float32, split_k=2))
+    one_gemm_by_default(partial(q.matmul, x, *q.quantize_weight(w), out_dtype=torch.float32))
 
 
 def test_nvfp4_activations_are_scaled_per_token():

@@ -41,14 +41,15 @@ def make_inputs(seed=0):
 
 def run_verl(verl_python, tmp_path, inputs: dict[str, tuple[dict, list]]) -> dict[str, dict]:
     """verl's results for each named (tensors, cases), all in one verl process."""
-    paths = []
+    args, outs = [], {}
     for key, (x, cases) in inputs.items():
-        paths += [tmp_path / f"{key}.in.pt", tmp_path / f"{key}.out.pt"]
-        torch.save({**x, "cases": cases}, paths[-2])
-    r = subprocess.run([verl_python, "tests/verl_side/losses.py", *map(str, paths)], capture_output=True,
-                       text=True, timeout=600)
+        inp, outs[key] = tmp_path / f"{key}.in.pt", tmp_path / f"{key}.out.pt"
+        torch.save({**x, "cases": cases}, inp)
+        args += [str(inp), str(outs[key])]
+    r = subprocess.run([verl_python, "tests/verl_side/losses.py", *args], capture_output=True, text=True,
+                       timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    return {key: torch.load(tmp_path / f"{key}.out.pt") for key in inputs}
+    return {key: torch.load(out) for key, out in outs.items()}
 
 
 def bench_loss(x, algo, max_len=L):

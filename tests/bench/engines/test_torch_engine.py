@@ -65,12 +65,9 @@ def test_the_head_sees_one_position_per_row(engine):
     Every call of the output head, prefill and decode steps alike, sees one position a row, and
     there is one call per sampled position: none after the last token."""
     widths = []
-    hook = engine.model.get_output_embeddings().register_forward_hook(
-        lambda mod, args, out: widths.append(args[0].shape[-2]))
-    try:
+    with engine.model.get_output_embeddings().register_forward_hook(
+            lambda mod, args, out: widths.append(args[0].shape[-2])):
         samples = engine.generate(PROMPTS, 2, Sampling(max_tokens=4, seed=1))
-    finally:
-        hook.remove()
     assert set(widths) == {1} and len(widths) == max(len(s.token_ids) for row in samples for s in row) == 4
 
 
@@ -78,11 +75,8 @@ def test_by_default_a_prompt_is_prefilled_once_and_nothing_extra_is_kept(engine)
     """The defaults: a prompt's n samples share one prefill (the body sees the distinct prompts),
     no sync statistics, distributions or routes are kept, padding is the tokenizer's."""
     rows = []
-    hook = engine.model.get_input_embeddings().register_forward_hook(lambda mod, args, out: rows.append(args[0].shape))
-    try:
+    with engine.model.get_input_embeddings().register_forward_hook(lambda mod, args, out: rows.append(args[0].shape)):
         out = engine.generate(PROMPTS, 2, Sampling(max_tokens=2, seed=1))
-    finally:
-        hook.remove()
     assert all(s.distributions is None and s.routes is None for row in out for s in row)
     assert rows[0][0] == len(PROMPTS) and all(r == (2 * len(PROMPTS), 1) for r in rows[1:])
     assert (engine.share_prompts, engine.track_updates, engine.record_routes) == (True, False, False)
@@ -91,13 +85,12 @@ def test_by_default_a_prompt_is_prefilled_once_and_nothing_extra_is_kept(engine)
 
 def test_a_training_model_samples_in_eval_mode_and_is_given_back_training(engine):
     seen = []
-    hook = engine.model.register_forward_pre_hook(lambda mod, args: seen.append(mod.training))
     engine.model.train()
     try:
-        engine.generate(PROMPTS[:1], 1, Sampling(max_tokens=2, seed=1))
+        with engine.model.register_forward_pre_hook(lambda mod, args: seen.append(mod.training)):
+            engine.generate(PROMPTS[:1], 1, Sampling(max_tokens=2, seed=1))
         assert engine.model.training and seen and not any(seen)
     finally:
-        hook.remove()
         engine.model.eval()
     engine.generate(PROMPTS[:1], 1, Sampling(max_tokens=2, seed=1))
     assert not engine.model.training
@@ -120,12 +113,9 @@ def test_positions_count_from_zero_at_each_prompts_first_token(engine):
     """Left-padded prompts: each prompt's tokens sit at positions 0 … len − 1 (its padding at
     0, masked), and each decode step one further, as a forward of the prompt alone numbers them."""
     seen = []
-    hook = engine.model.register_forward_pre_hook(lambda mod, args, kw: seen.append(kw["position_ids"].clone()),
-                                                  with_kwargs=True)
-    try:
+    with engine.model.register_forward_pre_hook(lambda mod, args, kw: seen.append(kw["position_ids"].clone()),
+                                                with_kwargs=True):
         engine.generate(PROMPTS[:2], 1, Sampling(max_tokens=2, seed=1))
-    finally:
-        hook.remove()
     lens = [len(engine.tokenizer.encode(p, add_special_tokens=False)) for p in PROMPTS[:2]]
     width = max(lens)
     rows = sorted(range(2), key=lambda i: lens[i])          # the engine orders rows by prompt length
