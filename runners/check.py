@@ -387,7 +387,8 @@ def where_it_enters(result: PairResult, broken: list) -> str:
     if not located and names - {"noise_rollout", "noise_train", "buffers"}:
         located.append("after the head: every layer agrees within the contract, the sampled distribution does not "
                        "(a temperature or top-p on one side, or a different sampler)" if result.layers else
-                       "not located: this engine's layers are not inspectable (vLLM runs in its own workers)")
+                       "not located: this engine's layers are not inspectable (vLLM's model is reached only "
+                       "through its worker calls)")
     if unmeasured:
         located.insert(0, f"not measured by this engine: {', '.join(unmeasured)} (a contract line it cannot fill "
                           "fails closed)")

@@ -12,15 +12,31 @@ discarded token, which CPU generators cannot do). It happens as soon as one sche
 holds more prompt tokens than max_num_batched_tokens (4,096 on CPU), e.g. 24 problems × 8
 samples of the tiny model. On the CPU platform the engine therefore runs with chunked prefill
 off, which keeps per-request seeds and so samples that do not depend on batching.
+
+On the CPU platform the engine also runs in the caller's process (vLLM's in-process engine
+core and one-process executor, `VLLM_ENABLE_V1_MULTIPROCESSING=0`; `in_process`): vLLM's default
+spawns an engine-core process and a worker process, each importing torch and vLLM again (~35 s of
+a 45 s start here, and 5.5 s to close: a 5 s grace, then a kill). In-process, the same kernels
+compute the same samples and μ bit for bit (tiny-math, fp32 and bf16, 100 prompts × 8, checked by
+hash), start in ~13 s (~2 s for the next engine of the process) and use the caller's torch
+threads (a run's `--threads`) instead of vLLM's own core binding. vLLM keeps one in-process
+engine per process (its parallel groups are the process's), so an engine started while another
+is open runs in its own processes, as does any engine on a GPU (there the engine-core process
+overlaps scheduling with the model); where the environment sets the variable, it decides.
+What an in-process vLLM changes in its caller while it starts is put back (`_caller_state_kept`);
+its memory binding to the NUMA node of the process's first CPU stays (one node on a laptop; on a
+multi-socket server set `VLLM_ENABLE_V1_MULTIPROCESSING=1`).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import random
 import shutil
 import tempfile
-from typing import Iterable, Sequence
+from contextlib import contextmanager, nullcontext
+from typing import Iterable, Iterator, Sequence
 
 from .. import formats
 from ..errors import PrecisionError
@@ -44,8 +60,49 @@ def vllm_format_kwargs(dtype: str) -> dict:
     return {k: (dict(v) if isinstance(v, dict) else v) for k, v in fmt.vllm.items()}
 
 
+def in_process(cpu: bool, open_in_process: int, env: dict[str, str]) -> bool:
+    """Whether the next engine runs in this process (the module's docstring): where the
+    environment does not choose (`VLLM_ENABLE_V1_MULTIPROCESSING`), on a CPU with no other
+    in-process engine open."""
+    if "VLLM_ENABLE_V1_MULTIPROCESSING" in env:
+        return env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    return cpu and open_in_process == 0
+
+
+@contextmanager
+def _caller_state_kept() -> Iterator[None]:
+    """Start an in-process vLLM and put back what it changes in its caller while it starts:
+    torch's, Python's and NumPy's global random states (it seeds them all with the engine's seed),
+    `torch.set_num_threads` (its CPU worker replaces it with a function that only warns) and the
+    thread count, vLLM's environment cache (its engine core freezes every `vllm.envs` value) and
+    the garbage collector's freeze (which would keep a closed engine's cycles alive)."""
+    import gc
+
+    import numpy as np
+    import torch
+    from vllm import envs
+
+    set_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    states = torch.random.get_rng_state(), random.getstate(), np.random.get_state()
+    chosen = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    try:
+        yield
+    finally:
+        if chosen is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+        envs.disable_envs_cache()
+        gc.unfreeze()
+        torch.set_num_threads = set_threads
+        torch.set_num_threads(threads)
+        torch.random.set_rng_state(states[0])
+        random.setstate(states[1])
+        np.random.set_state(states[2])
+
+
 class VLLMEngine:
     name = "vllm"
+    open_in_process = 0           # this process's open engines that run in it (one at most: `in_process`)
 
     def __init__(self, model_path: str, dtype: str = "bf16", enforce_eager: bool = True,
                  gpu_memory_utilization: float = 0.5, max_model_len: int | None = None, seed: int = 0,
@@ -74,9 +131,12 @@ class VLLMEngine:
             kw["enable_chunked_prefill"] = False
         if top_logprobs:
             kw["max_logprobs"] = top_logprobs
-        self.llm = LLM(model=model_path, enforce_eager=enforce_eager, seed=seed, **vllm_format_kwargs(dtype),
-                       gpu_memory_utilization=gpu_memory_utilization, logprobs_mode="processed_logprobs",
-                       worker_extension_cls="bench.engines.vllm_worker.BenchWorkerExtension", **kw)
+        self.in_process = in_process(current_platform.is_cpu(), VLLMEngine.open_in_process, dict(os.environ))
+        with _caller_state_kept() if self.in_process else nullcontext():
+            self.llm = LLM(model=model_path, enforce_eager=enforce_eager, seed=seed, **vllm_format_kwargs(dtype),
+                           gpu_memory_utilization=gpu_memory_utilization, logprobs_mode="processed_logprobs",
+                           worker_extension_cls="bench.engines.vllm_worker.BenchWorkerExtension", **kw)
+        VLLMEngine.open_in_process += self.in_process
 
     def generate(self, prompts: Sequence[str], n: int, sampling: Sampling, start: int = 0) -> list[list[Sample]]:
         from vllm import SamplingParams
@@ -125,6 +185,7 @@ class VLLMEngine:
         if getattr(self, "llm", None) is not None:
             del self.llm
             self.llm = None
+            VLLMEngine.open_in_process -= self.in_process
             import gc
 
             gc.collect()

