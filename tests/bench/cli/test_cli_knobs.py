@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shutil
 
 import pytest
 import typer
@@ -99,18 +100,28 @@ def test_every_numeric_knob_is_bounded():
             assert m["help"].strip(), (cls.__name__, f.name)
 
 
-@pytest.fixture
-def store_with_build(tmp_path):
-    """A store outside BENCH_HOME holding a complete build with kept problems: a run that got
-    past the checks would create its row here."""
-    url = f"sqlite:///{tmp_path / 'outside' / 'store.db'}"
-    (tmp_path / "outside").mkdir()
-    with session(open_store(url)) as s:
+@pytest.fixture(scope="module")
+def _store_made_once(tmp_path_factory):
+    path = tmp_path_factory.mktemp("store") / "store.db"
+    engine = open_store(f"sqlite:///{path}")
+    with session(engine) as s:
         add_model_and_build(s, "b0")
         for i in range(4):
             s.add(BuildProblem(build_id="b0", problem_id=f"p{i}", position=i, problem=f"Compute {i}+1.",
                                answer=str(i + 1), n_samples=8, n_correct=4, accuracy=0.5, bucket="kept", kept=True))
-    return url
+    engine.dispose()                  # the last connection closed: SQLite writes its WAL into the file copied
+    assert not path.with_name("store.db-wal").exists()
+    return path
+
+
+@pytest.fixture
+def store_with_build(_store_made_once, tmp_path):
+    """A store outside BENCH_HOME holding a complete build with kept problems: a run that got
+    past the checks would create its row here. Each test its own copy of one store made once
+    (made and migrated afresh for each of ~240 tests, it cost ~70 ms a test)."""
+    (tmp_path / "outside").mkdir()
+    shutil.copyfile(_store_made_once, tmp_path / "outside" / "store.db")
+    return f"sqlite:///{tmp_path / 'outside' / 'store.db'}"
 
 
 def _files(root):
