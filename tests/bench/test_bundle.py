@@ -6,6 +6,7 @@ unchanged."""
 import hashlib
 import io
 import json
+import sqlite3
 import tarfile
 import tempfile
 
@@ -96,6 +97,9 @@ def test_a_build_with_another_split_hash_refuses_the_bundle(source, tmp_path):
     before = _counts(url)
     r = _cli("runs", "import", str(source["bundle"]), "--db", url)
     assert r.exit_code == 2 and "not the same split" in r.stderr, r.output
+    with tarfile.open(source["bundle"]) as tar:
+        theirs = json.load(tar.extractfile("bundle.json"))["split_hashes"][build_id]
+    assert f", the bundle's is {theirs[:12]}…: not" in " ".join(r.stderr.split())        # hashes shown by 12 digits
     assert _counts(url) == before
 
 
@@ -169,6 +173,12 @@ CASES = {
                          (), "has the wrong type"),
     "run without its build": (lambda m: _reseal(_edit_json(m, _run_member(m), lambda o: o.update(build="zzz"))), (),
                               "is not in the bundle"),
+    "a time that is not ISO": (lambda m: _reseal(_edit_json(m, _run_member(m),
+                                                            lambda o: o.update(created_at="yesterday"))), (),
+                               "'yesterday' is not an ISO time"),
+    "a digest without its chain": (lambda m: _reseal(_edit_json(m, _run_member(m),
+                                                                lambda o: o["digests"][-1].pop("chain"))), (),
+                                   "digests[1] lacks chain"),
 }
 
 
@@ -264,7 +274,8 @@ def test_an_import_that_changes_a_stored_runs_identity_is_refused(source, tmp_pa
     (lambda o: o["steps"][0].update(reward=1.0), "step 1 reward (column)"),
     (lambda o: o["steps"][1]["metrics"].update(kl_k3=0.0), "step 2 kl_k3"),
     (lambda o: o["steps"].__delitem__(0), "it lacks stored step 1"),
-    (lambda o: o["evals"][0].update(score=0.999), "evaluation"),
+    (lambda o: o["evals"][0].update(score=0.999), ", bundle avg@4 0.999"),
+    (lambda o: o["evals"].__delitem__(0), "bundle none"),
     (lambda o: o["provenance"].update(cpu_16bit="none" if o["provenance"].get("cpu_16bit") == "all" else "all"),
      "its provenance differs"),
     (lambda o: o["calibration"].update(k3=0.0), "calibration differs"),
@@ -363,3 +374,158 @@ def test_the_report_recomputes_a_status_edited_in_the_store(source, tmp_path):
     assert [(c["sanity"], c["passes"], c["evidence"]) for c in cells] == [("UNDECIDED", "0/2", "0/2 pass: p ≥ 0.00")]
     text = " ".join(_cli("report", "--db", url).stdout.split())
     assert "NOT SUPPORTED BY ITS EVALUATIONS: status 'converged' is not supported" in text
+
+
+# ------------------------------------------------------------------ what export writes
+
+@pytest.fixture(scope="module")
+def windowed(tmp_path_factory):
+    """A run whose verdict's deciding window starts after step 0, its checkpoints kept: 8 steps,
+    an evaluation every 2; its budget reads the last three (steps 4, 6, 8), so the window is 2:8."""
+    tmp = tmp_path_factory.mktemp("windowed")
+    url = f"sqlite:///{tmp / 'src.db'}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BENCH_HOME", str(tmp / "home"))
+        r = _cli("build", "--limit", "12", "--k", "2", "--engine", "torch", "--dtype", "fp32", "--band", "0", "1",
+                 "--db", url, "--json")
+        assert r.exit_code == 0, r.output
+        r = _cli("run", "--algo", "grpo", "--dtype", "fp32", "--max-steps", "8", "--eval-every", "2",
+                 "--checkpoint-every", "4", "--keep-checkpoints", "2", "--prompts-per-step", "2",
+                 "--samples-per-prompt", "2", "--threads", "1", "--db", url, "--json")
+        assert r.exit_code == 0, r.output
+    return url, json.loads(r.stdout)["id"]
+
+
+def test_a_bundle_carries_the_checkpoint_its_deciding_window_starts_from(windowed, tmp_path):
+    """`--window-checkpoints`: the checkpoint kept at A travels bit for bit under its sum, and
+    bundle_checkpoints writes it back out as (A, file)."""
+    from bench import verdicts
+    from bench.bundle import bundle_checkpoints, export_runs, read_bundle
+    from bench.statedigest import kept_checkpoint
+
+    url, rid = windowed
+    with session(open_store(url)) as s:
+        ckpt_dir = s.get(Run, rid).checkpoint_dir
+        assert verdicts.deciding_window(verdicts.from_store(s, [rid])[rid]) == (2, 8)
+    kept = kept_checkpoint(ckpt_dir, 2).read_bytes()
+    bundle = tmp_path / "b.tar.gz"
+    manifest = export_runs(open_store(url), [rid], bundle, window_checkpoints=True)
+    name = f"checkpoints/{rid}/step-000002.pt"
+    assert manifest["window_checkpoints"] == {rid: 2}
+    assert manifest["members"][name] == hashlib.sha256(kept).hexdigest() and _members(bundle)[name] == kept
+    assert read_bundle(bundle)[0]["window_checkpoints"] == {rid: 2}
+    (tmp_path / "out").mkdir()
+    assert bundle_checkpoints(bundle, tmp_path / "out") == {rid: (2, tmp_path / "out" / f"{rid}-step-000002.pt")}
+    assert (tmp_path / "out" / f"{rid}-step-000002.pt").read_bytes() == kept
+
+
+def test_no_checkpoint_where_the_window_starts_at_0_or_none_was_kept(source, windowed, tmp_path):
+    from bench.bundle import export_runs
+
+    manifest = export_runs(open_store(source["url"]), source["runs"][:1], tmp_path / "a.tar.gz",
+                           window_checkpoints=True)          # 2 steps, evaluations at 0 and 2: the window is 0:2
+    assert manifest["window_checkpoints"] == {source["runs"][0]: None}
+    url, rid = windowed
+    copy = tmp_path / "copy.db"
+    with sqlite3.connect(url[len("sqlite:///"):]) as a, sqlite3.connect(copy) as b:
+        a.backup(b)
+    with session(open_store(f"sqlite:///{copy}")) as s:
+        s.get(Run, rid).checkpoint_dir = str(tmp_path / "moved")    # its kept checkpoints are no longer there
+    manifest = export_runs(open_store(f"sqlite:///{copy}"), [rid], tmp_path / "b.tar.gz", window_checkpoints=True)
+    assert manifest["window_checkpoints"] == {rid: None}
+    for bundle in (tmp_path / "a.tar.gz", tmp_path / "b.tar.gz"):
+        assert not [n for n in _members(bundle) if n.startswith("checkpoints/")]
+
+
+def test_members_are_canonical_json_in_plain_files_without_a_time(source, tmp_path):
+    """Every member's JSON has its keys sorted (the same run gives the same bytes from SQLite and
+    from PostgreSQL, whose JSON columns come back in their own key order) and is written as a
+    plain file, rw-r--r--, dated 0: two exports of the same runs differ only in bundle.json's
+    created_at."""
+    from bench.bundle import export_runs
+
+    def keys_in_order(pairs):
+        assert [k for k, _ in pairs] == sorted(k for k, _ in pairs)
+        return dict(pairs)
+
+    infos = []
+    for name in ("a", "b"):
+        export_runs(open_store(source["url"]), source["runs"], tmp_path / f"{name}.tar.gz")
+        with tarfile.open(tmp_path / f"{name}.tar.gz") as tar:
+            infos.append([(m.name, m.mode, m.mtime, m.uid, m.gid, m.type) for m in tar.getmembers()])
+    assert infos[0] == infos[1] and all(mode == 0o644 and mtime == 0 for _, mode, mtime, *_ in infos[0])
+    a, b = _members(tmp_path / "a.tar.gz"), _members(tmp_path / "b.tar.gz")
+    for name, data in a.items():
+        json.loads(data, object_pairs_hook=keys_in_order)
+        assert name == "bundle.json" or data == b[name]
+
+
+def test_a_build_stored_without_its_split_hash_exports_the_hash_of_its_kept_problems(source, tmp_path):
+    """Builds from before the split-hash column: export computes it from the kept problems."""
+    from bench.bundle import export_runs
+
+    copy = tmp_path / "copy.db"
+    with sqlite3.connect(source["url"][len("sqlite:///"):]) as a, sqlite3.connect(copy) as b:
+        a.backup(b)
+    with session(open_store(f"sqlite:///{copy}")) as s:
+        build = s.scalars(select(Build)).one()
+        recorded, build.split_hash = build.split_hash, None
+    manifest = export_runs(open_store(f"sqlite:///{copy}"), source["runs"], tmp_path / "b.tar.gz")
+    assert recorded and manifest["split_hashes"] == {build.id: recorded}
+
+
+def test_export_says_why_it_cannot_write(source, tmp_path):
+    from bench.bundle import BundleError, export_runs
+
+    (tmp_path / "file").write_text("")
+    out = tmp_path / "file" / "b.tar.gz"
+    with pytest.raises(BundleError) as e:
+        export_runs(open_store(source["url"]), source["runs"], out)
+    assert str(e.value) == f"cannot write {out}: File exists" or str(e.value) == f"cannot write {out}: Not a directory"
+
+
+# ------------------------------------------------------------------ import: what counts as further along
+
+def test_a_run_that_ended_failed_at_the_step_it_was_running_is_further_along(source, tmp_path):
+    """Same step, `running` in the store, `failed` (an error, Ctrl-C) in the bundle: the ended
+    copy updates the stored one."""
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    members = _members(source["bundle"])
+    name = _run_member(members)
+    _write(tmp_path / "running.tar.gz", _reseal(_edit_json(dict(members), name, lambda o: o.update(status="running"))))
+    _write(tmp_path / "failed.tar.gz", _reseal(_edit_json(dict(members), name, lambda o: o.update(status="failed"))))
+    assert _cli("runs", "import", str(tmp_path / "running.tar.gz"), "--db", url).exit_code == 0
+    r = _cli("runs", "import", str(tmp_path / "failed.tar.gz"), "--db", url, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["runs_updated"] == [name[len("runs/"):-len(".json")]]
+    r = _cli("runs", "import", str(tmp_path / "running.tar.gz"), "--db", url, "--json")   # and never back
+    assert name[len("runs/"):-len(".json")] in json.loads(r.stdout)["runs_present"]
+
+
+def test_a_stale_run_imported_twice_keeps_its_identity(source, tmp_path):
+    """A run with staleness K (its config's, copied to the column on insert) imports again as
+    the same run."""
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    members = _members(source["bundle"])
+    name = _run_member(members)
+    _write(tmp_path / "stale.tar.gz", _reseal(_edit_json(members, name, lambda o: o["config"].update(staleness=2))))
+    assert _cli("runs", "import", str(tmp_path / "stale.tar.gz"), "--db", url).exit_code == 0
+    r = _cli("runs", "import", str(tmp_path / "stale.tar.gz"), "--db", url, "--json")
+    assert r.exit_code == 0, r.output
+    assert name[len("runs/"):-len(".json")] in json.loads(r.stdout)["runs_present"]
+    with session(open_store(url)) as s:
+        assert s.get(Run, name[len("runs/"):-len(".json")]).staleness == 2
+
+
+# ------------------------------------------------------------------ the messages' helpers
+
+def test_values_and_config_changes_are_shown_short():
+    from bench.bundle import _config_change, _show
+
+    assert _show("x" * 38) == repr("x" * 38)                               # 40 characters: whole
+    assert _show("x" * 39) == repr("x" * 39)[:37] + "..."                  # 41: cut to 37 and "..."
+    assert len(_show("x" * 39)) == 40
+    three = _config_change({"a": 1, "b": 1, "c": 1}, {"a": 2, "b": 2, "c": 2})
+    assert three == "config (a: 1 → 2, b: 1 → 2, c: 1 → 2)"
+    assert _config_change({"a": 1, "b": 1, "c": 1, "d": 1}, {}) == "config (a: 1 → None, b: 1 → None, c: 1 → None, …)"
+    assert _config_change(None, {"a": 1}) == "config"
