@@ -419,22 +419,36 @@ def test_a_bundle_carries_the_checkpoint_its_deciding_window_starts_from(windowe
     assert (tmp_path / "out" / f"{rid}-step-000002.pt").read_bytes() == kept
 
 
-def test_no_checkpoint_where_the_window_starts_at_0_or_none_was_kept(source, windowed, tmp_path):
+def _copy(url: str, path) -> str:
+    """A consistent copy of a SQLite store (SQLite's online backup: its WAL included)."""
+    with sqlite3.connect(url[len("sqlite:///"):]) as a, sqlite3.connect(path) as b:
+        a.backup(b)
+    return f"sqlite:///{path}"
+
+
+def test_no_checkpoint_where_the_window_starts_at_0_none_was_kept_or_nothing_decided(source, windowed, tmp_path):
+    """A window from step 0 re-runs from the start (a checkpoint kept at step 0 stays home); a
+    run whose kept checkpoints are gone, or that is still running (no verdict, no window),
+    carries none."""
     from bench.bundle import export_runs
 
-    manifest = export_runs(open_store(source["url"]), source["runs"][:1], tmp_path / "a.tar.gz",
-                           window_checkpoints=True)          # 2 steps, evaluations at 0 and 2: the window is 0:2
-    assert manifest["window_checkpoints"] == {source["runs"][0]: None}
-    url, rid = windowed
-    copy = tmp_path / "copy.db"
-    with sqlite3.connect(url[len("sqlite:///"):]) as a, sqlite3.connect(copy) as b:
-        a.backup(b)
-    with session(open_store(f"sqlite:///{copy}")) as s:
-        s.get(Run, rid).checkpoint_dir = str(tmp_path / "moved")    # its kept checkpoints are no longer there
-    manifest = export_runs(open_store(f"sqlite:///{copy}"), [rid], tmp_path / "b.tar.gz", window_checkpoints=True)
-    assert manifest["window_checkpoints"] == {rid: None}
-    for bundle in (tmp_path / "a.tar.gz", tmp_path / "b.tar.gz"):
-        assert not [n for n in _members(bundle) if n.startswith("checkpoints/")]
+    def carried(url, rid, edit):
+        with session(open_store(url)) as s:
+            edit(s.get(Run, rid))
+        manifest = export_runs(open_store(url), [rid], tmp_path / "b.tar.gz", window_checkpoints=True)
+        assert not [n for n in _members(tmp_path / "b.tar.gz") if n.startswith("checkpoints/")]
+        return manifest["window_checkpoints"]
+
+    kept0 = tmp_path / "ckpt" / "kept" / "step-000000.pt"
+    kept0.parent.mkdir(parents=True)
+    kept0.write_bytes(b"step 0")
+    first = source["runs"][0]                 # 2 steps, evaluations at 0 and 2: its window is 0:2
+    url = _copy(source["url"], tmp_path / "a.db")
+    assert carried(url, first, lambda r: setattr(r, "checkpoint_dir", str(tmp_path / "ckpt"))) == {first: None}
+    url, rid = _copy(windowed[0], tmp_path / "b.db"), windowed[1]
+    assert carried(url, rid, lambda r: setattr(r, "checkpoint_dir", str(tmp_path / "moved"))) == {rid: None}
+    url = _copy(windowed[0], tmp_path / "c.db")
+    assert carried(url, rid, lambda r: setattr(r, "status", "running")) == {rid: None}
 
 
 def test_members_are_canonical_json_in_plain_files_without_a_time(source, tmp_path):
@@ -464,13 +478,11 @@ def test_a_build_stored_without_its_split_hash_exports_the_hash_of_its_kept_prob
     """Builds from before the split-hash column: export computes it from the kept problems."""
     from bench.bundle import export_runs
 
-    copy = tmp_path / "copy.db"
-    with sqlite3.connect(source["url"][len("sqlite:///"):]) as a, sqlite3.connect(copy) as b:
-        a.backup(b)
-    with session(open_store(f"sqlite:///{copy}")) as s:
+    url = _copy(source["url"], tmp_path / "copy.db")
+    with session(open_store(url)) as s:
         build = s.scalars(select(Build)).one()
         recorded, build.split_hash = build.split_hash, None
-    manifest = export_runs(open_store(f"sqlite:///{copy}"), source["runs"], tmp_path / "b.tar.gz")
+    manifest = export_runs(open_store(url), source["runs"], tmp_path / "b.tar.gz")
     assert recorded and manifest["split_hashes"] == {build.id: recorded}
 
 
