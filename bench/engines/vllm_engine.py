@@ -23,7 +23,8 @@ threads (a run's `--threads`) instead of vLLM's own core binding. vLLM keeps one
 engine per process (its parallel groups are the process's), so an engine started while another
 is open runs in its own processes, as does any engine on a GPU (there the engine-core process
 overlaps scheduling with the model); where the environment sets the variable, it decides.
-What an in-process vLLM changes in its caller while it starts is put back (`_caller_state_kept`);
+What an in-process vLLM changes in its caller while it starts is put back (`_caller_state_kept`),
+and its generations leave the caller's torch generator as it was (`_global_rng_kept`);
 its memory binding to the NUMA node of the process's first CPU stays (one node on a laptop; on a
 multi-socket server set `VLLM_ENABLE_V1_MULTIPROCESSING=1`).
 """
@@ -100,6 +101,15 @@ def _caller_state_kept() -> Iterator[None]:
         np.random.set_state(states[2])
 
 
+def _global_rng_kept():
+    """torch's global CPU generator as it was after an in-process generation: vLLM's sampler
+    draws from it for the whole batch (bench's requests are seeded: their samples come from their
+    own generators), which in vLLM's own processes never touches the caller's."""
+    import torch
+
+    return torch.random.fork_rng(devices=[])
+
+
 class VLLMEngine:
     name = "vllm"
     open_in_process = 0           # this process's open engines that run in it (one at most: `in_process`)
@@ -147,7 +157,8 @@ class VLLMEngine:
                                  max_tokens=sampling.max_tokens, logprobs=self.top_logprobs,
                                  seed=row_seed(sampling.seed, p, start) % (2 ** 31))
                   for p in prompts]
-        outs = self.llm.generate(inputs, params, use_tqdm=False)
+        with _global_rng_kept() if self.in_process else nullcontext():
+            outs = self.llm.generate(inputs, params, use_tqdm=False)
         result = []
         for out in outs:
             row = []

