@@ -99,7 +99,10 @@ def test_a_build_with_another_split_hash_refuses_the_bundle(source, tmp_path):
     assert r.exit_code == 2 and "not the same split" in r.stderr, r.output
     with tarfile.open(source["bundle"]) as tar:
         theirs = json.load(tar.extractfile("bundle.json"))["split_hashes"][build_id]
-    assert f", the bundle's is {theirs[:12]}…: not" in " ".join(r.stderr.split())        # hashes shown by 12 digits
+    from bench.problem_ids import split_hash
+
+    ours = split_hash([("q", "2")])
+    assert f"with split hash {ours[:12]}…, the bundle's is {theirs[:12]}…: not" in " ".join(r.stderr.split())
     assert _counts(url) == before
 
 
@@ -270,6 +273,16 @@ def test_an_import_that_changes_a_stored_runs_identity_is_refused(source, tmp_pa
     assert fields["rollout_dtype"] == "fp32" and fields["status"] == "max_steps"
 
 
+def _rechain(o, edit):
+    """Edit a run's state digests and link their chain again (a tamperer who knows the format)."""
+    from bench.statedigest import genesis, link
+
+    edit(o["digests"])
+    prev = genesis(o["id"])
+    for d in o["digests"]:
+        d["chain"] = prev = link(prev, d["step"], d["digest"])
+
+
 @pytest.mark.parametrize("edit, needle", [
     (lambda o: o["steps"][0].update(reward=1.0), "step 1 reward (column)"),
     (lambda o: o["steps"][1]["metrics"].update(kl_k3=0.0), "step 2 kl_k3"),
@@ -279,6 +292,7 @@ def test_an_import_that_changes_a_stored_runs_identity_is_refused(source, tmp_pa
     (lambda o: o["provenance"].update(cpu_16bit="none" if o["provenance"].get("cpu_16bit") == "all" else "all"),
      "its provenance differs"),
     (lambda o: o["calibration"].update(k3=0.0), "calibration differs"),
+    (lambda o: _rechain(o, lambda ds: ds[0].update(digest="0" * 64)), "its state digest at step 0 differs"),
 ])
 def test_a_further_along_copy_must_keep_every_stored_step(source, tmp_path, edit, needle):
     """A copy one step further along that rewrites what the store already holds is refused."""
@@ -413,6 +427,9 @@ def test_a_bundle_carries_the_checkpoint_its_deciding_window_starts_from(windowe
     name = f"checkpoints/{rid}/step-000002.pt"
     assert manifest["window_checkpoints"] == {rid: 2}
     assert manifest["members"][name] == hashlib.sha256(kept).hexdigest() and _members(bundle)[name] == kept
+    with tarfile.open(bundle) as tar:
+        info = tar.getmember(name)
+    assert (info.mode, info.mtime, info.size) == (0o644, 0, len(kept))
     assert read_bundle(bundle)[0]["window_checkpoints"] == {rid: 2}
     (tmp_path / "out").mkdir()
     assert bundle_checkpoints(bundle, tmp_path / "out") == {rid: (2, tmp_path / "out" / f"{rid}-step-000002.pt")}
@@ -463,12 +480,13 @@ def test_members_are_canonical_json_in_plain_files_without_a_time(source, tmp_pa
         return dict(pairs)
 
     infos = []
-    for name in ("a", "b"):
-        export_runs(open_store(source["url"]), source["runs"], tmp_path / f"{name}.tar.gz")
+    for name in ("a", "new/folder/b"):                     # a folder that does not exist yet is made
+        manifest = export_runs(open_store(source["url"]), source["runs"], tmp_path / f"{name}.tar.gz")
+        assert (manifest["format"], manifest["schema_version"]) == ("bench-run-bundle", 1)
         with tarfile.open(tmp_path / f"{name}.tar.gz") as tar:
             infos.append([(m.name, m.mode, m.mtime, m.uid, m.gid, m.type) for m in tar.getmembers()])
     assert infos[0] == infos[1] and all(mode == 0o644 and mtime == 0 for _, mode, mtime, *_ in infos[0])
-    a, b = _members(tmp_path / "a.tar.gz"), _members(tmp_path / "b.tar.gz")
+    a, b = _members(tmp_path / "a.tar.gz"), _members(tmp_path / "new" / "folder" / "b.tar.gz")
     for name, data in a.items():
         json.loads(data, object_pairs_hook=keys_in_order)
         assert name == "bundle.json" or data == b[name]
@@ -541,3 +559,39 @@ def test_values_and_config_changes_are_shown_short():
     assert three == "config (a: 1 → 2, b: 1 → 2, c: 1 → 2)"
     assert _config_change({"a": 1, "b": 1, "c": 1, "d": 1}, {}) == "config (a: 1 → None, b: 1 → None, c: 1 → None, …)"
     assert _config_change(None, {"a": 1}) == "config"
+
+
+def test_a_store_that_refuses_a_write_refuses_the_bundle_whole(source, tmp_path):
+    """A store whose own rule stops the write (here a trigger): one message with the store's
+    reason, nothing imported."""
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    open_store(url).dispose()
+    with sqlite3.connect(tmp_path / "t.db") as c:
+        c.execute("CREATE TRIGGER frozen BEFORE INSERT ON runs BEGIN SELECT RAISE(ABORT, 'runs are frozen here'); END")
+    before = _counts(url)
+    r = _cli("runs", "import", str(source["bundle"]), "--db", url)
+    err = " ".join(r.stderr.split())
+    assert r.exit_code == 2 and err.count("error:") == 1, r.output
+    assert "the store refused the bundle ((sqlite3.IntegrityError) runs are frozen here); nothing imported" in err
+    assert _counts(url) == before
+
+
+def test_a_run_already_present_does_not_stop_the_next_from_importing(source, tmp_path):
+    from bench.bundle import export_runs
+
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    first, second = source["runs"]
+    export_runs(open_store(source["url"]), [first], tmp_path / "first.tar.gz")
+    assert _cli("runs", "import", str(tmp_path / "first.tar.gz"), "--db", url).exit_code == 0
+    r = _cli("runs", "import", str(source["bundle"]), "--db", url, "--json")
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout)
+    assert (summary["runs_present"], summary["runs_added"]) == ([first], [second])
+
+
+def test_a_bundle_of_the_formats_first_version_imports(source, tmp_path):
+    """Version 1 is the format's first: a bundle that says so stays readable."""
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    members = _edit_json(_members(source["bundle"]), "bundle.json", lambda o: o.update(schema_version=1))
+    _write(tmp_path / "v1.tar.gz", members)
+    assert _cli("runs", "import", str(tmp_path / "v1.tar.gz"), "--db", url).exit_code == 0
