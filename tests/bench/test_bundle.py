@@ -176,6 +176,8 @@ CASES = {
                          (), "has the wrong type"),
     "run without its build": (lambda m: _reseal(_edit_json(m, _run_member(m), lambda o: o.update(build="zzz"))), (),
                               "is not in the bundle"),
+    "a checkpoint of no run": (lambda m: _reseal({**m, "checkpoints/zzz/step-000002.pt": b"weights"}), (),
+                               "checkpoints/zzz/step-000002.pt: a checkpoint of no run in the bundle"),
     "a time that is not ISO": (lambda m: _reseal(_edit_json(m, _run_member(m),
                                                             lambda o: o.update(created_at="yesterday"))), (),
                                "'yesterday' is not an ISO time"),
