@@ -80,6 +80,13 @@ def test_export_import_gives_identical_report_rows(source, db_url):
         assert b.split_hash == json.loads(
             _cli("builds", "show", b.id, "--db", source["url"], "--json").stdout)["split_hash"]
 
+    def kept(url):
+        with session(open_store(url)) as s:
+            return s.scalars(select(BuildProblem.problem_id).where(BuildProblem.kept.is_(True))
+                             .order_by(BuildProblem.position)).all()
+
+    assert kept(db_url) == kept(source["url"]) and kept(db_url)          # the same split, kept
+
 
 def test_a_build_with_another_split_hash_refuses_the_bundle(source, tmp_path):
     url = f"sqlite:///{tmp_path / 't.db'}"
@@ -485,6 +492,7 @@ def test_members_are_canonical_json_in_plain_files_without_a_time(source, tmp_pa
     for name in ("a", "new/folder/b"):                     # a folder that does not exist yet is made
         manifest = export_runs(open_store(source["url"]), source["runs"], tmp_path / f"{name}.tar.gz")
         assert (manifest["format"], manifest["schema_version"]) == ("bench-run-bundle", 1)
+        assert "window_checkpoints" not in manifest                 # carried only when asked
         with tarfile.open(tmp_path / f"{name}.tar.gz") as tar:
             infos.append([(m.name, m.mode, m.mtime, m.uid, m.gid, m.type) for m in tar.getmembers()])
     assert infos[0] == infos[1] and all(mode == 0o644 and mtime == 0 for _, mode, mtime, *_ in infos[0])
@@ -532,21 +540,38 @@ def test_a_run_that_ended_failed_at_the_step_it_was_running_is_further_along(sou
     assert json.loads(r.stdout)["runs_updated"] == [name[len("runs/"):-len(".json")]]
     r = _cli("runs", "import", str(tmp_path / "running.tar.gz"), "--db", url, "--json")   # and never back
     assert name[len("runs/"):-len(".json")] in json.loads(r.stdout)["runs_present"]
+    with session(open_store(url)) as s:              # its calibration passed: failed, not miscalibrated
+        assert s.get(Run, name[len("runs/"):-len(".json")]).status == "failed"
 
 
-def test_a_stale_run_imported_twice_keeps_its_identity(source, tmp_path):
-    """A run with staleness K (its config's, copied to the column on insert) imports again as
-    the same run."""
+@pytest.mark.parametrize("config, staleness", [(lambda c: c.update(staleness=2), 2),
+                                               (lambda c: c.pop("staleness"), 0)])    # a run from before staleness
+def test_a_run_imported_twice_keeps_its_staleness_and_identity(source, tmp_path, config, staleness):
+    """A run with staleness K (its config's, copied to the column on insert; 0 where its config
+    has none) imports again as the same run."""
     url = f"sqlite:///{tmp_path / 't.db'}"
     members = _members(source["bundle"])
     name = _run_member(members)
-    _write(tmp_path / "stale.tar.gz", _reseal(_edit_json(members, name, lambda o: o["config"].update(staleness=2))))
+    _write(tmp_path / "stale.tar.gz", _reseal(_edit_json(members, name, lambda o: config(o["config"]))))
     assert _cli("runs", "import", str(tmp_path / "stale.tar.gz"), "--db", url).exit_code == 0
     r = _cli("runs", "import", str(tmp_path / "stale.tar.gz"), "--db", url, "--json")
     assert r.exit_code == 0, r.output
     assert name[len("runs/"):-len(".json")] in json.loads(r.stdout)["runs_present"]
     with session(open_store(url)) as s:
-        assert s.get(Run, name[len("runs/"):-len(".json")]).staleness == 2
+        assert s.get(Run, name[len("runs/"):-len(".json")]).staleness == staleness
+
+
+def test_a_run_without_a_calibration_imports(source, tmp_path):
+    """A run that recorded no step-0 calibration (verl's, or from before the gate) imports as it is."""
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    members = _members(source["bundle"])
+    name = _run_member(members)
+    _write(tmp_path / "nocal.tar.gz", _reseal(_edit_json(members, name, lambda o: o.update(calibration=None))))
+    r = _cli("runs", "import", str(tmp_path / "nocal.tar.gz"), "--db", url)
+    assert r.exit_code == 0, r.output
+    with session(open_store(url)) as s:
+        run = s.get(Run, name[len("runs/"):-len(".json")])
+        assert run.calibration is None and run.status == "max_steps"
 
 
 # ------------------------------------------------------------------ the messages' helpers
