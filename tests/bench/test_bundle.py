@@ -185,6 +185,9 @@ CASES = {
                               "is not in the bundle"),
     "a checkpoint of no run": (lambda m: _reseal({**m, "checkpoints/zzz/step-000002.pt": b"weights"}), (),
                                "checkpoints/zzz/step-000002.pt: a checkpoint of no run in the bundle"),
+    "an evaluation without its score": (lambda m: _reseal(_edit_json(m, _run_member(m),
+                                                                     lambda o: o["evals"][0].pop("score"))), (),
+                                        "evals[0] lacks score"),
     "a time that is not ISO": (lambda m: _reseal(_edit_json(m, _run_member(m),
                                                             lambda o: o.update(created_at="yesterday"))), (),
                                "'yesterday' is not an ISO time"),
@@ -528,7 +531,8 @@ def test_export_says_why_it_cannot_write(source, tmp_path):
 
 def test_a_run_that_ended_failed_at_the_step_it_was_running_is_further_along(source, tmp_path):
     """Same step, `running` in the store, `failed` (an error, Ctrl-C) in the bundle: the ended
-    copy updates the stored one."""
+    copy updates the stored one; a copy that reached a verdict or its budget there updates a
+    failed one."""
     url = f"sqlite:///{tmp_path / 't.db'}"
     members = _members(source["bundle"])
     name = _run_member(members)
@@ -542,6 +546,8 @@ def test_a_run_that_ended_failed_at_the_step_it_was_running_is_further_along(sou
     assert name[len("runs/"):-len(".json")] in json.loads(r.stdout)["runs_present"]
     with session(open_store(url)) as s:              # its calibration passed: failed, not miscalibrated
         assert s.get(Run, name[len("runs/"):-len(".json")]).status == "failed"
+    r = _cli("runs", "import", str(source["bundle"]), "--db", url, "--json")      # a run's end beats an error
+    assert json.loads(r.stdout)["runs_updated"] == [name[len("runs/"):-len(".json")]]
 
 
 @pytest.mark.parametrize("config, staleness", [(lambda c: c.update(staleness=2), 2),
@@ -622,3 +628,34 @@ def test_a_bundle_of_the_formats_first_version_imports(source, tmp_path):
     members = _edit_json(_members(source["bundle"]), "bundle.json", lambda o: o.update(schema_version=1))
     _write(tmp_path / "v1.tar.gz", members)
     assert _cli("runs", "import", str(tmp_path / "v1.tar.gz"), "--db", url).exit_code == 0
+
+
+def test_a_stored_build_without_its_split_hash_is_compared_by_its_kept_problems(source, tmp_path):
+    """A build stored by a bench from before the split-hash column: the store's side of the
+    comparison is computed from that build's kept problems, so the same split imports."""
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    assert _cli("runs", "import", str(source["bundle"]), "--db", url).exit_code == 0
+    with session(open_store(url)) as s:
+        s.scalars(select(Build)).one().split_hash = None
+        m = s.scalars(select(Model)).first()
+        s.add(Build(id="other", model_id=m.id, source="x", engine="torch", dtype="fp32", k=4, lo=0, hi=1, seed=0,
+                    settings_hash="h", status="complete", n_problems=1, n_kept=1))
+        s.flush()
+        s.add(BuildProblem(build_id="other", problem_id="q", position=0, problem="1+1", answer="2", n_samples=4,
+                           n_correct=2, accuracy=0.5, bucket="kept", kept=True))
+    r = _cli("runs", "import", str(source["bundle"]), "--db", url, "--json")
+    assert r.exit_code == 0, r.output
+    assert len(json.loads(r.stdout)["builds_present"]) == 1
+
+
+def test_a_run_whose_seed_is_not_recorded_reads_its_configs(source, tmp_path):
+    """A bundle run with no seed of its own (a bench from before the column): its config's seed is
+    its identity, as an insert fills the column."""
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    assert _cli("runs", "import", str(source["bundle"]), "--db", url).exit_code == 0
+    members = _members(source["bundle"])
+    edited = _reseal(_edit_json(members, _run_member(members), lambda o: o.update(seed=None)))
+    _write(tmp_path / "noseed.tar.gz", edited)
+    r = _cli("runs", "import", str(tmp_path / "noseed.tar.gz"), "--db", url, "--json")
+    assert r.exit_code == 0, r.output
+    assert len(json.loads(r.stdout)["runs_present"]) == 2
