@@ -188,6 +188,9 @@ CASES = {
     "an evaluation without its score": (lambda m: _reseal(_edit_json(m, _run_member(m),
                                                                      lambda o: o["evals"][0].pop("score"))), (),
                                         "evals[0] lacks score"),
+    "a kept problem without its answer": (lambda m: _reseal(_edit_json(m, _build_member(m),
+                                                                       lambda o: o["kept"][0].pop("answer"))), (),
+                                          "kept[0] lacks answer"),
     "a time that is not ISO": (lambda m: _reseal(_edit_json(m, _run_member(m),
                                                             lambda o: o.update(created_at="yesterday"))), (),
                                "'yesterday' is not an ISO time"),
@@ -659,3 +662,27 @@ def test_a_run_whose_seed_is_not_recorded_reads_its_configs(source, tmp_path):
     r = _cli("runs", "import", str(tmp_path / "noseed.tar.gz"), "--db", url, "--json")
     assert r.exit_code == 0, r.output
     assert len(json.loads(r.stdout)["runs_present"]) == 2
+
+
+@pytest.mark.parametrize("steps_to_target, needle", [(8, None), (6, "converged at step 8 but steps_to_target says 6")])
+def test_a_converged_run_reached_its_target_at_its_last_step(windowed, tmp_path, steps_to_target, needle):
+    """A run whose last three evaluations (steps 4, 6, 8) pass the bar converged at step 8: its
+    steps to target must say 8."""
+    from bench.bundle import export_runs
+
+    url, rid = windowed
+    export_runs(open_store(url), [rid], tmp_path / "b.tar.gz")
+
+    def converged(o):
+        for e in o["evals"]:
+            if e["benchmark"] == "split" and e["step"] >= 4:
+                e["score"] = 1.0
+        o.update(status="converged", steps_to_target=steps_to_target, peak_accuracy=1.0, final_accuracy=1.0)
+
+    members = _members(tmp_path / "b.tar.gz")
+    _write(tmp_path / "c.tar.gz", _reseal(_edit_json(members, f"runs/{rid}.json", converged)))
+    r = _cli("runs", "import", str(tmp_path / "c.tar.gz"), "--db", f"sqlite:///{tmp_path / 't.db'}")
+    if needle is None:
+        assert r.exit_code == 0, r.output
+    else:
+        assert r.exit_code == 2 and needle in " ".join(r.stderr.split()), r.output
