@@ -686,3 +686,21 @@ def test_a_converged_run_reached_its_target_at_its_last_step(windowed, tmp_path,
         assert r.exit_code == 0, r.output
     else:
         assert r.exit_code == 2 and needle in " ".join(r.stderr.split()), r.output
+
+
+def test_every_stored_run_of_a_bundle_is_checked_though_a_new_one_comes_first(source, tmp_path):
+    """The bundle's first run is new to the store, its second is stored and the bundle changes its
+    identity: refused, the new run not imported either."""
+    from bench.bundle import export_runs
+
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    first, second = source["runs"]
+    export_runs(open_store(source["url"]), [second], tmp_path / "second.tar.gz")
+    assert _cli("runs", "import", str(tmp_path / "second.tar.gz"), "--db", url).exit_code == 0
+    before = _counts(url)
+    edited = _reseal(_edit_json(_members(source["bundle"]), f"runs/{second}.json", lambda o: o.update(seed=7)))
+    _write(tmp_path / "edited.tar.gz", edited)
+    r = _cli("runs", "import", str(tmp_path / "edited.tar.gz"), "--db", url)
+    assert r.exit_code == 2 and f"run {second} exists in this store and the bundle changes its identity" in " ".join(
+        r.stderr.split()), r.output
+    assert _counts(url) == before
