@@ -50,7 +50,7 @@ MUTATED: dict[str, list[str]] = {
     "leaderboard/cells.py": ["tests/leaderboard/test_cell_helpers.py", "tests/leaderboard/test_seeds.py",
                              "tests/leaderboard/test_report_summary.py", "-m", "not integration"],
     "leaderboard/summary.py": ["tests/leaderboard/test_summary_helpers.py", "tests/leaderboard/test_report_summary.py"],
-    "bench/bundle.py": ["-m", "not postgres"],
+    "bench/bundle.py": ["tests/bench/test_bundle_export.py", "-m", "not postgres"],
     "bench/engines/torch_engine.py": ["tests/bench/engines/test_kv_cache.py",    # decoding, the cache, shared prefill
                                       # an MoE model's routes, recorded only when asked
                                       "tests/bench/test_moe.py::test_the_rollout_engine_records_a_route_for_every_"
