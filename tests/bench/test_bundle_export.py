@@ -168,3 +168,27 @@ def test_a_converged_run_reached_its_target_at_its_last_step(windowed, tmp_path,
         assert r.exit_code == 0, r.output
     else:
         assert r.exit_code == 2 and needle in " ".join(r.stderr.split()), r.output
+
+
+def test_a_bundle_of_two_builds_adds_the_new_one_after_a_present_one(source, windowed, tmp_path):
+    """Two stores' runs in one bundle (two builds): where the first build is already in the store,
+    the second is still added, with its run."""
+    from bench.bundle import export_runs
+
+    url, rid = windowed
+    export_runs(open_store(url), [rid], tmp_path / "w.tar.gz")
+    ours, theirs = _members(source["bundle"]), _members(tmp_path / "w.tar.gz")
+    manifest, extra = json.loads(ours["bundle.json"]), json.loads(theirs["bundle.json"])
+    for key in ("runs", "builds"):
+        manifest[key] += extra[key]
+    manifest["split_hashes"].update(extra["split_hashes"])
+    both = {**ours, **{n: d for n, d in theirs.items() if n != "bundle.json"},
+            "bundle.json": json.dumps(manifest).encode()}
+    _write(tmp_path / "both.tar.gz", _reseal(both))
+    target = f"sqlite:///{tmp_path / 't.db'}"
+    assert _cli("runs", "import", str(source["bundle"]), "--db", target).exit_code == 0
+    r = _cli("runs", "import", str(tmp_path / "both.tar.gz"), "--db", target, "--json")
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout)
+    assert (summary["builds_present"], summary["builds_added"], summary["runs_added"]) == (
+        manifest["builds"][:1], extra["builds"], [rid])
