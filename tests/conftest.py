@@ -118,6 +118,28 @@ def verl_python():
     return py
 
 
+def small_grpo_run(tmp, *run_args: str) -> tuple[str, str]:
+    """(store URL, run id): a store under `tmp` (BENCH_HOME beside it) holding a real 12-problem
+    tiny-math build (k 2, fp32, band [0, 1]) and one grpo fp32 run at 2 prompts × 2 on one thread,
+    with `run_args` (its steps, evaluations, checkpoints)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from bench.cli import app
+
+    url = f"sqlite:///{tmp / 'src.db'}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BENCH_HOME", str(tmp / "home"))
+        r = CliRunner().invoke(app, ["build", "--limit", "12", "--k", "2", "--engine", "torch", "--dtype", "fp32",
+                                     "--band", "0", "1", "--db", url, "--json"])
+        assert r.exit_code == 0, r.output
+        r = CliRunner().invoke(app, ["run", "--algo", "grpo", "--dtype", "fp32", *run_args, "--prompts-per-step", "2",
+                                     "--samples-per-prompt", "2", "--threads", "1", "--db", url, "--json"])
+        assert r.exit_code == 0, r.output
+    return url, json.loads(r.stdout)["id"]
+
+
 def store_at_revision(url: str, revision: str, build_id: str = "b1", dtype: str = "fp32"):
     """A store migrated only up to `revision`, holding model 1 and build `build_id` (written by
     raw SQL: the ORM classes describe the head schema). For migration tests: add the rows the

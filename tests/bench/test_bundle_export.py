@@ -6,13 +6,14 @@ read back from such a bundle: its steps to target must be its last step."""
 
 import hashlib
 import json
-import sqlite3
 import tarfile
+from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 
 from bench.store import Build, Run, open_store, session
+from conftest import small_grpo_run
 from test_bundle import _cli, _edit_json, _members, _reseal, _write, make_source
 
 pytestmark = pytest.mark.integration
@@ -27,18 +28,8 @@ def source(tmp_path_factory):
 def windowed(tmp_path_factory):
     """A run whose verdict's deciding window starts after step 0, its checkpoints kept: 8 steps,
     an evaluation every 2; its budget reads the last three (steps 4, 6, 8), so the window is 2:8."""
-    tmp = tmp_path_factory.mktemp("windowed")
-    url = f"sqlite:///{tmp / 'src.db'}"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("BENCH_HOME", str(tmp / "home"))
-        r = _cli("build", "--limit", "12", "--k", "2", "--engine", "torch", "--dtype", "fp32", "--band", "0", "1",
-                 "--db", url, "--json")
-        assert r.exit_code == 0, r.output
-        r = _cli("run", "--algo", "grpo", "--dtype", "fp32", "--max-steps", "8", "--eval-every", "2",
-                 "--checkpoint-every", "4", "--keep-checkpoints", "2", "--prompts-per-step", "2",
-                 "--samples-per-prompt", "2", "--threads", "1", "--db", url, "--json")
-        assert r.exit_code == 0, r.output
-    return url, json.loads(r.stdout)["id"]
+    return small_grpo_run(tmp_path_factory.mktemp("windowed"), "--max-steps", "8", "--eval-every", "2",
+                          "--checkpoint-every", "4", "--keep-checkpoints", "2")
 
 
 def test_a_bundle_carries_the_checkpoint_its_deciding_window_starts_from(windowed, tmp_path):
@@ -68,9 +59,10 @@ def test_a_bundle_carries_the_checkpoint_its_deciding_window_starts_from(windowe
 
 
 def _copy(url: str, path) -> str:
-    """A consistent copy of a SQLite store (SQLite's online backup: its WAL included)."""
-    with sqlite3.connect(url[len("sqlite:///"):]) as a, sqlite3.connect(path) as b:
-        a.backup(b)
+    """A consistent copy of a SQLite store (its WAL included), as the results repository makes one."""
+    from runners.results_repo import _copy_store
+
+    _copy_store(Path(url[len("sqlite:///"):]), path)
     return f"sqlite:///{path}"
 
 

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from bench.cli import app
 from bench.kernels import cpu_kernel_path
 from bench.store import Eval, Run, RunDigest, RunStep, RunVerification, open_store, session
+from conftest import small_grpo_run
 from runners import verify_compare as vc
 from runners.verify import kind_text, recorded_kind, same_kind
 
@@ -30,18 +31,9 @@ def _cli(*args, env=None):
 def source(tmp_path_factory):
     """A real 12-problem build and one real 3-step grpo fp32 run (evaluations at 0, 2, 3), exported."""
     tmp = tmp_path_factory.mktemp("verify")
-    url = f"sqlite:///{tmp / 'src.db'}"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("BENCH_HOME", str(tmp / "home"))
-        r = _cli("build", "--limit", "12", "--k", "2", "--engine", "torch", "--dtype", "fp32", "--band", "0", "1",
-                 "--db", url, "--json")
-        assert r.exit_code == 0, r.output
-        r = _cli("run", "--algo", "grpo", "--dtype", "fp32", "--max-steps", "3", "--eval-every", "2",
-                 "--prompts-per-step", "2", "--samples-per-prompt", "2", "--threads", "1", "--db", url, "--json")
-        assert r.exit_code == 0, r.output
-        run_id = json.loads(r.stdout)["id"]
-        bundle = tmp / "bundle.tar.gz"
-        assert _cli("runs", "export", run_id, "--out", str(bundle), "--db", url).exit_code == 0
+    url, run_id = small_grpo_run(tmp, "--max-steps", "3", "--eval-every", "2")
+    bundle = tmp / "bundle.tar.gz"
+    assert _cli("runs", "export", run_id, "--out", str(bundle), "--db", url).exit_code == 0
     return {"url": url, "run": run_id, "bundle": bundle, "tmp": tmp}
 
 

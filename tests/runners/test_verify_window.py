@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from bench.cli import app
 from bench.statedigest import check_chain, checkpoint_digest, genesis, kept_checkpoint, link
 from bench.store import Eval, Run, RunDigest, RunVerification, open_store, session
+from conftest import small_grpo_run
 
 pytestmark = pytest.mark.integration
 
@@ -28,19 +29,10 @@ def kept(tmp_path_factory):
     """A 12-problem build and a 6-step grpo fp32 run evaluated every 2 steps, its checkpoints kept
     at every evaluation, exported."""
     tmp = tmp_path_factory.mktemp("window")
-    url = f"sqlite:///{tmp / 'src.db'}"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("BENCH_HOME", str(tmp / "home"))
-        r = _cli("build", "--limit", "12", "--k", "2", "--engine", "torch", "--dtype", "fp32", "--band", "0", "1",
-                 "--db", url, "--json")
-        assert r.exit_code == 0, r.output
-        r = _cli("run", "--algo", "grpo", "--dtype", "fp32", "--max-steps", "6", "--eval-every", "2",
-                 "--checkpoint-every", "4", "--keep-checkpoints", "2", "--prompts-per-step", "2",
-                 "--samples-per-prompt", "2", "--threads", "1", "--db", url, "--json")
-        assert r.exit_code == 0, r.output
-        run_id = json.loads(r.stdout)["id"]
-        bundle = tmp / "bundle.tar.gz"
-        assert _cli("runs", "export", run_id, "--out", str(bundle), "--db", url).exit_code == 0
+    url, run_id = small_grpo_run(tmp, "--max-steps", "6", "--eval-every", "2", "--checkpoint-every", "4",
+                                 "--keep-checkpoints", "2")
+    bundle = tmp / "bundle.tar.gz"
+    assert _cli("runs", "export", run_id, "--out", str(bundle), "--db", url).exit_code == 0
     with session(open_store(url)) as s:
         ckpt_dir = s.get(Run, run_id).checkpoint_dir
     return {"url": url, "run": run_id, "bundle": bundle, "ckpt_dir": ckpt_dir, "tmp": tmp}
