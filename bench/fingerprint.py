@@ -21,8 +21,8 @@ Left out (`NOT_SETTINGS`), because they are not a choice of experiment:
 - verl: the verl job description (paths under the run's own directory, the command line);
 - bookkeeping and resources, which say where and how fast the same run is computed, not what
   it computes (as the device, which is not in the config either): checkpoint_every, keep_checkpoints, threads,
-  rollout_max_batch, gpu_memory_utilization, max_tokens_per_microbatch (the same optimizer
-  step up to float rounding), gradient_checkpointing (a recompute).
+  rollout_max_batch, gpu_memory_utilization, max_tokens_per_microbatch and group_by_length (the
+  same optimizer step up to float rounding), gradient_checkpointing (a recompute).
 
 A run stored before a setting existed has no key for it and so a fingerprint of its own (it ran
 other code); `bench.configdiff` shows what differs between two cells' configs.
@@ -34,7 +34,8 @@ import hashlib
 import json
 
 NOT_SETTINGS = ("seed", "staleness", "preset", "verl", "checkpoint_every", "keep_checkpoints", "threads",
-                "rollout_max_batch", "gpu_memory_utilization", "max_tokens_per_microbatch", "gradient_checkpointing")
+                "rollout_max_batch", "gpu_memory_utilization", "max_tokens_per_microbatch", "group_by_length",
+                "gradient_checkpointing")
 LENGTH = 12          # hex digits that key a cell
 SHOWN = 6            # hex digits a table shows
 

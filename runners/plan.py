@@ -93,8 +93,10 @@ def model_ref(m: Model) -> ModelRef:
 
 
 def config_from_dict(c: dict) -> RunConfig:
-    """The RunConfig stored with a run (asdict form) back as dataclasses."""
-    c = {k: v for k, v in c.items() if k not in ("preset", "verl")}
+    """The RunConfig stored with a run (asdict form) back as dataclasses. A run stored before
+    `group_by_length` existed ran each mini-batch as one padded batch: it resumes, extends and
+    re-verifies that way (False), whatever today's default."""
+    c = {"group_by_length": False, **{k: v for k, v in c.items() if k not in ("preset", "verl")}}
     return RunConfig(**{**c, "algo": AlgoConfig(**c["algo"]), "stop": stop_rules.StopConfig(**c["stop"]),
                         "benchmarks": [Benchmark(**b) for b in c["benchmarks"]]})
 

@@ -73,7 +73,13 @@ class RunConfig:
         None, help="Run each mini-batch's forward/backward (and the π_old and calibration forwards) in micro-batches "
         "of at most this many padded prompt+response tokens (rows × longest row), gradients summed into the one "
         "optimizer step: the same step up to float rounding; a longer sequence is a micro-batch of its own. "
-        "Unset: the whole mini-batch at once.", unit="tokens", ge=1)
+        "Unset: no budget (the rows grouped by length, or the whole mini-batch at once with --no-group-by-length).",
+        unit="tokens", ge=1)
+    group_by_length: bool = knob(
+        True, help="Sort each mini-batch's rows by length and cut them into the micro-batches that cost the "
+        "fewest padded tokens (plus a forward's fixed cost, within --max-tokens-per-microbatch when set): the "
+        "forward/backward skips most pad tokens (verl's dynamic batch size, TRL's group_by_length); the same step "
+        "up to float rounding. Off: the rows in their order, one micro-batch unless a budget cuts them.")
     gradient_checkpointing: bool = knob(
         False, help="Recompute each decoder layer's activations in backward: activation memory of one layer "
         "instead of all, about one more forward of compute.")

@@ -1,16 +1,18 @@
 """The training engine of the native trainer: fp32 master weights and AdamW state, a compute
 copy in the train format, dynamic loss scaling, all on one device; π log-probs and optimizer
-steps over a packed batch, in micro-batches of a token budget.
+steps over a packed batch, in micro-batches.
 
-Micro-batches (`RunConfig.max_tokens_per_microbatch`): the rows of a mini-batch, in their
-order, are cut greedily into parts whose padded size (rows × longest prompt+response) stays
-within the budget; each part is trimmed to its own widths, run forward and backward, and its
-loss weighted by its share of the sequences the loss averages over (every loss is a mean over
-sequences; GSPO's over those with at least one token: runners/algos.py `sequences_in_mean`),
-so the summed gradient is the whole mini-batch's. Gradients of a 16/8-bit compute copy are
-summed in fp32 into the master's. The logged loss and loss metrics are those of the whole
-mini-batch (the loss function once more on the detached log-probs: no model forward). With
-no budget the mini-batch is one forward/backward, exactly as before.
+Micro-batches: the rows of a mini-batch are cut into parts (runners/microbatches.py): by
+default sorted by length and grouped where a part's padding would cost more than a pass
+(`RunConfig.group_by_length`), within `max_tokens_per_microbatch` padded tokens (rows ×
+longest prompt+response) when set; each part is trimmed to its own widths, run forward and
+backward, and its loss weighted by its share of the sequences the loss averages over (every
+loss is a mean over sequences; GSPO's over those with at least one token: runners/algos.py
+`sequences_in_mean`), so the summed gradient is the whole mini-batch's up to float rounding.
+Gradients of a 16/8-bit compute copy are summed in fp32 into the master's. The logged loss and
+loss metrics are those of the whole mini-batch (the loss function once more on the detached
+log-probs: no model forward). When the cut is one part, the mini-batch is one forward/backward
+in its own order, exactly as with neither knob.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 from bench.model_formats import prepare_compute_model
 from bench.routes import routed
 
+from . import microbatches
 from .algos import LossInputs, sequences_in_mean
 from .logprobs import pack, response_logprobs, response_logprobs_entropy
 from .loss_scaler import LossScaler
@@ -96,23 +99,19 @@ class TrainingEngine:
                     pc.copy_(pm)
 
     def parts(self, rows: list[int], batch: Batch) -> list[list[int]]:
-        """`rows` cut in order into micro-batches of at most max_tokens_per_microbatch padded
-        tokens (one part when no budget is set)."""
+        """`rows` cut into micro-batches (runners/microbatches.py): grouped by length
+        (`group_by_length`, within max_tokens_per_microbatch padded tokens when set), else in
+        order within that budget (one part when no budget is set)."""
         budget = self.cfg.max_tokens_per_microbatch
-        if not budget:
-            return [rows]
-        length = batch.lengths if batch.trim else [batch.ids.shape[1]] * len(batch.lengths)
-        out, cur, width = [], [], 0
-        for i in rows:
-            w = max(width, length[i])
-            if cur and w * (len(cur) + 1) > budget:
-                out.append(cur)
-                cur, w = [], length[i]
-            cur.append(i)
-            width = w
-        if cur:
-            out.append(cur)
-        return out
+        if not batch.trim:
+            return microbatches.in_order([batch.ids.shape[1]] * len(batch.lengths), rows, budget)
+        if self.cfg.group_by_length:
+            return microbatches.by_length(batch.lengths, rows, budget)
+        return microbatches.in_order(batch.lengths, rows, budget)
+
+    def microbatched(self, batch: Batch) -> bool:
+        """Whether a forward over the whole of `batch` runs in more than one part."""
+        return len(self.parts(list(range(len(batch.lengths))), batch)) > 1
 
     @torch.no_grad()
     def logprobs(self, batch: Batch, model: torch.nn.Module | None = None) -> torch.Tensor:

@@ -350,7 +350,7 @@ class NativeTrainer:
         learner.sync_compute()
         k_eff = self.stale.effective
         routes = learner.routes = self._train_routes(batch, flat) if not k_eff else None
-        old = pi_old(learner, self.stale, batch, cfg.updates_per_batch, bool(cfg.max_tokens_per_microbatch))
+        old = pi_old(learner, self.stale, batch, cfg.updates_per_batch, learner.microbatched(batch))
         first, logp_old, fill_old, logp_cur = old.first, old.logp_old, old.fill_old, old.logp_cur
         adv = leave_one_out_advantages(rewards.view(-1, g)).view(-1).to(dev)
         x = LossInputs(None, logp_old, logp_rollout, mask, adv)  # type: ignore[arg-type]

@@ -38,9 +38,13 @@ def make_batch(n: int = 16, empty: bool = False, seed: int = 0, trim: bool = Tru
     return b
 
 
-def engine(tiny, algo: str, budget: int | None, fmt: str = "fp32", ckpt: bool = False) -> TrainingEngine:
+def engine(tiny, algo: str, budget: int | None, fmt: str = "fp32", ckpt: bool = False,
+           grouped: bool | None = None) -> TrainingEngine:
+    """No budget: the whole mini-batch as one padded pass (unless `grouped`); a budget: its rows
+    grouped by length within it (the default), or in order (`grouped=False`)."""
     cfg = get_preset("tiny")
     cfg.max_tokens_per_microbatch, cfg.gradient_checkpointing = budget, ckpt
+    cfg.group_by_length = budget is not None if grouped is None else grouped
     cfg.algo.max_len = 32
     return TrainingEngine(copy.deepcopy(tiny), fmt, cfg, get_loss(algo), algo)
 
@@ -107,6 +111,21 @@ def test_trimmed_micro_batches_are_exact_in_float64(tiny, algo):
     batch = make_batch(empty=algo == "gspo", dtype=torch.float64)
     (_, _, g_w, _), (_, _, g_m, _) = whole_and_micro(copy.deepcopy(tiny).double(), algo, 80, batch)
     assert_grads_close(g_m, g_w, 1e-10)
+
+
+@pytest.mark.parametrize("algo", list(REGISTRY))
+def test_rows_grouped_by_length_give_the_whole_batch_gradient(tiny, algo):
+    """The default (`group_by_length`, no budget): the rows sorted by length and cut where the
+    padding costs more than a pass; the gradient is the one padded batch's, exactly in float64
+    and within fp32's own rounding in fp32."""
+    for dtype, model, tol in ((torch.float64, copy.deepcopy(tiny).double(), 1e-10), (torch.float32, tiny, 1e-5)):
+        batch = make_batch(n=64, empty=algo == "gspo", seed=15, dtype=dtype)
+        whole, grouped = engine(model, algo, None), engine(model, algo, None, grouped=True)
+        x = inputs(whole, batch, seed=16)
+        idx = torch.randperm(64, generator=torch.Generator().manual_seed(17))
+        assert len(grouped.parts(idx.tolist(), batch)) >= 2
+        (_, _, g_w, _), (_, _, g_g, _) = grads(whole, x, idx, batch), grads(grouped, x, idx, batch)
+        assert rel_error(g_g, g_w) < tol
 
 
 @pytest.mark.parametrize("algo", ["pg-seq-is", "grpo", "gspo"])
@@ -206,12 +225,16 @@ def test_16_bit_micro_batches_are_as_close_to_fp32_as_the_whole_batch(tiny, fmt)
     assert rel_error(g_m, g_w) < 0.1
 
 
-def test_parts_respect_the_budget(tiny):
+@pytest.mark.parametrize("grouped", [False, True])
+def test_parts_respect_the_budget(tiny, grouped):
     batch = make_batch(seed=12)
-    eng = engine(tiny, "grpo", 50)
+    eng = engine(tiny, "grpo", 50, grouped=grouped)
     rows = list(range(16))[::-1]
     parts = eng.parts(rows, batch)
-    assert [r for p in parts for r in p] == rows                     # every row once, in order
+    if grouped:                                                      # every row once, shortest first
+        assert [r for p in parts for r in p] == sorted(rows, key=lambda r: (batch.lengths[r], r))
+    else:
+        assert [r for p in parts for r in p] == rows                 # every row once, in order
     for p in parts:
         cost = len(p) * max(batch.lengths[i] for i in p)
         assert cost <= 50 or len(p) == 1                             # a longer row stands alone

@@ -2,7 +2,7 @@
 new run before anything is written; `plan_of_run` gives a stored run's plan (resume, extend,
 verify)."""
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 import torch
@@ -14,7 +14,7 @@ from bench.precision import Precision
 from bench.store import Run, open_store, session
 from bench.store.schema import BuildProblem
 from conftest import add_model_and_build
-from runners.plan import RunError, RunPlan, plan_of_run, plan_run
+from runners.plan import RunError, RunPlan, config_from_dict, plan_of_run, plan_run
 from runners.presets import get_preset
 
 FP32 = Precision("fp32", "fp32")
@@ -91,3 +91,12 @@ def test_plan_of_run_reads_the_stored_run(store):
     assert (plan.algo, plan.precision, plan.build_id, plan.engine, plan.device, plan.preset) == (
         "gspo", Precision("fp16", "fp32"), "b0", "torch", "cpu", "paper")
     assert plan.cfg == cfg
+
+
+def test_a_stored_config_from_before_group_by_length_keeps_one_padded_batch():
+    """A run stored before `group_by_length` existed resumes and re-verifies with its old
+    arithmetic (one padded batch); a stored value is kept; a new run takes today's default."""
+    stored = asdict(get_preset("tiny"))
+    assert stored.pop("group_by_length") is True
+    assert config_from_dict(stored).group_by_length is False
+    assert config_from_dict({**stored, "group_by_length": True}).group_by_length is True
