@@ -69,8 +69,6 @@ def by_length(lengths: list[int], rows: list[int], budget: int | None,
         lo = max(0, i - max(1, budget // w)) if budget else 0
         best, arg = None, None
         for j in (lo, *starts[bisect.bisect_left(starts, lo + 1):bisect.bisect_left(starts, i - 1)], i - 1):
-            if j < lo:
-                continue
             c = cost[j] + (i - j) * w + pass_cost
             if best is None or c < best:
                 best, arg = c, j
