@@ -11,8 +11,8 @@ VENV=${BENCH_VENV:-.venv}
 # cache instead, inside the venv (PYTHONPYCACHEPREFIX: no __pycache__ beside any source file).
 if [ -n "${PYTHONDONTWRITEBYTECODE:-}" ]; then
   unset PYTHONDONTWRITEBYTECODE
-  export PYTHONPYCACHEPREFIX="$PWD/${VENV%/}/pycache"
-  case $VENV in /*) PYTHONPYCACHEPREFIX="${VENV%/}/pycache" ;; esac
+  case $VENV in /*) PYTHONPYCACHEPREFIX="${VENV%/}/pycache" ;; *) PYTHONPYCACHEPREFIX="$PWD/${VENV%/}/pycache" ;; esac
+  export PYTHONPYCACHEPREFIX
 fi
 
 say() { printf '\033[1m== %s\033[0m\n' "$*" >&2; }

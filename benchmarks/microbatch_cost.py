@@ -48,12 +48,11 @@ def padded(parts: list[list[int]], lengths: list[int]) -> int:
     return sum(len(p) * max(lengths[i] for i in p) for p in parts)
 
 
-def pass_cost(t: NativeTrainer, repeats: int = 5) -> tuple[float, float]:
+def pass_cost(t: NativeTrainer, batch, repeats: int = 5) -> tuple[float, float]:
     """(a, b) of seconds = a · padded tokens + b, fitted by least squares over forward +
-    backward passes of k = 1 … 64 rows of one step's batch of about its median length (the
+    backward passes of k = 1 … 64 rows of `batch` (a step's) of about its median length (the
     width near-constant, so b is the pass's cost that does not grow with its rows); the
     fastest of `repeats` each."""
-    _, batch, _ = t._rollouts(t._step_prompts(0), _sampling(t))
     order = sorted(range(len(batch.lengths)), key=lambda i: batch.lengths[i])
     mid = len(order) // 2
     xs, ys = [], []
@@ -91,7 +90,6 @@ def main() -> None:
     sides = {"grouped": trainer(problems, a.dtype, True, a.threads), "one batch": trainer(problems, a.dtype, False,
                                                                                          a.threads)}
     times = {k: [] for k in sides}
-    tokens = {k: [] for k in sides}
     passes = {k: [] for k in sides}
     for step in range(a.steps):
         for name, t in sides.items():
@@ -104,9 +102,8 @@ def main() -> None:
     g = sides["grouped"]
     _, batch, _ = g._rollouts(g._step_prompts(0), _sampling(g))
     rows = list(range(len(batch.lengths)))
-    for name, t in sides.items():
-        tokens[name] = padded(t.learner.parts(rows, batch), batch.lengths)
-    a_s, b_s = pass_cost(g)
+    tokens = {name: padded(t.learner.parts(rows, batch), batch.lengths) for name, t in sides.items()}
+    a_s, b_s = pass_cost(g, batch)
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"training forward + backward + AdamW, tiny-math pg-seq-is {a.dtype}, 64 × 8, {a.threads} thread(s), "
           f"median of {a.steps - 1} steps; CPU flags: {' '.join(cpu_16bit_flags()) or '-'}")
