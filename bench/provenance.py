@@ -54,9 +54,22 @@ def git_commit(path: Path | None = None) -> dict[str, str | bool | None]:
 
 
 def cpu_name() -> str:
+    """The CPU's model name, with its x86 family and model numbers where /proc/cpuinfo gives
+    them: a virtual machine often names only the vendor ("AMD EPYC" for a Zen 4 at family 25 and
+    a Zen 5 at family 26 alike), and the two run the same code at different speeds."""
     from .kernels import cpuinfo_field
 
-    return cpuinfo_field("model name") or platform.processor() or platform.machine()
+    name = cpuinfo_field("model name") or platform.processor() or platform.machine()
+    family, model = cpuinfo_field("cpu family"), cpuinfo_field("model\t")
+    return f"{name} (family {family}, model {model})" if family and model else name
+
+
+def cpu_summary() -> str:
+    """One line for a benchmark's printout: the CPU (cpu_name), its cores and the flags that
+    decide its 16-bit kernels (bench.kernels.cpu_16bit_flags)."""
+    from .kernels import cpu_16bit_flags
+
+    return f"{cpu_name()}, {os.cpu_count()} cores, 16-bit flags: {', '.join(cpu_16bit_flags()) or 'none'}"
 
 
 def device_facts(device: str = "cpu") -> dict:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Wall time of the README's main job (`./bench.sh demo`) on a fresh BENCH_HOME, against the
 # 300 s goal (issue 22) for build + offline mismatch + pg-seq-is with mxfp4 and fp16 rollouts (two jobs) +
-# the report, with the CPU's 16-bit flags beside it (they decide which kernels the formats run).
+# the report, with the CPU (model, family, cores) and its 16-bit flags beside it (they decide which kernels the formats run).
 #   bash benchmarks/demo.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,9 +11,9 @@ start=$(date +%s)
 ./bench.sh demo
 end=$(date +%s)
 wall=$((end - start))
-flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|avx512_bf16|avx512_fp16|amx_bf16|amx_fp16)$' | sort | tr '\n' ' ')
-python3 - "$wall" "$flags" <<'PY'
+cpu=$(.venv/bin/python -c "from bench.provenance import cpu_summary; print(cpu_summary())" 2>/dev/null || echo "-")
+python3 - "$wall" "$cpu" <<'PY'
 import sys
 w = int(sys.argv[1])
-print(f"demo wall time {w} s ({w / 60:.1f} min); goal 300 s → ratio {w / 300:.2f}; CPU flags: {sys.argv[2] or '-'}")
+print(f"demo wall time {w} s ({w / 60:.1f} min); goal 300 s → ratio {w / 300:.2f}; {sys.argv[2]}")
 PY

@@ -27,11 +27,11 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from bench import kernels, precision
+    from bench.provenance import cpu_summary
     from runners.offline_mismatch import step0_pairs
 
     pairs = precision.parse_list(args.pairs)
-    flags = kernels.cpu_16bit_flags()
-    print(f"CPU flags: {', '.join(flags) or 'none'}; kernel path (BENCH_CPU_16BIT): {kernels.cpu_kernel_path()}; "
+    print(f"{cpu_summary()}; kernel path (BENCH_CPU_16BIT): {kernels.cpu_kernel_path()}; "
           f"torch {torch.__version__}; {args.prompts} prompts x {args.n}")
     t = time.perf_counter()
     rows = step0_pairs(pairs, args.prompts, args.n)

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import time
 
-from bench import kernels
 from bench.engines import Sampling, make_engine
 from bench.grading import Grader, extract
+from bench.provenance import cpu_summary
 from bench.models import PLAIN_TEMPLATE, TINY_MATH_DIR
 from bench.synthetic import synthetic_examples
 
@@ -60,9 +59,8 @@ def main() -> None:
     t0 = time.perf_counter()
     n_plain = plain_loop(responses, golds)
     t_plain = time.perf_counter() - t0
-    flags = ", ".join(kernels.cpu_16bit_flags()) or "none"
     print(f"{len(responses)} responses ({a.problems} problems × {a.k}, {len(responses[0]):,} characters the first); "
-          f"{os.cpu_count()} cores, CPU 16-bit flags: {flags}")
+          f"{cpu_summary()}")
     print(f"  plain math-verify loop  {len(responses) / t_plain:8.1f} answers/s  ({n_plain} correct)")
     first = None
     for workers in [int(w) for w in a.workers.split(",")]:

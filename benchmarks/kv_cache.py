@@ -55,10 +55,9 @@ def main() -> None:
 
     from bench.engines.torch_engine import TorchEngine
     from bench.models import TINY_MATH_DIR
-    from bench.kernels import cpu_16bit_flags
+    from bench.provenance import cpu_summary
 
-    flags = cpu_16bit_flags()
-    print(f"CPU flags: {', '.join(flags) or 'none'}; torch {torch.__version__}; {args.threads} thread(s); "
+    print(f"{cpu_summary()}; torch {torch.__version__}; {args.threads} thread(s); "
           f"random Llama hidden {args.hidden}, {args.layers} layers, batch {args.batch}")
     prompts = [f"Q: Compute {i}+{2 * i}.\nA: " for i in range(args.batch)]
     with tempfile.TemporaryDirectory() as d:

@@ -56,6 +56,7 @@ def main() -> None:
     from bench.mismatch import mismatch_metrics
     from bench.models import load_model, load_tokenizer, render_prompt, resolve_model
     from bench.problems import SourceSpec, load_problems
+    from bench.provenance import cpu_summary
     from runners.train_engine import Batch
 
     ref = resolve_model("tiny-math")
@@ -63,8 +64,7 @@ def main() -> None:
     probs = load_problems(SourceSpec("synthetic", limit=args.prompts))
     prompts = [render_prompt(ref, tok, p.problem) for p in probs]
     pids = [tok.encode(p, add_special_tokens=False) for p in prompts]
-    flags = kernels.cpu_16bit_flags()
-    print(f"CPU 16-bit flags: {', '.join(flags) or 'none'}; torch {torch.__version__}; {args.threads} thread(s)")
+    print(f"{cpu_summary()}; torch {torch.__version__}; {args.threads} thread(s)")
     specs = args.formats.split(",")
     sp_warm, sp = Sampling(1.0, 1.0, 64, seed=1), Sampling(1.0, 1.0, 64, seed=2)
     cells = {}

@@ -23,10 +23,10 @@ import time
 
 import torch
 
-from bench.kernels import cpu_16bit_flags
 from bench.models import resolve_model
 from bench.precision import Precision
 from bench.problems import Problem
+from bench.provenance import cpu_summary
 from bench.store import open_store
 from bench.synthetic import synthetic_examples
 from runners.logprobs import response_logprobs
@@ -106,7 +106,7 @@ def main() -> None:
     a_s, b_s = pass_cost(g, batch)
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"training forward + backward + AdamW, tiny-math pg-seq-is {a.dtype}, 64 × 8, {a.threads} thread(s), "
-          f"median of {a.steps - 1} steps; CPU flags: {' '.join(cpu_16bit_flags()) or '-'}")
+          f"median of {a.steps - 1} steps; {cpu_summary()}")
     print(f"  real tokens of a step-0 batch: {sum(batch.lengths)}")
     for k in sides:
         print(f"  {k:9s}  {med[k]:6.3f} s/step  passes {statistics.median(passes[k]):.0f}  padded tokens {tokens[k]} "

@@ -28,8 +28,9 @@ import torch
 
 from bench.engines import Sampling, make_engine
 from bench.fused_projections import unfuse_projections
-from bench.kernels import cpu_16bit_flags, cpu_kernel_path
+from bench.kernels import cpu_kernel_path
 from bench.models import PLAIN_TEMPLATE, TINY_MATH_DIR
+from bench.provenance import cpu_summary
 from bench.synthetic import synthetic_examples
 
 
@@ -127,7 +128,7 @@ def main() -> None:
                 times[name].append(time.perf_counter() - t0)
             attention[name].append(spent[0])
     print(f"{len(prompts)} prompts × {a.n} samples, {a.dtype}, {a.threads} thread(s), batch {a.batch}, "
-          f"median of {a.repeats}; CPU flags: {' '.join(cpu_16bit_flags()) or '-'}; "
+          f"median of {a.repeats}; {cpu_summary()}; "
           f"16-bit kernels: {cpu_kernel_path()}")
     base = statistics.median(times["transformers generate()"])
     rest = {name: statistics.median(t - s for t, s in zip(times[name], attention[name])) for name in runs}

@@ -15,10 +15,10 @@ import time
 import torch
 
 from bench.grading import Grader
-from bench.kernels import cpu_16bit_flags
 from bench.models import PLAIN_TEMPLATE, TINY_MATH_DIR, resolve_model
 from bench.precision import Precision
 from bench.problems import Problem
+from bench.provenance import cpu_summary
 from bench.synthetic import synthetic_examples
 from bench.store import open_store
 from runners.presets import get_preset
@@ -110,7 +110,7 @@ def main() -> None:
     t_ours, phases = ours(problems, a.steps, a.threads)
     t_trl, t_gen = trl(problems, a.steps, a.threads)
     print(f"GRPO step, {B} prompts × {G} completions, ≤{MAX_NEW} tokens, fp32, "
-          f"{a.threads} thread(s), mean of {a.steps}; CPU flags: {' '.join(cpu_16bit_flags()) or '-'}")
+          f"{a.threads} thread(s), mean of {a.steps}; {cpu_summary()}")
     print(f"  bench native trainer  {t_ours:6.2f} s/step   rollout {phases['time_rollout']:.2f} s, "
           f"grading + forward {phases['time_scoring']:.2f} s, backward + AdamW + sync {phases['time_update']:.2f} s")
     print(f"  TRL GRPOTrainer       {t_trl:6.2f} s/step   generate() {t_gen:.2f} s, the rest {t_trl - t_gen:.2f} s")

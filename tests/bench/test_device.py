@@ -160,3 +160,22 @@ def test_cpu_detection_without_an_x86_flag_list():
     m1 = {"hw.optional.arm.FEAT_BF16": "0", "hw.optional.arm.FEAT_FP16": "1"}
     assert native_16bit(cpu_features(None, None, m1.get)) == {"fp16"}
     assert native_16bit(cpu_features(None, None, lambda key: None)) == frozenset()      # nothing to read
+
+
+def test_cpu_name_carries_the_x86_family_and_model(monkeypatch):
+    """A virtual machine's model name may be the vendor's alone ("AMD EPYC" for a Zen 4 and a
+    Zen 5 alike): the family and model numbers tell the two apart in provenance and in every
+    benchmark's printout; an Arm /proc/cpuinfo (no family line) keeps the name as it is."""
+    from bench import kernels
+    from bench.provenance import cpu_name, cpu_summary
+
+    zen5 = {"model name": "AMD EPYC", "cpu family": "26", "model\t": "2", "flags": "avx2 avx512_bf16"}
+    monkeypatch.setattr(kernels, "cpuinfo_field", zen5.get)
+    monkeypatch.delenv("BENCH_CPU_16BIT", raising=False)
+    assert cpu_name() == "AMD EPYC (family 26, model 2)"
+    assert cpu_summary().startswith("AMD EPYC (family 26, model 2), ") and cpu_summary().endswith(
+        " cores, 16-bit flags: avx2, avx512_bf16")
+    arm = {"model name": "Neoverse-V1", "Features": "fp asimd bf16"}
+    monkeypatch.setattr(kernels, "cpuinfo_field", arm.get)
+    assert cpu_name() == "Neoverse-V1"
+    assert cpu_summary().endswith("16-bit flags: bf16")
