@@ -25,17 +25,31 @@ pkg_install() {
     || { say "uv could not install $*: pip instead"; "$py" -m pip install -q "$@"; }
 }
 
-# base_venv DIR: a venv at DIR with torch==2.13.0 and uv. Torch first, pinned, by pip: an unpinned
-# torch would pull a multi-GB CUDA build, and pip takes a CPU wheel the machine holds. The rest is
-# uv's work (pkg_install): the same versions pip resolves (checked package for package), ~10x
-# sooner (bench's dependencies: 8 s against pip's 98 s); the torch installed here satisfies every
-# requirement on it, so uv keeps it.
+# base_venv DIR: a venv at DIR with uv and torch==2.13.0. Torch first, pinned: an unpinned torch
+# would pull a multi-GB CUDA build. The rest is uv's work (pkg_install): the same versions pip
+# resolves (checked package for package), ~10x sooner (bench's dependencies: 8 s against pip's
+# 98 s); the torch installed here satisfies every requirement on it, so uv keeps it.
 base_venv() {
   local v=$1
   [ -x "$v/bin/python" ] || { say "creating $v"; python3 -m venv "$v"; }
-  "$v/bin/python" -c "import torch" 2>/dev/null \
-    || { say "installing torch==2.13.0 into $v"; "$v/bin/python" -m pip install -q torch==2.13.0; }
   [ -x "$v/bin/uv" ] || "$v/bin/python" -m pip install -q uv
+  "$v/bin/python" -c "import torch" 2>/dev/null || { say "installing torch==2.13.0 into $v"; torch_install "$v/bin/python"; }
+}
+
+# torch_install PY: torch==2.13.0 into PY's environment. Where pip's find-links (its config or
+# PIP_FIND_LINKS) hold a torch 2.13.0 wheel (a machine's own CPU build), uv installs that file
+# (2.4 s against pip's 13.9 s; uv does not read pip's configuration, so the file is named);
+# anywhere else pip resolves it, as it always did.
+torch_install() {
+  local py=$1 links dir wheel=""
+  links=${PIP_FIND_LINKS:-$("$py" -m pip config get global.find-links 2>/dev/null || true)}
+  for dir in $links; do
+    wheel=$(ls "${dir#file://}"/torch-2.13.0[+-]*.whl 2>/dev/null | head -1) && [ -n "$wheel" ] && break
+  done
+  if [ -n "$wheel" ] && "$(dirname "$py")/uv" pip install --python "$py" -q "$wheel"; then
+    return
+  fi
+  "$py" -m pip install -q torch==2.13.0
 }
 
 setup() {
