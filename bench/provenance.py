@@ -60,7 +60,7 @@ def cpu_name() -> str:
     from .kernels import cpuinfo_field
 
     name = cpuinfo_field("model name") or platform.processor() or platform.machine()
-    family, model = cpuinfo_field("cpu family"), cpuinfo_field("model\t")
+    family, model = cpuinfo_field("cpu family"), cpuinfo_field("model\t")    # "model\t:", not "model name"
     return f"{name} (family {family}, model {model})" if family and model else name
 
 
