@@ -37,18 +37,20 @@ base_venv() {
 }
 
 # torch_install PY: torch==2.13.0 into PY's environment. Where pip's find-links (its config or
-# PIP_FIND_LINKS) hold a torch 2.13.0 wheel (a machine's own CPU build), uv installs that file
-# (2.4 s against pip's 13.9 s; uv does not read pip's configuration, so the file is named);
-# anywhere else pip resolves it, as it always did.
+# PIP_FIND_LINKS) hold the CPU build of torch 2.13.0 for PY's Python and this machine (a wheel
+# the machine keeps), uv installs that file (2.4 s against pip's 13.9 s; uv does not read pip's
+# configuration, so the file is named); anywhere else pip resolves it, as it always did.
 torch_install() {
-  local py=$1 links dir wheel=""
+  local py=$1 links dir tag wheel=""
   links=${PIP_FIND_LINKS:-$("$py" -m pip config get global.find-links 2>/dev/null || true)}
+  tag=$("$py" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
   for dir in $links; do
-    wheel=$(ls "${dir#file://}"/torch-2.13.0[+-]*.whl 2>/dev/null | head -1) && [ -n "$wheel" ] && break
+    wheel=$(compgen -G "${dir#file://}/torch-2.13.0+cpu-$tag-$tag-*_$(uname -m).whl" | head -1) && [ -n "$wheel" ] && break
   done
   if [ -n "$wheel" ] && "$(dirname "$py")/uv" pip install --python "$py" -q "$wheel"; then
     return
   fi
+  [ -z "$wheel" ] || say "uv could not install $wheel: pip instead"
   "$py" -m pip install -q torch==2.13.0
 }
 

@@ -11,7 +11,7 @@ start=$(date +%s)
 ./bench.sh demo
 end=$(date +%s)
 wall=$((end - start))
-cpu=$(.venv/bin/python -c "from bench.provenance import cpu_summary; print(cpu_summary())" 2>/dev/null || echo "-")
+cpu=$("${BENCH_VENV:-.venv}/bin/python" -c "from bench.provenance import cpu_summary; print(cpu_summary())" 2>/dev/null || echo "-")
 python3 - "$wall" "$cpu" <<'PY'
 import sys
 w = int(sys.argv[1])

@@ -18,8 +18,8 @@ import time
 
 from bench.engines import Sampling, make_engine
 from bench.grading import Grader, extract
-from bench.provenance import cpu_summary
 from bench.models import PLAIN_TEMPLATE, TINY_MATH_DIR
+from bench.provenance import cpu_summary
 from bench.synthetic import synthetic_examples
 
 
