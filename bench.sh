@@ -38,8 +38,8 @@ base_venv() {
 
 # torch_install PY: torch==2.13.0 into PY's environment. Where pip's find-links (its config or
 # PIP_FIND_LINKS) hold the CPU build of torch 2.13.0 for PY's Python and this machine (a wheel
-# the machine keeps), uv installs that file (2.4 s against pip's 13.9 s; uv does not read pip's
-# configuration, so the file is named); anywhere else pip resolves it, as it always did.
+# the machine keeps), that file by pkg_install (uv: 2.4 s against pip's 13.9 s; uv does not read
+# pip's configuration, so the file is named); anywhere else pip resolves it, as it always did.
 torch_install() {
   local py=$1 links dir tag wheel=""
   links=${PIP_FIND_LINKS:-$("$py" -m pip config get global.find-links 2>/dev/null || true)}
@@ -47,11 +47,7 @@ torch_install() {
   for dir in $links; do
     wheel=$(compgen -G "${dir#file://}/torch-2.13.0+cpu-$tag-$tag-*_$(uname -m).whl" | head -1) && [ -n "$wheel" ] && break
   done
-  if [ -n "$wheel" ] && "$(dirname "$py")/uv" pip install --python "$py" -q "$wheel"; then
-    return
-  fi
-  [ -z "$wheel" ] || say "uv could not install $wheel: pip instead"
-  "$py" -m pip install -q torch==2.13.0
+  if [ -n "$wheel" ]; then pkg_install "$py" "$wheel"; else "$py" -m pip install -q torch==2.13.0; fi
 }
 
 setup() {
