@@ -51,7 +51,7 @@ from bench.problem_ids import split_hash
 from bench import verdicts
 from bench.statuses import CONVERGED, FAILED, MISCALIBRATED, RUNNING
 from bench.signing import SIGNATURE
-from bench.statedigest import check_chain, kept_checkpoint
+from bench.statedigest import SCHEMES, check_chain, kept_checkpoint
 from bench.store import Build, BuildProblem, Eval, Model, Run, RunDigest, RunStep, get_or_create_model, session
 
 FORMAT = "bench-run-bundle"
@@ -103,7 +103,7 @@ def _run_record(s, r: Run, shash: str) -> dict:
             "steps": [{"step": x.step, "metrics": x.metrics, "created_at": _iso(x.created_at),
                        **{c: getattr(x, c) for c in RunStep.COLUMNS}} for x in steps],
             "evals": [{"step": e.step, "benchmark": e.benchmark, "n": e.n, "score": e.score} for e in evals],
-            "digests": [{"step": d.step, "digest": d.digest, "chain": d.chain} for d in digests]}
+            "digests": [{"step": d.step, "digest": d.digest, "chain": d.chain, "scheme": d.scheme} for d in digests]}
 
 
 def _file_sha256(path: Path) -> str:
@@ -320,7 +320,10 @@ def read_bundle(path: Path) -> tuple[dict, dict[str, dict], dict[str, dict]]:
             _need(isinstance(digests, list), f"{name}: digests is not a list")
             for i, d in enumerate(digests):
                 _check_fields(d, DIGEST_FIELDS, f"{name}: digests[{i}]")
-            broken = check_chain(ident, [(d["step"], d["digest"], d["chain"]) for d in digests])
+                d.setdefault("scheme", 1)                  # bundles from before digest schemes: scheme 1
+                _need(d["scheme"] in SCHEMES and not isinstance(d["scheme"], bool),
+                      f"{name}: digests[{i}]: scheme {d['scheme']!r} is not one of {SCHEMES}")
+            broken = check_chain(ident, [(d["step"], d["digest"], d["chain"], d["scheme"]) for d in digests])
             _need(broken is None, f"{name}: its state digests do not chain ({broken})")
             _time(obj["created_at"], name), _time(obj["updated_at"], name)
             runs[ident] = obj
@@ -436,9 +439,9 @@ def _not_a_continuation(s, bundle_run: dict, local: Run) -> str | None:
         if x is None or (x["n"], x["score"]) != (e.n, e.score):
             got = "none" if x is None else f"avg@{x['n']} {x['score']!r}"
             return f"evaluation {e.benchmark} at step {e.step}: stored avg@{e.n} {e.score!r}, bundle {got}"
-    digests = {d["step"]: d["digest"] for d in r["digests"]}
+    digests = {d["step"]: (d["digest"], d["scheme"]) for d in r["digests"]}
     for d in s.scalars(select(RunDigest).where(RunDigest.run_id == local.id).order_by(RunDigest.step)):
-        if digests.get(d.step) != d.digest:
+        if digests.get(d.step) != (d.digest, d.scheme):
             return f"its state digest at step {d.step} differs"
     if local.calibration is not None and r["calibration"] != local.calibration:
         return "its step-0 calibration differs"
@@ -537,6 +540,6 @@ def _write(engine, builds: dict, runs: dict) -> dict:
                               **{c: x[c] for c in RunStep.COLUMNS}) for x in r["steps"])
             s.add_all(Eval(run_id=rid, step=e["step"], benchmark=e["benchmark"], n=e["n"], score=e["score"])
                       for e in r["evals"])
-            s.add_all(RunDigest(run_id=rid, step=d["step"], digest=d["digest"], chain=d["chain"])
+            s.add_all(RunDigest(run_id=rid, step=d["step"], digest=d["digest"], chain=d["chain"], scheme=d["scheme"])
                       for d in r["digests"])
     return summary

@@ -44,6 +44,14 @@ def _covers(start: int, end: int, window: tuple[int, int]) -> bool:
     return start <= a and end >= b
 
 
+def _digests(v: dict) -> str:
+    """", state digests not comparable (scheme 1)" where the re-run could not compare the run's
+    state digests (a run stored before digest scheme 2: bench/statedigest.py), else "". Its
+    metrics and evaluations were still compared, bit for bit; the level stands."""
+    note = v.get("digests")
+    return f", state digests {note}" if isinstance(note, str) and note.startswith("not comparable") else ""
+
+
 def level(run_step: int, window: tuple[int, int] | None, verifications: list[dict]) -> Level:
     """The level of a run of `run_step` steps whose verdict's deciding window is `window` (None:
     no verdict yet, so only a full re-run counts as more than partial), given its verifications
@@ -57,9 +65,9 @@ def level(run_step: int, window: tuple[int, int] | None, verifications: list[dic
     for v in verifications:
         start, end = int(v.get("window_start") or 0), int(v["steps"])
         if start == 0 and end >= run_step:
-            cand = Level(FULLY, f"fully re-run ({run_step} steps)", True)
+            cand = Level(FULLY, f"fully re-run ({run_step} steps{_digests(v)})", True)
         elif window is not None and _covers(start, end, window):
-            cand = Level(WINDOW, f"deciding window re-run (steps {start + 1}–{end} of {run_step})", True)
+            cand = Level(WINDOW, f"deciding window re-run (steps {start + 1}–{end} of {run_step}{_digests(v)})", True)
         elif start == 0:
             cand = Level(PARTLY, f"first {end} of {run_step} steps re-run", False)
         else:

@@ -214,7 +214,7 @@ def build_problems(engine: Engine, build_id: str) -> pd.DataFrame:
 
 
 VERIFICATION_COLUMNS = ["run", "created_at", "device", "device_name", "cpu_16bit", "steps", "compared", "differences",
-                        "verdict", "tolerance", "first_difference", "bench_commit", "window_start"]
+                        "verdict", "tolerance", "first_difference", "bench_commit", "window_start", "digests"]
 
 
 def verifications_frame(engine: Engine, run_ids: list[str] | None = None) -> pd.DataFrame:

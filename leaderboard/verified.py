@@ -43,4 +43,11 @@ def run_text(v: dict | None) -> str:
         return f"verify FAILED at step {d.get('step', '?')} ({d.get('metric', '?')}{elsewhere})"
     if v["verdict"] == "within-tolerance":
         return f"verified {steps} steps within {v.get('tolerance')}"
-    return f"verified {steps} steps, bit-identical"
+    return f"verified {steps} steps, bit-identical" + digests_text(v)
+
+
+def digests_text(v: dict) -> str:
+    """"; state digests not comparable (scheme 1)" where a bit-identical re-run could not compare
+    the run's state digests (runners/verify_compare.py), else ""."""
+    note = v.get("digests")
+    return f"; state digests {note}" if isinstance(note, str) and note.startswith("not comparable") else ""

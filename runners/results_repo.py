@@ -138,7 +138,7 @@ def _record_verifications(store, rows: list[dict]) -> None:
 
 
 VERIFICATION_FIELDS = ("window_start", "steps", "verdict", "compared", "differences", "first_difference", "device",
-                       "device_name", "cpu_16bit", "tolerance", "bench_commit")
+                       "device_name", "cpu_16bit", "tolerance", "bench_commit", "digests")
 
 
 def _copy_store(src: Path, dst: Path) -> None:

@@ -208,10 +208,12 @@ class NativeTrainer:
 
     def training_state(self) -> dict:
         """What a checkpoint restores and a state digest covers (bench/statedigest.py): the fp32
-        master, the optimizer, the loss scaler, both RNGs and the staleness queue."""
+        master, the optimizer, the loss scaler and the staleness queue — each a function of the
+        run's settings and seed. No process-wide RNG state: bench draws from none (its sampling,
+        prompt order and batch order use generators seeded from the run's seed), and torch's and
+        Python's are seeded by the OS at each start (digest scheme 1 hashed them)."""
         state = {"model": self.learner.master.state_dict(), "optimizer": self.learner.opt.state_dict(),
-                 "scaler": self.learner.scaler.state_dict(), "rng_torch": torch.get_rng_state(),
-                 "rng_python": random.getstate()}
+                 "scaler": self.learner.scaler.state_dict()}
         if self.cfg.staleness:
             state["staleness"] = self.stale.state()
         return state
@@ -237,8 +239,9 @@ class NativeTrainer:
         with session(self.store) as s:
             prev = s.scalars(select(RunDigest.chain).where(RunDigest.run_id == self.run_id, RunDigest.step < self.step)
                              .order_by(RunDigest.step.desc()).limit(1)).first()
-            s.merge(RunDigest(run_id=self.run_id, step=self.step, digest=digest,
-                              chain=statedigest.link(prev or statedigest.genesis(self.run_id), self.step, digest)))
+            s.merge(RunDigest(run_id=self.run_id, step=self.step, digest=digest, scheme=statedigest.SCHEME,
+                              chain=statedigest.link(prev or statedigest.genesis(self.run_id), self.step, digest,
+                                                     statedigest.SCHEME)))
 
     def load_checkpoint(self) -> None:
         """Restore from the last checkpoint (or the start) and drop later steps from the store (the
@@ -253,8 +256,6 @@ class NativeTrainer:
                 setattr(self.learner.scaler, k, v)
             self.stop_state = stop_rules.StopState.from_dict(state["stop"])
             self.step, self.wall = state["step"], state["wall"]
-            torch.set_rng_state(state["rng_torch"])
-            random.setstate(state["rng_python"])
             self.stale.load_state(state.get("staleness", []))
             self.learner.sync_compute()
             self.engine.update_weights(self.stale.rollout_weights(self.learner.master))

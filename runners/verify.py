@@ -52,8 +52,6 @@ from .plan import RunError, RunPlan, config_from_dict, load_split, model_ref, re
 from .runs import _train
 
 DEFAULT_STEPS = 3
-# what the trainer's checkpoint holds (runners/trainer.py save_checkpoint)
-CHECKPOINT_KEYS = frozenset({"step", "wall", "stop", "model", "optimizer", "scaler", "rng_torch", "rng_python"})
 
 
 class VerifyError(BenchError, ValueError):
@@ -113,7 +111,7 @@ def _window(s, run_id: str, last_step: int, calibration: dict | None) -> vc.Wind
                      steps={x.step: vc.step_values({c: getattr(x, c) for c in RunStep.COLUMNS}, x.metrics)
                             for x in steps},
                      evals={(e.step, e.benchmark): (e.n, e.score) for e in evals},
-                     digests={d.step: d.digest for d in digests})
+                     digests={d.step: d.digest for d in digests}, schemes={d.step: d.scheme for d in digests})
 
 
 def parse_window(text: str) -> tuple[int, int]:
@@ -127,14 +125,14 @@ def parse_window(text: str) -> tuple[int, int]:
 def _kept(s, run: Run, start: int, checkpoint: Path | None) -> Path:
     """The checkpoint of step `start` (kept by the run, or given), checked against the run's
     state digest there; VerifyError when there is none or it is not the run's state."""
-    from bench.statedigest import check_chain, checkpoint_digest, kept_checkpoint
+    from bench.statedigest import check_chain, checkpoint_digest, checkpoint_keys, kept_checkpoint
 
     row = s.get(RunDigest, (run.id, start))
     if row is None:
         raise VerifyError(f"run {run.id} recorded no state digest at step {start}: a window starts at 0 or at one of "
                           "its evaluation steps (runs from before state digests can only be re-run from step 0)")
-    chain = [(d.step, d.digest, d.chain) for d in s.scalars(select(RunDigest).where(RunDigest.run_id == run.id)
-                                                            .order_by(RunDigest.step))]
+    rows = s.scalars(select(RunDigest).where(RunDigest.run_id == run.id).order_by(RunDigest.step))
+    chain = [(d.step, d.digest, d.chain, d.scheme) for d in rows]
     broken = check_chain(run.id, chain)
     if broken:
         raise VerifyError(f"run {run.id}'s state digests do not chain ({broken}): its record was edited")
@@ -150,9 +148,10 @@ def _kept(s, run: Run, start: int, checkpoint: Path | None) -> Path:
     except Exception as e:
         raise VerifyError(f"{path} is not a checkpoint bench loads (tensors, numbers and containers only): "
                           f"{str(e).splitlines()[0][:200]}") from None
-    if not isinstance(state, dict) or not CHECKPOINT_KEYS <= set(state):
-        raise VerifyError(f"{path} is not a bench checkpoint (it needs {', '.join(sorted(CHECKPOINT_KEYS))})")
-    digest = checkpoint_digest(state)
+    needed = checkpoint_keys(row.scheme)        # a checkpoint of a scheme-1 run also holds the RNG states it hashed
+    if not isinstance(state, dict) or not needed <= set(state):
+        raise VerifyError(f"{path} is not a bench checkpoint (it needs {', '.join(sorted(needed))})")
+    digest = checkpoint_digest(state, row.scheme)
     if state.get("step") != start or digest != row.digest:
         raise VerifyError(f"{path} is not run {run.id}'s state at step {start}: its state digest {digest[:12]}… "
                           f"(step {state.get('step')}) is not the recorded {row.digest[:12]}…")
@@ -329,7 +328,8 @@ def run_verification(store, plan: Plan, progress=None) -> dict:
         v = RunVerification(run_id=plan.run.id, device=plan.here["device"], device_name=plan.here["device_name"],
                             cpu_16bit=plan.here["cpu_16bit"], steps=plan.last_step, compared=result["compared"],
                             differences=result["differences"], verdict=result["verdict"], tolerance=text,
-                            first_difference=first, bench_commit=plan.bench_here, window_start=plan.start)
+                            first_difference=first, bench_commit=plan.bench_here, window_start=plan.start,
+                            digests=result["digests"])
         s.add(v)
         s.flush()
         vid, when = v.id, v.created_at

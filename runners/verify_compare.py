@@ -8,7 +8,12 @@ number must lie within TOLERANCE (math.isclose: |a − b| ≤ max(rel·max(|a|, 
 another GEMM kernel or reduction order moves the last bits. The metrics that time the machine
 (bench/machine_metrics.py) are left out: a re-run gives them new values whatever else holds.
 Metrics or calibration fields only the re-run has (a newer bench logs more) are not compared;
-a stored value the re-run lacks, or an evaluation only one side has, is a difference."""
+a stored value the re-run lacks, or an evaluation only one side has, is a difference.
+
+A state digest is compared only with one of its own scheme (bench/statedigest.py): a run stored
+before scheme 2 hashed the process-wide RNG states, which no re-run repeats, so its digests are
+left out of the comparison and the result says so ("not comparable (scheme 1)") instead of
+calling an otherwise identical re-run different."""
 
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ class Window:
     steps: dict[int, dict] = field(default_factory=dict)
     evals: dict[tuple[int, str], tuple[int, float]] = field(default_factory=dict)
     digests: dict[int, str] = field(default_factory=dict)    # step → state digest (bench/statedigest.py)
+    schemes: dict[int, int] = field(default_factory=dict)    # step → its digest's scheme (absent: the current)
 
 
 def step_values(columns: dict, metrics: dict | None) -> dict:
@@ -93,15 +99,40 @@ def _name(key: tuple) -> str:
     return "step" if key[1] == 1 else key[2]
 
 
+def comparable_digests(stored: Window, replayed: Window) -> tuple[Window, Window, str | None]:
+    """Both windows with the digests of the steps whose schemes differ left out, and what was
+    left out in words (None: nothing). A step's scheme defaults to the current one."""
+    from dataclasses import replace
+
+    from bench.statedigest import SCHEME
+
+    def scheme(w: Window, step: int) -> int:
+        return w.schemes.get(step, SCHEME)
+
+    apart = {step for step in stored.digests
+             if step in replayed.digests and scheme(stored, step) != scheme(replayed, step)}
+    if not apart:
+        return stored, replayed, None
+    old = sorted({scheme(stored, step) for step in apart})
+    keep = [(w, {k: v for k, v in w.digests.items() if k not in apart}) for w in (stored, replayed)]
+    note = f"not comparable (scheme {', '.join(map(str, old))})"
+    return replace(keep[0][0], digests=keep[0][1]), replace(keep[1][0], digests=keep[1][1]), note
+
+
 def compare(stored: Window, replayed: Window, last_step: int, tolerance: dict | None, start: int = 0) -> dict:
-    """{"compared", "differences", "exact_differences", "first_difference", "verdict"} over the
-    window (`flatten`). `tolerance` None: bit-identical required (the recorded device and CPU
-    kind), state digests included; else numbers within it pass (`exact_differences` counts
+    """{"compared", "differences", "exact_differences", "first_difference", "verdict", "digests"}
+    over the window (`flatten`); "digests" says which state digests were not compared and why
+    (`comparable_digests`; None: every one in the window was). `tolerance` None: bit-identical
+    required (the recorded device and CPU kind), state digests included; else numbers within it
+    pass (`exact_differences` counts
     those that differ at all) and digests, which only an identical state repeats, are not
     compared. Compared: every stored value, and every step and evaluation either side has;
     metrics, calibration fields and digests only the re-run logs (a run stored before they were)
     are not."""
     exact_state = tolerance is None
+    stored, replayed, note = comparable_digests(stored, replayed)
+    if not exact_state:
+        note = "not compared (another device or CPU kind)"
     a_all, b_all = flatten(stored, last_step, start, exact_state), flatten(replayed, last_step, start, exact_state)
     keys = set(a_all) | {k for k in b_all if k[1] in (1, 4, 5)}        # a digest only the re-run has: a newer bench
     compared = differences = exact = 0
@@ -118,4 +149,4 @@ def compare(stored: Window, replayed: Window, last_step: int, tolerance: dict | 
                 first = {"step": key[0], "metric": _name(key), "stored": a, "replayed": b}
     verdict = DIFFERS if differences else (WITHIN_TOLERANCE if exact else BIT_IDENTICAL)
     return {"compared": compared, "differences": differences, "exact_differences": exact,
-            "first_difference": first, "verdict": verdict}
+            "first_difference": first, "verdict": verdict, "digests": note}

@@ -167,7 +167,10 @@ def _verify_text(r: dict) -> str:
     if r["verdict"] == "within-tolerance":
         return head + (f"verified {r['steps']} steps within tolerance ({r['exact_differences']} values differ in "
                        "their last digits)")
-    return head + f"verified {r['steps']} steps, bit-identical"
+    note = r.get("digests")
+    return head + f"verified {r['steps']} steps, bit-identical" + (
+        f" (state digests {note}: the run was stored before digest scheme 2, whose digests a re-run can match; "
+        "every metric and evaluation was compared)" if note and note.startswith("not comparable") else "")
 
 
 

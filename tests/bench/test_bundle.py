@@ -299,7 +299,7 @@ def _rechain(o, edit):
     edit(o["digests"])
     prev = genesis(o["id"])
     for d in o["digests"]:
-        d["chain"] = prev = link(prev, d["step"], d["digest"])
+        d["chain"] = prev = link(prev, d["step"], d["digest"], d.get("scheme", 1))
 
 
 @pytest.mark.parametrize("edit, needle", [

@@ -13,7 +13,7 @@ from sqlalchemy import select
 from typer.testing import CliRunner
 
 from bench.cli import app
-from bench.statedigest import check_chain, checkpoint_digest, genesis, kept_checkpoint, link
+from bench.statedigest import SCHEME, check_chain, checkpoint_digest, genesis, kept_checkpoint, link
 from bench.store import Eval, Run, RunDigest, RunVerification, open_store, session
 from conftest import small_grpo_run
 
@@ -40,19 +40,22 @@ def kept(tmp_path_factory):
 
 def _digests(url, run_id):
     with session(open_store(url)) as s:
-        return [(d.step, d.digest, d.chain) for d in s.scalars(select(RunDigest).where(RunDigest.run_id == run_id)
-                                                               .order_by(RunDigest.step))]
+        return [(d.step, d.digest, d.chain, d.scheme) for d in s.scalars(select(RunDigest)
+                                                                         .where(RunDigest.run_id == run_id)
+                                                                         .order_by(RunDigest.step))]
 
 
 def test_digests_chain_and_kept_checkpoints_are_the_states_they_name(kept):
     rows = _digests(kept["url"], kept["run"])
     assert [r[0] for r in rows] == [0, 2, 4, 6] and check_chain(kept["run"], rows) is None
-    assert rows[0][2] == link(genesis(kept["run"]), 0, rows[0][1])
-    for step, digest, _ in rows[1:]:
+    assert {r[3] for r in rows} == {SCHEME}
+    assert rows[0][2] == link(genesis(kept["run"]), 0, rows[0][1], SCHEME)
+    assert rows[0][2] != link(genesis(kept["run"]), 0, rows[0][1], 1)   # the scheme is chained: no relabelling
+    for step, digest, *_ in rows[1:]:
         state = torch.load(kept_checkpoint(kept["ckpt_dir"], step), weights_only=False)
         assert state["step"] == step
         assert checkpoint_digest(state) == digest
-    assert check_chain(kept["run"], [rows[0], (2, "0" * 64, rows[1][2]), *rows[2:]]) == \
+    assert check_chain(kept["run"], [rows[0], (2, "0" * 64, *rows[1][2:]), *rows[2:]]) == \
         "the chain does not link at step 2"
     assert check_chain("another-run", rows) == "the chain does not link at step 0"
 
