@@ -202,7 +202,8 @@ def _run_info(store, run_id: str) -> dict:
                 "verifications": [{"created_at": v.created_at, "device": v.device, "cpu_16bit": v.cpu_16bit,
                                    "steps": v.steps, "compared": v.compared, "differences": v.differences,
                                    "verdict": v.verdict, "tolerance": v.tolerance,
-                                   "first_difference": v.first_difference} for v in checks]}
+                                   "first_difference": v.first_difference, "window_start": v.window_start,
+                                   "digests": v.digests} for v in checks]}
 
 
 @runs_app.command("show")

@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from typer.testing import CliRunner
 
 from bench.cli import app
-from bench.store import Base, Build, BuildProblem, Model, Run, open_store, session
+from bench.store import Base, Build, BuildProblem, Model, Run, RunDigest, open_store, session
 
 pytestmark = pytest.mark.integration
 
@@ -559,3 +559,51 @@ def test_every_stored_run_of_a_bundle_is_checked_though_a_new_one_comes_first(so
     assert r.exit_code == 2 and f"run {second} exists in this store and the bundle changes its identity" in " ".join(
         r.stderr.split()), r.output
     assert _counts(url) == before
+
+
+def test_a_bundle_from_before_digest_schemes_imports_its_digests_as_scheme_1(source, tmp_path):
+    """Digests without a scheme (bundles written before it was recorded) were scheme 1's: chained
+    without it, imported with scheme 1. A scheme this bench does not know is refused; so is a
+    scheme-2 digest relabelled as scheme 1 (its chain does not link)."""
+    from bench.statedigest import genesis, link
+
+    def old_format(o):
+        prev = genesis(o["id"])
+        for d in o["digests"]:
+            del d["scheme"]
+            d["chain"] = prev = link(prev, d["step"], d["digest"], 1)
+
+    members = _members(source["bundle"])
+    name = _run_member(members)
+    assert {d["scheme"] for d in json.loads(members[name])["digests"]} == {2}
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    _write(tmp_path / "old.tar.gz", _reseal(_edit_json(dict(members), name, old_format)))
+    r = _cli("runs", "import", str(tmp_path / "old.tar.gz"), "--db", url)
+    assert r.exit_code == 0, r.output
+    with session(open_store(url)) as s:
+        run = name.removeprefix("runs/").removesuffix(".json")
+        assert {d.scheme for d in s.scalars(select(RunDigest).where(RunDigest.run_id == run))} == {1}
+    for edit, needle in ((lambda o: o["digests"][0].update(scheme=3), "scheme 3 is not one of (1, 2)"),
+                         (lambda o: o["digests"][0].update(scheme=1), "do not chain")):
+        _write(tmp_path / "bad.tar.gz", _reseal(_edit_json(_members(source["bundle"]), name, edit)))
+        r = _cli("runs", "import", str(tmp_path / "bad.tar.gz"), "--db", f"sqlite:///{tmp_path / 'bad.db'}")
+        assert r.exit_code == 2 and needle in " ".join(r.output.split()), r.output
+
+
+def test_migration_0012_marks_the_stored_digests_scheme_1(tmp_path):
+    """Digests stored before revision 0012 hashed the process-wide RNG states: they read as scheme 1."""
+    import sqlalchemy as sa
+
+    from conftest import store_at_revision
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = store_at_revision(url, "0011")
+    with engine.begin() as c:
+        c.execute(sa.text("INSERT INTO runs (id, model_id, build_id, algo, rollout_dtype, train_dtype, trainer, "
+                          "engine, config, status, step, wall_s, staleness, created_at, updated_at) VALUES ('r1', 1, "
+                          "'b1', 'grpo', 'fp32', 'fp32', 'native', 'torch', '{}', 'max_steps', 2, 0, 0, "
+                          "'2026-01-01', '2026-01-01')"))
+        c.execute(sa.text("INSERT INTO run_digests (run_id, step, digest, chain) VALUES ('r1', 0, 'd', 'c')"))
+    engine.dispose()
+    with session(open_store(url)) as s:
+        assert [(d.step, d.scheme) for d in s.scalars(select(RunDigest))] == [(0, 1)]

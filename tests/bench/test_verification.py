@@ -48,6 +48,15 @@ def test_levels_by_hand():
     assert level(55, window, [_v(0, 55), bad]) == Level(DIFFERS, "re-run differs at step 50 (eval split)", False)
     assert level(55, None, [_v(0, 20)]).level == PARTLY          # no verdict yet: only a full re-run is more
     assert level(55, None, [_v(0, 55)]).verified
+    # a run stored before digest scheme 2: every value bit-identical, its digests not comparable; the level
+    # stands and says so
+    old = _v(0, 55, digests="not comparable (scheme 1)")
+    assert level(55, window, [old]) == Level(FULLY, "fully re-run (55 steps, state digests not comparable "
+                                                    "(scheme 1))", True)
+    assert level(55, window, [_v(40, 55, digests="not comparable (scheme 1)")]).text == (
+        "deciding window re-run (steps 41–55 of 55, state digests not comparable (scheme 1))")
+    assert level(55, window, [_v(0, 55, digests="not compared (another device or CPU kind)")]).text == \
+        "fully re-run (55 steps)"
 
 
 def test_cell_texts_by_hand():

@@ -196,6 +196,28 @@ def test_identical_windows_compare_bit_identical():
     assert (r["compared"], r["differences"], r["verdict"], r["first_difference"]) == (14, 0, "bit-identical", None)
 
 
+def test_digests_of_another_scheme_are_not_comparable_and_say_so():
+    """A run stored before digest scheme 2 (its digests hashed the process-wide RNG states): a
+    re-run whose every value matches is bit-identical, its digests "not comparable (scheme 1)";
+    a digest of the same scheme that differs is a difference; elsewhere none is compared."""
+    stored = _window(digests={0: "a" * 64, 2: "b" * 64}, schemes={0: 1, 2: 1})
+    replayed = _window(digests={0: "c" * 64, 2: "d" * 64})                  # this bench's scheme
+    r = vc.compare(stored, replayed, 2, None)
+    assert (r["verdict"], r["differences"], r["compared"], r["digests"]) == ("bit-identical", 0, 14,
+                                                                            "not comparable (scheme 1)")
+    same = _window(digests={0: "a" * 64, 2: "b" * 64})
+    r = vc.compare(same, _window(digests={0: "a" * 64, 2: "b" * 64}), 2, None)
+    assert (r["verdict"], r["compared"], r["digests"]) == ("bit-identical", 16, None)
+    r = vc.compare(same, _window(digests={0: "a" * 64, 2: "e" * 64}), 2, None)
+    assert r["verdict"] == "differs" and r["first_difference"] == {"step": 2, "metric": "state digest",
+                                                                   "stored": "b" * 64, "replayed": "e" * 64}
+    assert vc.compare(same, replayed, 2, vc.TOLERANCE)["digests"] == "not compared (another device or CPU kind)"
+    # an old run resumed by this bench: step 0 of scheme 1, step 2 of scheme 2, only step 2 compared
+    mixed = _window(digests={0: "a" * 64, 2: "d" * 64}, schemes={0: 1, 2: 2})
+    r = vc.compare(mixed, replayed, 2, None)
+    assert (r["verdict"], r["compared"], r["digests"]) == ("bit-identical", 15, "not comparable (scheme 1)")
+
+
 def test_the_first_difference_in_step_order_and_the_tolerance():
     edited = _window()
     edited.steps = {1: {**edited.steps[1], "kl_k3": 2e-3 * (1 + 1e-5)}, 2: {**edited.steps[2], "reward": 0.5}}

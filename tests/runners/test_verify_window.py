@@ -6,6 +6,7 @@ naming the step and the metric; a checkpoint that is not the run's state, a miss
 that does not start at an evaluation and an edited digest are refused (exit 2, nothing stored)."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -125,3 +126,65 @@ def test_what_cannot_be_a_window_is_refused(kept, tmp_path):
     with session(open_store(url)) as s:
         s.get(RunDigest, (run, 4)).digest = saved
         assert s.scalars(select(Eval).where(Eval.run_id == run)).first() is not None
+
+
+def _as_scheme_1(url, run, ckpt_dir, tmp_path):
+    """The run as a bench before digest scheme 2 stored it: each kept checkpoint also holds the
+    process-wide torch and Python RNG states (of some process), each digest hashes them, and the
+    chain links without the scheme. In a copy of the store and the checkpoints."""
+    import random
+    import shutil
+
+    from bench.statedigest import checkpoint_digest
+
+    from runners.results_repo import _copy_store
+
+    db = tmp_path / "old.db"
+    _copy_store(Path(url.removeprefix("sqlite:///")), db)          # the WAL too
+    kept_dir = tmp_path / "ckpt"
+    shutil.copytree(ckpt_dir, kept_dir)
+    old_url = f"sqlite:///{db}"
+    rng = (torch.get_rng_state(), random.getstate())
+    with session(open_store(old_url)) as s:
+        rows = s.scalars(select(RunDigest).where(RunDigest.run_id == run).order_by(RunDigest.step)).all()
+        prev = genesis(run)
+        for d in rows:
+            path = kept_checkpoint(kept_dir, d.step)
+            if path.exists():
+                state = torch.load(path, weights_only=True)
+                state["rng_torch"], state["rng_python"] = rng
+                torch.save(state, path)
+                d.digest = checkpoint_digest(state, 1)
+            else:                                       # step 0: no checkpoint; a digest no re-run can repeat
+                d.digest = "0" * 64
+            d.scheme, d.chain = 1, link(prev, d.step, d.digest, 1)
+            prev = d.chain
+        s.get(Run, run).checkpoint_dir = str(kept_dir)
+    return old_url
+
+
+def test_a_run_from_before_digest_scheme_2_verifies_with_its_digests_not_comparable(kept, tmp_path):
+    """verify from step 0 and a window from an old kept checkpoint (checked against scheme 1's hash,
+    RNG states and all) both exit 0: every metric and evaluation bit-identical, the digests "not
+    comparable (scheme 1)", said in the text and on the run's verification level."""
+    url = _as_scheme_1(kept["url"], kept["run"], kept["ckpt_dir"], tmp_path)
+    r = _cli("runs", "verify", kept["run"], "--steps", "6", "--json", "--db", url)
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    assert (got["verdict"], got["digests"]) == ("bit-identical", "not comparable (scheme 1)")
+    r = _cli("runs", "verify", kept["run"], "--window", "2:6", "--db", url)
+    text = " ".join(r.stdout.split())
+    assert r.exit_code == 0 and "bit-identical (state digests not comparable (scheme 1):" in text, r.output
+    with session(open_store(url)) as s:
+        assert [v.digests for v in s.scalars(select(RunVerification).order_by(RunVerification.id))][-2:] == [
+            "not comparable (scheme 1)"] * 2
+    report = json.loads(_cli("report", "--runs", "--json", "--db", url).stdout)
+    (row,) = [x for x in report["runs"] if x["run"] == kept["run"]]
+    assert row["verification"] == "fully re-run (6 steps, state digests not comparable (scheme 1))"
+    # an old checkpoint is still checked against its own scheme: edited, it is refused
+    bad = tmp_path / "bad.pt"
+    state = torch.load(kept_checkpoint(tmp_path / "ckpt", 2), weights_only=True)
+    state["rng_python"] = (3, tuple(range(625)), None)
+    torch.save(state, bad)
+    r = _cli("runs", "verify", kept["run"], "--window", "2:6", "--checkpoint", str(bad), "--db", url)
+    assert r.exit_code == 2 and "is not run" in " ".join(r.output.split()), r.output
