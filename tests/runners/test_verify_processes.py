@@ -72,7 +72,8 @@ def digests(url: str, run: str) -> list[tuple]:
 def steps(url: str, run: str) -> list[tuple]:
     """(step, reward, metrics but those that time the machine) of each stored step."""
     with _db(url) as c:
-        rows = c.execute("SELECT step, reward, metrics FROM run_steps WHERE run_id = ? ORDER BY step", (run,)).fetchall()
+        rows = c.execute("SELECT step, reward, metrics FROM run_steps WHERE run_id = ? ORDER BY step",
+                         (run,)).fetchall()
     return [(step, reward, _untimed(json.loads(m))) for step, reward, m in rows]
 
 
