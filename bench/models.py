@@ -1,17 +1,26 @@
 """Model registry and prompt templates.
 
 `--model` is an embedded name (`tiny-math`, or its mixture-of-experts twin `tiny-math-moe`), a
-local directory holding a Hugging Face causal LM, or a hub id. Prompts use the model's chat
-template when it has one, with the paper's instruction; the embedded models use a plain template.
+named real model shipped by a registry package (`smollm2-135m`, `gemma3-270m`:
+bench/model_sources.py), a `.gguf` file (dequantized once into a cached Hugging Face
+directory), a local directory holding a Hugging Face causal LM, or a hub id.
+
+Prompts (`render_prompt`): the **chat** template — the tokenizer's chat template around
+"problem\ninstruction", the instruction defaulting to the paper's — or the **plain** one,
+"Q: problem\nA: " with the instruction, if any, on its own line before "A: ". The embedded
+models take the plain template without an instruction (what they were trained on); a base model
+(no chat template, e.g. gemma3-270m) the plain one with the instruction. A build records its
+template and instruction, and its runs prompt as it did (`with_prompt`).
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.errors import BenchError, did_you_mean
+from bench.model_sources import NAMED, ModelSourceError, converted_dir, models_home, named_gguf
 
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 TINY_MATH = "tiny-math"
@@ -20,6 +29,7 @@ TINY_MATH_MOE = "tiny-math-moe"
 TINY_MATH_MOE_DIR = Path(__file__).parent / "assets" / TINY_MATH_MOE
 EMBEDDED = {TINY_MATH: TINY_MATH_DIR, TINY_MATH_MOE: TINY_MATH_MOE_DIR}
 PLAIN_TEMPLATE = "Q: {problem}\nA: "
+TEMPLATES = ("chat", "plain")
 
 
 class ModelError(BenchError, ValueError):
@@ -31,28 +41,93 @@ class ModelRef:
     name: str          # as the user gave it, e.g. "tiny-math" or "deepseek-ai/..."
     path: str          # what transformers / vLLM load: a local directory or a hub id
     embedded: bool
+    base: bool = False                 # a base model without a chat template: the plain template by default
+    prompt_template: str | None = None     # "chat" or "plain"; None: the model's default
+    prompt_instruction: str | None = None  # None: the model's default (the paper's; none for the embedded)
 
     @property
     def template(self) -> str:
-        return "plain" if self.embedded else "chat"
+        return self.prompt_template or ("plain" if self.embedded or self.base else "chat")
+
+    @property
+    def instruction(self) -> str:
+        if self.prompt_instruction is not None:
+            return self.prompt_instruction
+        return "" if self.embedded else INSTRUCTION
+
+
+def with_prompt(ref: ModelRef, template: str | None = None, instruction: str | None = None) -> ModelRef:
+    """`ref` prompting with `template` ("chat" or "plain") and `instruction` (None: unchanged)."""
+    if template is not None and template not in TEMPLATES:
+        raise ModelError(f"--template {template!r}: use one of {', '.join(TEMPLATES)}")
+    return replace(ref, prompt_template=template if template is not None else ref.prompt_template,
+                   prompt_instruction=instruction if instruction is not None else ref.prompt_instruction)
+
+
+def build_defaults(ref: ModelRef) -> dict:
+    """What a build of `ref` defaults to where the user gave nothing: its problem source and
+    response length (a named real model carries its own: bench/model_sources.py)."""
+    if ref.embedded:
+        return {"source": "synthetic", "max_tokens": 64}
+    if ref.name in NAMED:
+        return {"source": NAMED[ref.name].source, "max_tokens": NAMED[ref.name].max_tokens}
+    return {"source": "math", "max_tokens": 8192}
+
+
+def prompt_settings(ref: ModelRef) -> dict:
+    """What a build records of how it prompted: {"template", "instruction"}."""
+    return {"template": ref.template, "instruction": ref.instruction}
 
 
 def resolve_model(name: str) -> ModelRef:
-    """`tiny-math` / `tiny-math-moe` → the shipped weights; an existing directory → itself;
-    `owner/name` → hub id."""
+    """`tiny-math` / `tiny-math-moe` → the shipped weights; `smollm2-135m` / `gemma3-270m` → their
+    package's GGUF, converted once (bench/model_sources.py); a `.gguf` file → its converted
+    directory; an existing directory → itself; `owner/name` → hub id."""
     if name in EMBEDDED:
         if not (EMBEDDED[name] / "model.safetensors").exists():
             raise ModelError(f"embedded model missing at {EMBEDDED[name]}; run `bench model train {name}`")
         return ModelRef(name, str(EMBEDDED[name]), True)
+    if name in NAMED:
+        return ModelRef(name, str(_named_dir(name)), False, base=NAMED[name].base,
+                        prompt_instruction=NAMED[name].instruction)
     p = Path(name).expanduser()
+    if p.suffix.lower() == ".gguf":
+        if not p.is_file():
+            raise ModelError(f"no GGUF file at {p}")
+        try:
+            return ModelRef(name, str(converted_dir(p)), False)
+        except ModelSourceError as e:
+            raise ModelError(str(e)) from None
     if p.is_dir():
         if not (p / "config.json").exists():
             raise ModelError(f"{p} is not a Hugging Face model directory (no config.json)")
         return ModelRef(name, str(p.resolve()), False)
     if "/" in name and not name.startswith((".", "/")) and name.count("/") == 1:
         return ModelRef(name, name, False)
-    raise ModelError(f"unknown model {name!r}{did_you_mean(name, EMBEDDED)}: use 'tiny-math', 'tiny-math-moe', a "
-                     "model directory, or a hub id owner/name")
+    raise ModelError(f"unknown model {name!r}{did_you_mean(name, [*EMBEDDED, *NAMED])}: use 'tiny-math', "
+                     f"'tiny-math-moe', {', '.join(repr(n) for n in NAMED)}, a .gguf file, a model directory, or a "
+                     "hub id owner/name")
+
+
+def _named_dir(name: str) -> Path:
+    """The converted directory of named model `name`: cached by name and package version (found
+    without hashing the GGUF again), converted from the package's file on first use."""
+    m = NAMED[name]
+    cached = models_home() / f"{name}-{m.version}"
+    from bench.model_sources import GGUF_MARKER
+
+    if (cached / GGUF_MARKER).is_file():
+        return cached
+    try:
+        src = converted_dir(named_gguf(name))
+    except ModelSourceError as e:
+        raise ModelError(str(e)) from None
+    if not cached.exists():
+        try:
+            cached.symlink_to(src, target_is_directory=True)
+        except FileExistsError:
+            pass
+    return cached
 
 
 def weights_hash(ref: ModelRef) -> str | None:
@@ -94,12 +169,15 @@ def load_model(ref: ModelRef, dtype=None):
 
 
 def render_prompt(ref: ModelRef, tokenizer, problem: str) -> str:
-    """The prompt text for one problem: the plain template for the embedded model, else the
-    chat template with the paper's instruction (plain `problem + instruction` if the tokenizer
-    has no chat template)."""
+    """The prompt text for one problem (module docstring): plain, "Q: problem\nA: " (with the
+    instruction, where there is one, on its own line before "A: "); chat, the tokenizer's chat
+    template around "problem\ninstruction" (plain `problem\ninstruction\n` if the tokenizer has
+    no chat template)."""
     if ref.template == "plain":
-        return PLAIN_TEMPLATE.format(problem=problem)
-    content = f"{problem}\n{INSTRUCTION}"
+        if not ref.instruction:
+            return PLAIN_TEMPLATE.format(problem=problem)
+        return PLAIN_TEMPLATE.format(problem=f"{problem}\n{ref.instruction}")
+    content = f"{problem}\n{ref.instruction}" if ref.instruction else problem
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template([{"role": "user", "content": content}],
                                              tokenize=False, add_generation_prompt=True)

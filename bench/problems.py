@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.arithmetic import arithmetic_rows
 from bench.errors import SourceError
 from bench.problem_ids import last_boxed, normalise_text, problem_id
 from bench.synthetic import synthetic_examples
@@ -209,6 +210,9 @@ def load_source(spec: SourceSpec) -> tuple[list[Problem], dict]:
     text among the problems returned (see `drop_repeats`)}. Rows that repeat a text may share
     an id; different texts under one id are an error."""
     src = spec.source
+    if src == "arithmetic" or src.startswith("arithmetic:"):
+        rows = arithmetic_rows(src.partition(":")[2], spec.limit, seed=spec.seed)
+        return _checked(_to_problems(rows, ColumnMap(), src), None, src)
     if src == "synthetic" or src.startswith("synthetic:") or src == "synthetic-hard":
         split = "synthetic-hard" if src == "synthetic-hard" else (src.partition(":")[2] or "test")
         rows = synthetic_examples(split, spec.limit or 300, seed=spec.seed)
@@ -232,7 +236,8 @@ def load_source(spec: SourceSpec) -> tuple[list[Problem], dict]:
                                         and path.suffix.lower() not in FILE_SUFFIXES):
         rows = _rows_from_hub(src)
     else:
-        raise SourceError(f"unknown source {src!r}: not a file, a dataset directory, 'synthetic', a packaged name "
+        raise SourceError(f"unknown source {src!r}: not a file, a dataset directory, 'synthetic', 'arithmetic', "
+                          "a packaged name "
                           f"({', '.join(PACKAGED_SOURCES)}) or a hub id")
     return _checked(_to_problems(rows, spec.columns, src), spec.limit, src)
 

@@ -22,7 +22,9 @@ from sqlalchemy import delete, func, select
 
 from bench.engines import Sampling, make_engine, resolve_engine
 from bench.grading import CORRECT, Grader
-from bench.models import load_tokenizer, render_prompt, resolve_model, template_description, weights_hash
+from bench.model_sources import gguf_provenance
+from bench.models import (build_defaults, load_tokenizer, prompt_settings, render_prompt, resolve_model,
+                          template_description, weights_hash, with_prompt)
 from bench.problem_ids import split_hash
 from bench.problems import Problem, SourceSpec, load_source
 from bench.store import Build, BuildProblem, BuildRollout, bench_home, get_or_create_model, session
@@ -71,13 +73,14 @@ class Plan:
 def plan(cfg: BuildConfig) -> Plan:
     """Resolve model, source, prompts and settings; raises BuildError before anything is written."""
     cfg.validate()
-    ref = resolve_model(cfg.model)
-    source = cfg.source or ("synthetic" if ref.embedded else "math")
+    ref = with_prompt(resolve_model(cfg.model), cfg.template, cfg.instruction)
+    defaults = build_defaults(ref)
+    source = cfg.source or defaults["source"]
     cfg.source = source
     problems, duplicates = load_source(SourceSpec(source, cfg.columns, cfg.limit, cfg.seed))
     tok = load_tokenizer(ref)
     prompts = [render_prompt(ref, tok, p.problem) for p in problems]
-    max_tokens = cfg.max_tokens or (64 if ref.embedded else 8192)
+    max_tokens = cfg.max_tokens or defaults["max_tokens"]
     sampling = Sampling(cfg.temperature, cfg.top_p, max_tokens, cfg.seed)
     engine = resolve_engine(cfg.engine)
     template = template_description(ref, tok)
@@ -253,7 +256,8 @@ def _finish(engine_db, p: Plan, build_id: str, out_dir: Path, positions: list[in
         "weights_hash": p.settings["weights"], "engine": p.engine, "dtype": cfg.dtype,
         "device": cfg.device if p.engine == "torch" else None,
         "source": cfg.source, "sampling": p.sampling.to_dict(), "k": cfg.k, "band": [cfg.lo, cfg.hi],
-        "band_inclusive": True, "shard": cfg.shard, "template": p.template,
+        "band_inclusive": True, "shard": cfg.shard, "template": p.template, "prompt": prompt_settings(p.model_ref),
+        "model_source": gguf_provenance(p.model_ref.path),
         "adaptive": {"round_size": cfg.round_size, "confidence": cfg.confidence, "min_samples": cfg.min_samples,
                      "interval": "Wilson"}
         if cfg.adaptive else None,

@@ -21,10 +21,19 @@ class BuildConfig:
     from them). Everything here except `out`, `resume`, `threads`, `device` and
     `keep_text` enters the settings hash that shards and resumes must share."""
 
-    model: str = knob("tiny-math", help="'tiny-math', a model directory, or a hub id.", cli=False)
+    model: str = knob("tiny-math", help="'tiny-math', 'smollm2-135m', 'gemma3-270m', a .gguf file, a model "
+                      "directory, or a hub id.", cli=False)
     source: str | None = knob(None, help="Problems: a .jsonl/.parquet/.csv file, a saved `datasets` directory, "
-                              "'synthetic', 'math' or a hub id. Default: synthetic for tiny-math, MATH otherwise.",
+                              "'synthetic', 'arithmetic[:LEVELS]', 'math' or a hub id. Default: synthetic for "
+                              "tiny-math, arithmetic for smollm2-135m and gemma3-270m, MATH otherwise.",
                               cli=False)
+    template: str | None = knob(None, help="Prompt template: chat (the tokenizer's chat template) or plain "
+                                "('Q: problem / instruction / A: '). Default: plain for the embedded models and base "
+                                "models, chat otherwise. Recorded in the build; its runs prompt the same way.")
+    instruction: str | None = knob(None, help="The instruction after each problem. Default: the paper's 'Please "
+                                   "reason step by step, and put your final answer within \\boxed{}.'; 'Put your "
+                                   "final answer within \\boxed{}.' for smollm2-135m and gemma3-270m; none for the "
+                                   "embedded models. Recorded in the build.")
     limit: int | None = knob(None, help="Use the first N problems (synthetic: draw N; default 300).",
                              unit="problems", ge=1)
     columns: ColumnMap = knob(help="Which columns hold the id, problem, answer, solution.", cli=False,
@@ -36,7 +45,8 @@ class BuildConfig:
     hi: float = knob(0.8, help="Keep problems with accuracy <= hi (inclusive); --band LO HI.", cli=False)
     temperature: float = knob(1.0, help="Sampling temperature of the rollouts.", gt=0)
     top_p: float = knob(1.0, help="Nucleus sampling of the rollouts.", gt=0, le=1)
-    max_tokens: int | None = knob(None, help="Max response length (default 64 for tiny-math, 8192 otherwise).",
+    max_tokens: int | None = knob(None, help="Max response length (default 64 for tiny-math, 128 for smollm2-135m "
+                                  "and gemma3-270m, 8192 otherwise).",
                                   unit="tokens", ge=1)
     seed: int = knob(0, help="Seed of the rollouts (and of the synthetic problems).", ge=0)
     shard: str | None = knob(None, help="Build one shard i/n (0 <= i < n); join with `bench build merge`.",

@@ -16,7 +16,7 @@ from bench import stop as stop_rules
 from bench.device import device_supports, resolve_device
 from bench.engines import resolve_engine
 from bench.errors import BenchError
-from bench.models import ModelRef, resolve_model
+from bench.models import ModelRef, resolve_model, with_prompt
 from bench.precision import Precision
 from bench.problems import Problem
 from bench.store import Build, Model, Run, session
@@ -80,7 +80,14 @@ def resolve_inputs(s, build_id: str | None, model: str | None) -> tuple[Build, M
     m = s.get(Model, build.model_id)
     if model and model != m.name:
         raise RunError(f"build {build.id} was made from model {m.name!r}, not {model!r}")
-    return build, m, model_ref(m)
+    return build, m, build_prompt(model_ref(m), build)
+
+
+def build_prompt(ref: ModelRef, build: Build) -> ModelRef:
+    """`ref` prompting as `build` did (its manifest's template and instruction; a build from
+    before they were recorded prompted with the model's defaults)."""
+    prompt = (build.manifest or {}).get("prompt") or {}
+    return with_prompt(ref, prompt.get("template"), prompt.get("instruction"))
 
 
 def model_ref(m: Model) -> ModelRef:
@@ -148,6 +155,7 @@ def plan_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: s
     check_formats_on(precision, device)
     with session(store) as s:
         build, m, ref = resolve_inputs(s, build_id, model)
+        check_preset_fits(preset, ref)
         if cfg.router_replay:
             check_router_replay(ref, engine)
         check_vllm_moe(ref, engine)
@@ -155,6 +163,17 @@ def plan_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: s
                                                           BuildProblem.kept.is_(True)).limit(1)) is None:
             raise RunError(f"build {build.id} kept no problems; rebuild with another --band or model")
         return RunPlan(algo, precision, cfg, build.id, m.id, ref, engine, device, preset, ckpt_root)
+
+
+def check_preset_fits(preset: str, ref: ModelRef) -> None:
+    """The tiny preset (lr 1e-3, 64 tokens, the synthetic-hard benchmark) was made for the embedded
+    tiny-math models: on any other model it is refused, never applied silently."""
+    from .presets import EMBEDDED_ONLY
+
+    if preset in EMBEDDED_ONLY and not ref.embedded:
+        raise RunError(f"preset {preset!r} is made for the embedded tiny-math models (lr 1e-3, 64 response tokens, "
+                       f"the synthetic-hard benchmark), not {ref.name!r}: give --preset small (a small real model "
+                       "on a CPU, e.g. smollm2-135m) or --preset paper (the paper's recipe, for a GPU)")
 
 
 def plan_of_run(s, run: Run, device: str | None = None) -> RunPlan:

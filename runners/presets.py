@@ -118,6 +118,8 @@ PRESET_KNOBS = {
     "tiny": dict(prompts_per_step=64, lr=1e-3, eval_every=5, max_steps=150),
     "paper": dict(prompts_per_step=64, samples_per_prompt=8, updates_per_batch=4, lr=1e-6, max_tokens=8192,
                   max_steps=1000, eval_every=32, eval_split_m=1, checkpoint_every=32, threads=None),
+    "small": dict(prompts_per_step=8, samples_per_prompt=8, lr=1e-5, max_tokens=128, max_steps=200, eval_every=10,
+                  eval_split_m=2, checkpoint_every=5, threads=2, max_tokens_per_microbatch=2048),
 }
 
 
@@ -151,7 +153,19 @@ def paper() -> RunConfig:
                      algo=replace(_algo_config(), max_len=8192, C=3.0, eps_lo=0.2, eps_hi=0.28))
 
 
-PRESETS = {"tiny": tiny, "paper": paper}
+def small() -> RunConfig:
+    """A small real model (smollm2-135m, gemma3-270m) on a CPU: 8 prompts × 8 per step, lr 1e-5,
+    128 response tokens, split avg@2 every 10 steps, at most 200 steps, two threads, micro-batches
+    of at most 2,048 padded tokens (the logits of a 49,152-token vocabulary over one micro-batch
+    are 0.4 GB in fp32, over the whole batch ~2.4 GB a copy), checkpoints every 5 steps (a cell
+    outlasts a session). Benchmark: the first 16 of MATH-500, avg@2 (a 135M model solves ~2% of
+    them: it tells whether training on arithmetic moved anything else). Not yet tuned by a
+    measured search (docs/results.md says what has been run)."""
+    return RunConfig(**PRESET_KNOBS["small"], benchmarks=[Benchmark("math500", "math500", n=2, limit=16)])
+
+
+PRESETS = {"tiny": tiny, "paper": paper, "small": small}
+EMBEDDED_ONLY = ("tiny",)       # presets made for the embedded tiny-math models, refused for any other
 # the StopConfig fields a `get_preset` override (a flat CLI knob name) sets on cfg.stop
 STOP_KNOBS = frozenset(f.name for f in fields(StopConfig))
 

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Callable
 
 from bench import provenance
+from bench.model_sources import gguf_provenance
+from bench.models import prompt_settings
 from bench.precision import Precision
 from bench.statuses import FAILED, RESUMABLE, RUNNING
 from bench.store import Run, bench_home, session
@@ -58,7 +60,8 @@ def run_plan(store, plan: RunPlan, progress=None, rollout_engine=None) -> str:
         _check_ckpt_dir(ckpt_dir)
         facts = provenance.collect(plan.device, plan.precision.train,
                                    split_accuracy_estimator=SPLIT_ESTIMATOR.format(m=cfg.eval_split_m),
-                                   preset_defaults=preset_defaults(plan.preset) if plan.preset in PRESETS else None)
+                                   preset_defaults=preset_defaults(plan.preset) if plan.preset in PRESETS else None,
+                                   prompt=prompt_settings(plan.model), model_source=gguf_provenance(plan.model.path))
         add_run_row(s, run_id, plan.model_id, plan.build_id, plan.algo, plan.precision, "native", plan.engine,
                     {"preset": plan.preset, **asdict(cfg)}, ckpt_dir, facts)
     _train(store, run_id, plan, split, ckpt_dir, progress, rollout_engine)

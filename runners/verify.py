@@ -48,7 +48,7 @@ from bench.problem_ids import split_hash
 from bench.store import Build, Eval, Model, Run, RunDigest, RunStep, RunVerification, open_store, session
 
 from . import verify_compare as vc
-from .plan import RunError, RunPlan, config_from_dict, load_split, model_ref, resolve_inputs
+from .plan import RunError, RunPlan, build_prompt, config_from_dict, load_split, model_ref, resolve_inputs
 from .runs import _train
 
 DEFAULT_STEPS = 3
@@ -184,7 +184,7 @@ def _inputs(s, run_id: str, steps: int, start: int = 0, checkpoint: Path | None 
         raise VerifyError(f"run {run_id}'s model {model.name!r} recorded no weights hash (a hub id): the model "
                           "cannot be confirmed to be the one it trained, so the run cannot be verified")
     if model.name != ref.name:            # the run's model, where it is not its build's
-        ref = model_ref(model)
+        ref = build_prompt(model_ref(model), build)
     here = weights_hash(ref)
     if here != model.weights_hash:
         raise VerifyError(f"run {run_id} trained model {model.name!r} with weights hash {model.weights_hash}; "

@@ -45,6 +45,7 @@ class Preset(str, Enum):
 
     tiny = "tiny"
     paper = "paper"
+    small = "small"
 
 
 DEVICE_METAVAR = "[auto|cpu|cuda|cuda:i]"
