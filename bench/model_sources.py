@@ -115,7 +115,8 @@ def gguf_facts(path: Path) -> dict:
     try:
         meta, _ = read_gguf_metadata(str(path), ())
     except Exception as e:          # not a GGUF, truncated, another version
-        raise ModelSourceError(f"{path} is not a GGUF file transformers reads: {str(e).splitlines()[0][:200]}") from None
+        why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise ModelSourceError(f"{path} is not a GGUF file transformers reads: {why}") from None
     ftype = meta.get("general.file_type")
     return {"architecture": meta.get("general.architecture"), "name": meta.get("general.name"),
             "file_type": GGUF_FILE_TYPES.get(ftype, f"type {ftype}") if ftype is not None else None}
