@@ -18,7 +18,8 @@ class MismatchConfig:
     source: str = knob("synthetic-hard", help="Problems (any `bench build --source`).", cli=False)
     limit: int | None = knob(100, help="The first N problems.", unit="problems", ge=1)
     n: int = knob(32, help="Responses per problem.", unit="responses", ge=1)
-    max_tokens: int | None = knob(None, help="Max response length (default 64 for tiny-math, 8192 otherwise).",
+    max_tokens: int | None = knob(None, help="Max response length (default 64 for tiny-math, 128 for smollm2-135m "
+                                  "and gemma3-270m, 8192 otherwise).",
                                   unit="tokens", ge=1)
     engine: str = knob("torch", help="Rollout engine: torch or vllm.", cli=False)
     seed: int = knob(0, help="Seed of the sampled responses.", ge=0)

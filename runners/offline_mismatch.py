@@ -17,7 +17,7 @@ from bench.errors import ConfigError
 from bench.knobs import check
 from bench.mismatch import mismatch_metrics
 from bench.moe import config_is_moe, is_moe
-from bench.models import load_model, load_tokenizer, render_prompt, resolve_model, weights_hash
+from bench.models import build_defaults, load_model, load_tokenizer, render_prompt, resolve_model, weights_hash
 from bench.kernels import cpu_kernel_path
 from bench.model_formats import prepare_compute_model
 from bench.precision import Precision
@@ -141,7 +141,7 @@ def analyse(store, cfg: MismatchConfig, pairs: list[Precision], progress=None) -
     tok = load_tokenizer(ref)
     problems = load_problems(SourceSpec(cfg.source, limit=cfg.limit, seed=cfg.seed))
     prompts = [render_prompt(ref, tok, p.problem) for p in problems]
-    sampling = Sampling(1.0, 1.0, cfg.max_tokens or (64 if ref.embedded else 8192), cfg.seed)
+    sampling = Sampling(1.0, 1.0, cfg.max_tokens or build_defaults(ref)["max_tokens"], cfg.seed)
     cond = conditions(cfg, sampling.max_tokens)
     base = load_model(ref, torch.float32).to(cfg.device)
     out_root = Path(cfg.out or bench_home() / "mismatch" / ref.name.replace("/", "_"))
