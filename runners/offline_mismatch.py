@@ -133,6 +133,15 @@ def _scored_pairs(ref, tok, prompts, base, pairs, engine: str, n: int, sampling:
             yield (pair, *_score(model, tok, prompts, samples, batch, device, replay))
 
 
+def nonfinite_counts(mu: torch.Tensor, pi: torch.Tensor, mask: torch.Tensor) -> dict:
+    """{"nonfinite_mu", "nonfinite_pi"}: response tokens whose log-probability is not finite on
+    each side (a format whose activations overflow, e.g. fp16 on Gemma 3: every metric over them
+    is NaN, and the report says why)."""
+    on = mask.bool()
+    return {"nonfinite_mu": int((~torch.isfinite(mu) & on).sum()),
+            "nonfinite_pi": int((~torch.isfinite(pi) & on).sum())}
+
+
 def analyse(store, cfg: MismatchConfig, pairs: list[Precision], progress=None) -> list[dict]:
     """Run the analysis for every pair; one rollout pass per rollout dtype, shared by the
     training dtypes. Each report is stored (mismatch_reports) and returned."""
@@ -154,6 +163,7 @@ def analyse(store, cfg: MismatchConfig, pairs: list[Precision], progress=None) -
                                                     cfg.batch, cfg.device, cfg.threads, cfg.router_replay):
         metrics = mismatch_metrics(mu, pi, mask)
         metrics["tokens"] = int(mask.sum().item())
+        metrics.update(nonfinite_counts(mu, pi, mask))
         if router:
             metrics.update(router, router_replay=float(cfg.router_replay))
         plots = _plots(mu, pi, mask, out_root / f"{pair.rollout}-{pair.train}", pair.name)

@@ -53,8 +53,7 @@ def mismatch(model: str = typer.Option("tiny-math"), dtype: str = typer.Option("
     pairs = [Precision.parse(dtype)] if "=" in dtype and ";" not in dtype else parse_list(dtype)
     cfg.device = resolve_device(device)
     store = _store(db)
-    reports = analyse(store, cfg, pairs, progress=lambda p, m: console.print(
-        f"{p.name}: mean |π−μ| {m['prob_abs_diff_mean']:.2e}, KL {m['kl_k1']:.2e} nats", highlight=False))
+    reports = analyse(store, cfg, pairs, progress=lambda p, m: console.print(_pair_line(p.name, m), highlight=False))
     if as_json:
         out.print_json(json.dumps(reports))
         return
@@ -66,3 +65,12 @@ def mismatch(model: str = typer.Option("tiny-math"), dtype: str = typer.Option("
                   f"{r['prob_diff_min']:.3g}", f"{r['log_ratio_slope']:.3g}", f"{r['log_ratio_slope_se']:.1e}")
     out.print(t)
     out.print(f"plots under {Path(reports[0]['plots']['token_scatter']).parent.parent}", highlight=False)
+
+
+def _pair_line(name: str, m: dict) -> str:
+    """One pair's headline; where a side's log-probabilities are not finite (its activations
+    overflowed the format), how many tokens, since every metric over them is NaN."""
+    line = f"{name}: mean |π−μ| {m['prob_abs_diff_mean']:.2e}, KL {m['kl_k1']:.2e} nats"
+    bad = [f"{m[k]} of {m['tokens']} tokens non-finite in {side}" for k, side in
+           (("nonfinite_mu", "μ (rollout)"), ("nonfinite_pi", "π (training)")) if m.get(k)]
+    return line + (f" — {'; '.join(bad)}: the format overflows on this model" if bad else "")

@@ -226,3 +226,23 @@ def test_full_vocabulary_kl_from_a_top_k_is_a_lower_bound_by_hand():
     want = .5 * L(.5 / .4) + .3 * L(.3 / .4) + .2 * L(.2 / .2)
     assert got == pytest.approx(want) and got <= full
     assert position_kl(mu.log().view(1, 1, 4), pi.log().view(1, 1, 4)).item() == pytest.approx(full)
+
+
+def test_nonfinite_log_probs_are_counted_per_side_and_named():
+    """A format that overflows (fp16 on Gemma 3 270M measured 2026-12-04: every metric NaN) is
+    said so, with how many tokens on which side; tokens off the mask are not counted."""
+    import torch
+
+    from bench.cli.mismatch import _pair_line
+    from runners.offline_mismatch import nonfinite_counts
+
+    mu = torch.tensor([[-1.0, float("nan"), float("-inf")], [-0.5, -0.1, float("nan")]])
+    pi = torch.tensor([[-1.0, -2.0, -3.0], [float("inf"), -0.1, -0.2]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    counts = nonfinite_counts(mu, pi, mask)
+    assert counts == {"nonfinite_mu": 2, "nonfinite_pi": 1}
+    line = _pair_line("fp16", {"prob_abs_diff_mean": float("nan"), "kl_k1": float("nan"), "tokens": 5, **counts})
+    assert line.endswith("— 2 of 5 tokens non-finite in μ (rollout); 1 of 5 tokens non-finite in π (training): "
+                         "the format overflows on this model")
+    assert "non-finite" not in _pair_line("bf16", {"prob_abs_diff_mean": 1e-3, "kl_k1": 1e-2, "tokens": 5,
+                                                   "nonfinite_mu": 0, "nonfinite_pi": 0})
