@@ -22,6 +22,7 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,7 +123,11 @@ def gguf_facts(path: Path) -> dict:
             "file_type": GGUF_FILE_TYPES.get(ftype, f"type {ftype}") if ftype is not None else None}
 
 
-def converted_dir(path: Path, home: str | Path | None = None, progress=print) -> Path:
+def _say(text: str) -> None:
+    print(text, file=sys.stderr)         # stdout is the commands' own (--json)
+
+
+def converted_dir(path: Path, home: str | Path | None = None, progress=_say) -> Path:
     """The Hugging Face directory of GGUF `path`, converted on first use (fp32 safetensors, its
     tokenizer, `bench-gguf.json`) and cached by the file's sha256."""
     path = Path(path).expanduser().resolve()

@@ -103,20 +103,26 @@ def genesis(run_id: str) -> str:
 
 def link(prev: str, step: int, digest: str, scheme: int = 1) -> str:
     """The chain value after the digest of step `step` under `scheme` (from 2 on the scheme is
-    chained too, so a digest cannot be relabelled as an older scheme's without breaking it)."""
+    chained too: relabelling a digest as an older scheme's breaks the chain unless the whole chain
+    is recomputed, which whoever edits a run can do; a signature covers that)."""
     text = f"{step}:{digest}:{prev}" if scheme == 1 else f"{step}:scheme {scheme}:{digest}:{prev}"
     return hashlib.sha256(text.encode()).hexdigest()
 
 
 def check_chain(run_id: str, rows: list[tuple]) -> str | None:
     """None when the (step, digest, chain[, scheme]) rows, in step order, link from the run's
-    genesis (a row without its scheme is scheme 1's); else where they do not, in words."""
+    genesis (a row without its scheme is scheme 1's) and no scheme is older than the one before
+    it (a run only ever moves to a newer scheme: an old run resumed by a newer bench); else
+    where they do not, in words."""
     prev = genesis(run_id)
-    last = -1
-    for step, digest, chain, *scheme in rows:
+    last, last_scheme = -1, 1
+    for step, digest, chain, *rest in rows:
+        scheme = rest[0] if rest else 1
         if step <= last:
             return f"step {step} comes after step {last} in the chain"
-        if link(prev, step, digest, *scheme) != chain:
+        if scheme < last_scheme:
+            return f"step {step}'s digest is of scheme {scheme}, older than the scheme {last_scheme} before it"
+        if link(prev, step, digest, scheme) != chain:
             return f"the chain does not link at step {step}"
-        prev, last = chain, step
+        prev, last, last_scheme = chain, step, scheme
     return None

@@ -195,8 +195,9 @@ class RunDigest(Base):
     step: Mapped[int] = mapped_column(Integer, primary_key=True)
     digest: Mapped[str] = mapped_column(String(64))
     chain: Mapped[str] = mapped_column(String(64))
-    # what the digest hashes (bench/statedigest.py SCHEMES): 1 for digests from before 2026-12-04
-    scheme: Mapped[int] = mapped_column(Integer, server_default="1")
+    # what the digest hashes (bench/statedigest.py SCHEMES): 1 for digests from before 2026-12-04 (the
+    # migration's default); a new row without one is of the scheme the trainer records now
+    scheme: Mapped[int] = mapped_column(Integer, server_default="1", default=2)
 
 
 class RunVerification(Base):
@@ -223,7 +224,7 @@ class RunVerification(Base):
     first_difference: Mapped[dict | None] = mapped_column(JSON)
     bench_commit: Mapped[str | None] = mapped_column(String(40))   # the bench that re-ran (the run's: provenance)
     window_start: Mapped[int] = mapped_column(Integer, default=0)  # re-run from the state after this step
-    # how the state digests were compared (runners/verify_compare.py digest_note): None where every one
+    # how the state digests were compared (runners/verify_compare.py comparable_digests): None where every one
     # was, else e.g. "not comparable (scheme 1)"; None too on verifications from before it was recorded
     digests: Mapped[str | None] = mapped_column(Text)
 

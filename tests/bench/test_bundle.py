@@ -607,3 +607,52 @@ def test_migration_0012_marks_the_stored_digests_scheme_1(tmp_path):
     engine.dispose()
     with session(open_store(url)) as s:
         assert [(d.step, d.scheme) for d in s.scalars(select(RunDigest))] == [(0, 1)]
+
+
+def test_an_old_run_continued_by_a_newer_bench_imports_over_its_old_copy(source, tmp_path):
+    """An old run (scheme-1 digests), exported while it ran, is in the store; a resume by this
+    bench re-recorded its last evaluation's digest under scheme 2 (another value: scheme 1 hashed
+    the process's RNG states) and ended it: that copy imports. A scheme-1 digest that changed is
+    still refused, and so are a chain whose scheme goes back from 2 to 1 and a scheme written as
+    a float."""
+    from bench.statedigest import genesis, link
+
+    name = f"runs/{source['runs'][0]}.json"
+
+    def chained(o, schemes, last_digest=None):
+        prev = genesis(o["id"])
+        for d, scheme in zip(o["digests"], schemes):
+            d["scheme"] = scheme
+            if last_digest and d is o["digests"][-1]:
+                d["digest"] = last_digest
+            d["chain"] = prev = link(prev, d["step"], d["digest"], scheme)
+
+    n = len(json.loads(_members(source["bundle"])[name])["digests"])
+    assert n >= 2
+
+    def running_old(o):
+        o.update(status="running", stop_reason=None)
+        chained(o, [1] * n)
+
+    def imported(url, edit):
+        _write(tmp_path / "x.tar.gz", _reseal(_edit_json(_members(source["bundle"]), name, edit)))
+        return _cli("runs", "import", str(tmp_path / "x.tar.gz"), "--db", url)
+
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    assert imported(url, running_old).exit_code == 0
+    r = imported(url, lambda o: chained(o, [1] * (n - 1) + [2], last_digest="a" * 64))
+    assert r.exit_code == 0, r.output
+    with session(open_store(url)) as s:
+        run = source["runs"][0]
+        assert s.get(Run, run).status == "max_steps"
+        assert [d.scheme for d in s.scalars(select(RunDigest).where(RunDigest.run_id == run)
+                                            .order_by(RunDigest.step))] == [1] * (n - 1) + [2]
+
+    url2 = f"sqlite:///{tmp_path / 't2.db'}"
+    assert imported(url2, running_old).exit_code == 0
+    r = imported(url2, lambda o: chained(o, [1] * n, last_digest="b" * 64))
+    assert r.exit_code == 2 and "its state digest at step" in " ".join(r.stderr.split()), r.output
+    for edit, needle in ((lambda o: chained(o, [2] * (n - 1) + [1]), "older than the scheme 2 before it"),
+                         (lambda o: o["digests"][0].update(scheme=2.0), "scheme 2.0 is not one of")):
+        r = imported(f"sqlite:///{tmp_path / 'w.db'}", edit)
+        assert r.exit_code == 2 and needle in " ".join(r.output.split()), r.output

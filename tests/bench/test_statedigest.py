@@ -61,3 +61,13 @@ def test_a_chain_over_both_schemes_links_and_a_relabelled_scheme_breaks_it():
     assert check_chain("r", rows) is None
     assert check_chain("r", [(0, "a", c0), (2, "b", c2)]) is None          # rows without a scheme: scheme 1
     assert check_chain("r", [*rows[:2], (4, "c", c4, 1)]) == "the chain does not link at step 4"
+
+
+def test_a_chain_whose_scheme_goes_back_is_refused_and_the_stores_default_is_the_current_scheme():
+    from bench.store import RunDigest
+
+    c0 = link(genesis("r"), 0, "a", 2)
+    c2 = link(c0, 2, "b", 1)
+    assert check_chain("r", [(0, "a", c0, 2), (2, "b", c2, 1)]) == (
+        "step 2's digest is of scheme 1, older than the scheme 2 before it")
+    assert RunDigest.__table__.c.scheme.default.arg == SCHEME
