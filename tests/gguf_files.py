@@ -105,3 +105,89 @@ def write_llama_gguf(path: Path, model, quant: str = "F32") -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def sentencepiece_vocab() -> tuple[list[str], list[int]]:
+    """(tokens, token types) of a small Gemma-style sentencepiece vocabulary: pad, eos, bos, unk,
+    the 256 byte-fallback pieces, "▁", the letters and digits and a few merged pieces."""
+    import gguf
+
+    special = ["<pad>", "<eos>", "<bos>", "<unk>"]
+    pieces = ["\u2581"] + list("abcdefghijklmnopqrstuvwxyz0123456789?+=.") + ["\u2581t", "he", "\u2581the", "\u2581W",
+                                                                             "at", "\u2581is"]
+    tokens = special + [f"<0x{i:02X}>" for i in range(256)] + pieces
+    T = gguf.TokenType
+    types = [T.CONTROL, T.CONTROL, T.CONTROL, T.UNKNOWN] + [T.BYTE] * 256 + [T.NORMAL] * len(pieces)
+    return tokens, [int(t) for t in types]
+
+
+def tiny_gemma3(seed: int = 0):
+    """A random Gemma3ForCausalLM: 6 layers (five sliding-window ones of window 4, then a global
+    one), hidden 32, 2 query / 1 KV heads of 16, q/k norms, tied head, the default RoPE θ (1e4
+    local, 1e6 global) and query_pre_attn_scalar — what a GGUF does not carry."""
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    tokens, _ = sentencepiece_vocab()
+    torch.manual_seed(seed)
+    cfg = Gemma3TextConfig(vocab_size=len(tokens), hidden_size=32, intermediate_size=64, num_hidden_layers=6,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=4,
+                           max_position_embeddings=128, rms_norm_eps=1e-6, pad_token_id=0, eos_token_id=1,
+                           bos_token_id=2, tie_word_embeddings=True)
+    model = Gemma3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.uniform_(-0.5, 0.5)          # Gemma's RMSNorm scales by (1 + w): away from 0, so the offset shows
+    return model
+
+
+def write_gemma3_gguf(path: Path, model) -> Path:
+    """`model` (tiny_gemma3) as llama.cpp's converter writes Gemma 3: norms shifted by +1, no
+    output.weight (tied), a sentencepiece ("llama") vocabulary, F32."""
+    import gguf
+
+    cfg = model.config
+    tokens, types = sentencepiece_vocab()
+    arch = gguf.MODEL_ARCH.GEMMA3
+    names = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
+    w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
+    w.add_name("bench-test-gemma3")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_rope_freq_base(1e6)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_sliding_window(cfg.sliding_window)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores([0.0] * len(tokens))
+    w.add_token_types(types)
+    w.add_bos_token_id(2)
+    w.add_eos_token_id(1)
+    w.add_pad_token_id(0)
+    w.add_unk_token_id(3)
+    w.add_add_bos_token(True)
+    for hf_name, t in model.state_dict().items():
+        if hf_name == "lm_head.weight":
+            continue
+        data = t.detach().float().numpy()
+        base = hf_name.removesuffix(".weight")
+        name = names.get_name(base) or names.get_name(base.removeprefix("model."))
+        assert name, hf_name
+        if base.endswith("norm"):
+            data = data + 1.0                  # llama.cpp's Gemma norm_shift
+        w.add_tensor(name + ".weight", data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -13,7 +13,7 @@ import torch
 
 from bench.model_sources import GGUF_MARKER, NAMED, ModelSourceError, converted_dir, gguf_provenance, named_gguf
 from bench.models import ModelError, load_model, load_tokenizer, render_prompt, resolve_model, with_prompt
-from gguf_files import tiny_llama, write_llama_gguf
+from gguf_files import tiny_gemma3, tiny_llama, write_gemma3_gguf, write_llama_gguf
 
 pytest.importorskip("gguf")
 
@@ -134,13 +134,39 @@ def test_a_conversion_leaves_no_partial_directory(tmp_path, monkeypatch):
     assert json.loads((out / GGUF_MARKER).read_text())["file"] == "t.gguf"
 
 
-def test_the_built_in_engine_computes_transformers_log_probs_on_a_gguf_llama(llama_gguf):
+@pytest.fixture(scope="module")
+def gemma_gguf(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gguf-gemma")
+    model = tiny_gemma3(seed=1)
+    return model, write_gemma3_gguf(tmp / "tiny-gemma3.F32.gguf", model)
+
+
+def test_a_gemma3_gguf_gives_its_models_logits(gemma_gguf):
+    """Gemma 3 as llama.cpp writes it (norms shifted by +1, q/k norms, a sentencepiece vocabulary
+    with byte fallback): the converted model has its sliding-window layers (window 4, five of six),
+    per-layer-type RoPE θ and the same logits, bit for bit, over 12 tokens (past the window)."""
+    model, path = gemma_gguf
+    ref = resolve_model(str(path))
+    loaded = load_model(ref)
+    c = loaded.config
+    assert c.model_type == "gemma3_text" and c.sliding_window == 4 and c.layer_types.count("full_attention") == 1
+    assert c.rope_parameters["sliding_attention"]["rope_theta"] == 1e4
+    assert c.rope_parameters["full_attention"]["rope_theta"] == 1e6
+    ids = [2, 300, 301, 302, 290, 280, 305, 306, 270, 271, 272, 303]
+    assert torch.equal(_logits(loaded, ids), _logits(model, ids))
+    tok = load_tokenizer(ref)
+    assert tok.decode(tok.encode("the w 12?", add_special_tokens=False)) == "the w 12?"
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_the_built_in_engine_computes_transformers_log_probs_on_a_gguf_model(arch, request):
     """The built-in engine's fp32 μ (a KV-cache decode: other GEMM shapes than one forward) equals
-    transformers' forward over prompt + response on the converted GQA, tied-head, θ = 1e5 Llama,
-    within 2e-5 per token (measured: ~1e-6)."""
+    transformers' forward over prompt + response, within 2e-5 per token (measured ~1e-6 and
+    4.8e-7): on the converted GQA, tied-head, θ = 1e5 Llama, and on Gemma 3 (q/k norms, the
+    embedding scale, sliding-window layers of window 4 that 12 sampled tokens run past)."""
     from bench.engines import Sampling, make_engine
 
-    _, path = llama_gguf
+    _, path = request.getfixturevalue(f"{'llama' if arch == 'llama' else 'gemma'}_gguf")
     ref = resolve_model(str(path))
     tok = load_tokenizer(ref)
     reference = load_model(ref)
