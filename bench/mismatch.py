@@ -154,3 +154,40 @@ def mismatch_metrics(logp_mu: torch.Tensor, logp_pi: torch.Tensor, mask: torch.T
     out.update(ratio_stats(seq_lr, "is_ratio_seq"))
     out.update(ratio_stats(_masked(logp_pi - logp_mu, mask), "is_ratio_token"))
     return out
+
+
+LENGTH_EDGES = (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+def length_buckets(logp_mu: torch.Tensor, logp_pi: torch.Tensor, mask: torch.Tensor,
+                   edges: tuple[int, ...] = LENGTH_EDGES) -> list[dict]:
+    """How the mismatch grows with the response length |y| (the paper's argument: it accumulates
+    over tokens). Sequences are bucketed by |y| = Σ_t mask_t into [edges_j, edges_j+1) (the last
+    bucket open above); for each non-empty bucket:
+
+        sequences, tokens
+        k3        = mean over its tokens of (ρ_t − 1) − log ρ_t,  log ρ_t = log π_t − log μ_t
+        seq_log_ratio_mean / _var = mean / population variance over its sequences of
+                    ℓ = Σ_t log ρ_t  (Var ℓ sets the variance of a sequence IS weight w = e^ℓ)
+        abs_log_w = mean over its sequences of |ℓ|
+    """
+    logp_mu, logp_pi, mask = logp_mu.detach().double(), logp_pi.detach().double(), mask.double()
+    d = (logp_pi - logp_mu) * mask
+    lengths = mask.sum(-1)
+    seq = d.sum(-1)
+    out = []
+    for j, lo in enumerate(edges):
+        hi = edges[j + 1] if j + 1 < len(edges) else None
+        rows = (lengths >= lo) & ((lengths < hi) if hi is not None else torch.ones_like(lengths, dtype=torch.bool))
+        rows &= lengths > 0
+        n = int(rows.sum())
+        if not n:
+            continue
+        tok = d[rows][mask[rows].bool()]
+        ell = seq[rows]
+        out.append({"min_len": lo, "max_len": hi, "sequences": n, "tokens": int(mask[rows].sum()),
+                    "k3": (torch.expm1(tok) - tok).mean().item(),
+                    "seq_log_ratio_mean": ell.mean().item(),
+                    "seq_log_ratio_var": ell.var(unbiased=False).item(),
+                    "abs_log_w": ell.abs().mean().item()})
+    return out

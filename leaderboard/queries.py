@@ -262,5 +262,8 @@ def mismatch_frame(engine: Engine) -> pd.DataFrame:
                .join(Model, Model.id == MismatchReport.model_id).order_by(MismatchReport.created_at.desc()))
     if df.empty:
         return df
-    return pd.concat([df.drop(columns=["metrics"]).reset_index(drop=True),
-                      pd.DataFrame(list(df.metrics.map(lambda m: m or {})))], axis=1)
+    # scalar metrics become columns; the per-length table (bench/mismatch.py length_buckets) stays one column
+    scalars = pd.DataFrame(list(df.metrics.map(lambda m: {k: v for k, v in (m or {}).items()
+                                                          if not isinstance(v, (list, dict))})))
+    scalars["length_buckets"] = list(df.metrics.map(lambda m: (m or {}).get("length_buckets")))
+    return pd.concat([df.drop(columns=["metrics"]).reset_index(drop=True), scalars], axis=1)

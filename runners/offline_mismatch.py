@@ -15,7 +15,7 @@ import torch
 from bench.engines import Sampling, make_engine
 from bench.errors import ConfigError
 from bench.knobs import check
-from bench.mismatch import mismatch_metrics
+from bench.mismatch import length_buckets, mismatch_metrics
 from bench.moe import config_is_moe, is_moe
 from bench.models import build_defaults, load_model, load_tokenizer, render_prompt, resolve_model, weights_hash
 from bench.kernels import cpu_kernel_path
@@ -164,6 +164,7 @@ def analyse(store, cfg: MismatchConfig, pairs: list[Precision], progress=None) -
         metrics = mismatch_metrics(mu, pi, mask)
         metrics["tokens"] = int(mask.sum().item())
         metrics.update(nonfinite_counts(mu, pi, mask))
+        metrics["length_buckets"] = length_buckets(mu, pi, mask)
         if router:
             metrics.update(router, router_replay=float(cfg.router_replay))
         plots = _plots(mu, pi, mask, out_root / f"{pair.rollout}-{pair.train}", pair.name)

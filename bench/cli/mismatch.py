@@ -64,6 +64,14 @@ def mismatch(model: str = typer.Option("tiny-math"), dtype: str = typer.Option("
                   f"{r['kl_k3']:.2e}", f"{r['prob_abs_diff_mean']:.2e}", f"{r['prob_diff_max']:.3g}",
                   f"{r['prob_diff_min']:.3g}", f"{r['log_ratio_slope']:.3g}", f"{r['log_ratio_slope_se']:.1e}")
     out.print(t)
+    lt = Table("rollout μ", "train π", "|y|", "sequences", "k3 per token", "mean ℓ", "Var ℓ", "mean |ℓ|",
+               title="by response length (ℓ = Σ_t log π_t − log μ_t)")
+    for r in reports:
+        for b in r.get("length_buckets") or []:
+            span = f"{b['min_len']}–{b['max_len'] - 1}" if b["max_len"] else f"≥ {b['min_len']}"
+            lt.add_row(r["rollout"], r["train"], span, str(b["sequences"]), f"{b['k3']:.2e}",
+                       f"{b['seq_log_ratio_mean']:.2e}", f"{b['seq_log_ratio_var']:.2e}", f"{b['abs_log_w']:.2e}")
+    out.print(lt)
     out.print(f"plots under {Path(reports[0]['plots']['token_scatter']).parent.parent}", highlight=False)
 
 

@@ -50,6 +50,19 @@ if "router_flip_frac" in router and view.router_flip_frac.notna().any():
                "would have chosen (docs/moe.md).")
     moe = view[view.router_flip_frac.notna()]
     display.dataframe(moe[["rollout_dtype", "train_dtype", *router]], hide_index=True, width="stretch")
+by_length = [r for r in view.itertuples() if isinstance(getattr(r, "length_buckets", None), list)
+             and r.length_buckets]
+if by_length:
+    st.subheader("By response length")
+    st.caption("Each report's sequences bucketed by response length |y|: per-token k3, and the sequence log-ratio "
+               "ℓ = Σ_t (log π_t − log μ_t) — its mean, its variance (which sets a sequence IS weight's) and mean |ℓ| "
+               "(bench/mismatch.py length_buckets).")
+    display.dataframe(pd.DataFrame([{"rollout_dtype": r.rollout_dtype, "train_dtype": r.train_dtype,
+                                     "|y|": f"{b['min_len']}–{b['max_len'] - 1}" if b["max_len"] else
+                                     f"≥ {b['min_len']}", **{k: b[k] for k in ("sequences", "tokens", "k3",
+                                                                            "seq_log_ratio_mean", "seq_log_ratio_var",
+                                                                            "abs_log_w")}}
+                                    for r in by_length for b in r.length_buckets]), hide_index=True, width="stretch")
 ratios = offline_ratios(view)
 st.subheader("bf16 ÷ fp16")
 if ratios:

@@ -203,3 +203,34 @@ def test_ratio_stats_clamp_the_log_ratio_at_20():
     s = ratio_stats(torch.tensor([25.0, 0.0, -25.0]), "w")
     assert (s["w_max"] == pytest.approx(math.exp(20), rel=1e-12)
             and s["w_min"] == pytest.approx(math.exp(-20), rel=1e-12))
+
+
+def test_length_buckets_by_hand():
+    """Three sequences of lengths 2, 3 and 20 (edges 0, 4, 16): log ρ = log π − log μ per token."""
+    import math
+
+    import torch
+
+    from bench.mismatch import length_buckets
+
+    mu = torch.zeros(3, 20)
+    pi = torch.zeros(3, 20)
+    mask = torch.zeros(3, 20)
+    mask[0, :2] = 1
+    pi[0, :2] = torch.tensor([0.1, -0.1])           # ℓ = 0
+    mask[1, :3] = 1
+    pi[1, :3] = torch.tensor([0.2, 0.2, 0.2])       # ℓ = 0.6
+    mask[2, :] = 1
+    pi[2, :] = -0.05                                # ℓ = -1.0
+    pi[0, 5] = 9.0                                  # off the mask: ignored
+    got = length_buckets(mu, pi, mask, edges=(0, 4, 16))
+    k3 = lambda d: math.expm1(d) - d                # noqa: E731
+    assert [(b["min_len"], b["max_len"], b["sequences"], b["tokens"]) for b in got] == [(0, 4, 2, 5), (16, None, 1, 20)]
+    a, b = got
+    assert math.isclose(a["k3"], (k3(0.1) + k3(-0.1) + 3 * k3(0.2)) / 5, rel_tol=1e-6)   # fp32 inputs
+    assert math.isclose(a["seq_log_ratio_mean"], 0.3, rel_tol=1e-6)
+    assert math.isclose(a["seq_log_ratio_var"], 0.09, rel_tol=1e-5)        # population variance of {0, 0.6}
+    assert math.isclose(a["abs_log_w"], 0.3, rel_tol=1e-6)
+    assert math.isclose(b["k3"], k3(-0.05), rel_tol=1e-6)
+    assert math.isclose(b["seq_log_ratio_mean"], -1.0, rel_tol=1e-5) and b["seq_log_ratio_var"] == 0.0
+    assert length_buckets(mu, pi, torch.zeros(3, 20)) == []                 # empty responses: no bucket
