@@ -212,7 +212,7 @@ def check_verl_version(version: str | None) -> None:
                         "in its own environment (it needs transformers < 5.11), and pass --verl-python")
     if version not in SUPPORTED_VERL:
         raise VerlError(f"verl {version} is installed; bench's overrides are written for verl "
-                        f"{', '.join(SUPPORTED_VERL)} (keys changed across 0.6–0.9, see reference/verl.md)")
+                        f"{', '.join(SUPPORTED_VERL)} (keys changed across 0.6–0.9; docs/verl.md)")
 
 
 def export_parquet(problems: list[Problem], path: Path, data_source: str) -> Path:
@@ -244,8 +244,8 @@ def _bypass(threshold: str) -> list[str]:
 
 
 def algo_overrides(algo: str, max_len: int, C: float = 3.0) -> list[str]:
-    """The verl 0.9.1 overrides of one algorithm (reference/verl.md §2). `lo_hi` thresholds are
-    quoted: unquoted, Hydra reads 1e-9_3 as a number."""
+    """The verl 0.9.1 overrides of one algorithm (docs/verl.md, "Where bench's overrides differ from
+    verl's defaults"). `lo_hi` thresholds are quoted: unquoted, Hydra reads 1e-9_3 as a number."""
     table = {
         "grpo": _dr(max_len),
         "grpo-token-tis": _dr(max_len) + [f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold={C:g}"],

@@ -158,3 +158,233 @@ def test_the_tests_mirror_the_packages():
     assert top == ["test_docs.py", "test_packaging.py"], top
     names = [f.name for f in files]
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+
+
+# What the pages say about statuses, formats and the demo, checked against the code that decides it
+# (issue: docs that contradicted bench/statuses.py, bench/formats.py and bench.sh).
+
+_VERDICT_WORD = re.compile(r"(?<![\w-])(PASS|FAIL|UNDECIDED)(?![\w-])")
+_TICKED = re.compile(r"`([^`\n]+)`")
+
+
+def _pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+
+
+def _prose(md: Path) -> str:
+    """The page without its fenced code blocks (commands, not claims)."""
+    return re.sub(r"```.*?```", "", md.read_text(), flags=re.S)
+
+
+def _table_rows(text: str) -> list[list[str]]:
+    return [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in text.splitlines() if line.lstrip().startswith("|")]
+
+
+def _status_claims(text: str) -> list[tuple[str, str, str]]:
+    """(status, verdict the text gives it, where) for each place that pairs a status with a
+    verdict: a table row whose first cell names the status in backticks and whose later cells
+    say PASS / FAIL / UNDECIDED (the leftmost counts); `VERDICT (status` as in "FAIL (max_steps
+    at 80)"; `status` (VERDICT); and the statuses listed after "a FAIL status ("."""
+    from bench.statuses import STATUSES
+
+    claims = []
+    for row in _table_rows(text):
+        names = _TICKED.findall(row[0]) if row else []
+        rest = " | ".join(row[1:])
+        m = _VERDICT_WORD.search(rest)
+        claims += [(n, m.group(1), " | ".join(row)[:120]) for n in names if m and n in STATUSES]
+    for m in re.finditer(r"(?<![\w-])(PASS|FAIL|UNDECIDED) \(`?([a-z_]+)`?\b", text):
+        if m.group(2) in STATUSES:
+            claims.append((m.group(2), m.group(1), m.group(0)))
+    for m in re.finditer(r"`([a-z_]+)` \((PASS|FAIL|UNDECIDED)\)", text):
+        if m.group(1) in STATUSES:
+            claims.append((m.group(1), m.group(2), m.group(0)))
+    for m in re.finditer(r"FAIL status(?:es)?\s*\(([^);]*)", text):
+        for word in re.findall(r"[a-z_]+", m.group(1)):
+            if word in STATUSES:
+                claims.append((word, "FAIL", m.group(0)[:120]))
+    return claims
+
+
+def _status_table_words(text: str) -> list[str]:
+    """The backticked words of the first column of every table headed `| status |`, and those
+    after "status" in a row's first cell (`status `futile`, `skipped``)."""
+    words, in_status_table = [], False
+    for line in text.splitlines():
+        if not line.lstrip().startswith("|"):
+            in_status_table = False
+            continue
+        first = line.strip().strip("|").split("|")[0].strip()
+        if first == "status":
+            in_status_table = True
+            continue
+        if in_status_table or first.startswith("status `"):
+            words += [w for w in _TICKED.findall(first) if re.fullmatch(r"[a-z_]+", w)]
+    return words
+
+
+@pytest.mark.parametrize("md", _pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_status_words_and_verdicts_agree_with_statuses(md: Path):
+    """A status a page tabulates is one of bench/statuses.py's, and the verdict a page gives it
+    is the one statuses.py gives it (`max_steps` is UNDECIDED, never FAIL)."""
+    from bench.statuses import STATUSES, verdict
+
+    text = _prose(md)
+    unknown = [w for w in _status_table_words(text) if w not in STATUSES]
+    assert not unknown, f"{md.name}: not a status of bench/statuses.py: {unknown}"
+    wrong = [f"{s}: {v} in {where!r}, statuses.py says {verdict(s)}" for s, v, where in _status_claims(text)
+             if verdict(s) != v]
+    assert not wrong, f"{md.name}: {wrong}"
+
+
+def _gate_says_failed(text: str) -> list[str]:
+    """Paragraphs about the calibration gate that say it ends a run `failed`."""
+    return [p.strip()[:160] for p in re.split(r"\n\s*\n", text)
+            if re.search(r"calibration", p, re.I)
+            and re.search(r"\bends?\s+(?:the run\s+|a run\s+|it\s+)?`?failed`?(?!\s+(?:to|by))", p)]
+
+
+def test_the_calibration_gate_ends_a_run_miscalibrated():
+    """The step-0 calibration gate ends a run `miscalibrated` (a FAIL), not `failed` (an error,
+    no verdict): bench/statuses.py."""
+    from bench.statuses import MISCALIBRATED, verdict
+
+    bad = {md.name: hits for md in _pages() if (hits := _gate_says_failed(_prose(md)))}
+    assert not bad, bad
+    assert verdict(MISCALIBRATED) == "FAIL"
+    assert f"ends `{MISCALIBRATED}`" in (DOCS / "training.md").read_text()
+
+
+# a format name as prose writes it: nvfp4, NVFP4, `fp8`; not the BF16 of AVX512-BF16, nor fp8_per_channel
+_FORMAT = re.compile(r"(?<![\w+=-])`?((?:bf16|fp16)\+(?:head|router)32|fp32|bf16|fp16|fp8|int8|nvfp4|mxfp4)`?"
+                     r"(?![\w+→=-])", re.I)
+_LIST_SEP = re.compile(r"\s*(?:,\s*(?:and\s+|or\s+)?|\s+and\s+|\s+or\s+|/)\s*")
+
+
+def _format_lists(text: str) -> list[list[str]]:
+    """Runs of three or more format names that only list separators (`,`, `and`, `or`, `/`)
+    join: "fp32, bf16, fp16, fp8, int8, nvfp4", "{fp32, bf16, …}", and "`fp16`, `fp8` (W8A8
+    e4m3), `nvfp4` (W4A4)": a gloss in parentheses after a name is blanked first."""
+    text = re.sub(_FORMAT.pattern + r"(\s\([^()\n]*\))", lambda m: m.group(0)[:m.start(2) - m.start()]
+                  + " " * len(m.group(2)), text, flags=re.I)
+    lists, run, end = [], [], None
+    for m in _FORMAT.finditer(text):
+        if run and _LIST_SEP.fullmatch(text[end:m.start()]):
+            run.append(m.group(1).lower())
+        else:
+            if len(set(run)) >= 3:
+                lists.append(run)
+            run = [m.group(1).lower()]
+        end = m.end()
+    if len(set(run)) >= 3:
+        lists.append(run)
+    return lists
+
+
+@pytest.mark.parametrize("md", [p for p in _pages() if p.name != "results.md"],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_format_lists_name_every_registered_format(md: Path):
+    """A list of formats that names nvfp4 names mxfp4 too (docs/results.md is exempt: its lists
+    are what was measured on a date), so a list written before mxfp4 was registered fails."""
+    text = _prose(md)
+    short = [", ".join(lst) for lst in _format_lists(text) if "nvfp4" in lst and "mxfp4" not in lst]
+    assert not short, f"{md.name}: format lists without mxfp4: {short}"
+
+
+@pytest.mark.parametrize("md", _pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_backticked_format_names_are_registered(md: Path):
+    """Every format name a page puts in backticks is in bench/formats.py's registry (or an alias):
+    `fp8`, `rollout=nvfp4,train=fp16`, `nvfp4→fp16`, `bf16;fp16`, `all16` pass; `fp4` would not."""
+    from bench.formats import canonical
+
+    looks_like_format = re.compile(r"(?:[a-z]*fp\d+|bf\d+|int\d+)(?:\+[a-z]+\d+)?", re.I)
+    unknown = []
+    for code in _TICKED.findall(md.read_text()):
+        for piece in re.split(r"[;,→\s]+|\b(?:rollout|train)=", code):
+            piece = piece.strip().strip("\"'")
+            if looks_like_format.fullmatch(piece):
+                try:
+                    canonical(piece)
+                except Exception:
+                    unknown.append(f"{piece} in `{code}`")
+    assert not unknown, f"{md.name}: formats bench/formats.py does not know: {unknown}"
+
+
+def _demo_branch() -> str:
+    text = (ROOT / "bench.sh").read_text()
+    start = text.index("\n  demo)")
+    return text[start:text.index(";;", start)].replace("\\\n", " ")
+
+
+def _demo_dtypes(verb: str) -> list[str]:
+    """The display names of the cells of the demo's `bench VERB --dtype "..."` line in bench.sh."""
+    from bench.precision import parse_list
+
+    line = next(ln for ln in _demo_branch().splitlines() if ln.strip().startswith(f"bench {verb} "))
+    return sorted(p.name for p in parse_list(re.search(r'--dtype "([^"]+)"', line).group(1)))
+
+
+def _sections(text: str) -> list[tuple[str, str]]:
+    parts = re.split(r"(?m)^(#+ .*)$", text)
+    return [("", parts[0])] + list(zip(parts[1::2], parts[2::2]))
+
+
+def _demo_claims(text: str) -> list[str]:
+    """The sentences (table rows, picture captions) that say what the demo trains: in a section
+    about the demo or naming it, and naming a cell, a control or what it trains; a sentence about
+    the offline mismatch (`bench mismatch`), or one about what the demo ran before ("until", "left the demo"), is
+    not such a claim."""
+    claims = []
+    for heading, body in _sections(re.sub(r"```.*?```", "", text, flags=re.S)):
+        demo_section = "demo" in heading.lower()
+        for para in re.split(r"\n\s*\n", body):
+            lines = para.splitlines()
+            units = lines if lines and lines[0].lstrip().startswith("|") else \
+                re.split(r"(?<=[.!?])\s+(?=[A-Z*`(\[!])", " ".join(lines))
+            for s in units:
+                if not (demo_section or re.search(r"\bdemo\b", s, re.I)):
+                    continue
+                if not re.search(r"\b(?:trains?|cells?|controls?)\b", s, re.I):
+                    continue
+                if re.search(r"\b(?:offline|until|left|no longer|before)\b", s, re.I):
+                    continue
+                claims.append(s)
+    return claims
+
+
+def _demo_page_errors(text: str, cells: list[str], mismatch: list[str]) -> list[str]:
+    from bench.precision import parse_list
+
+    trained = {f for c in cells for f in c.split("→")}
+    errors = []
+    for s in _demo_claims(text):
+        extra = {m.lower() for m in _FORMAT.findall(s)} - trained
+        if extra:
+            errors.append(f"the demo does not train {sorted(extra)}: {s[:160]!r}")
+    for heading, body in _sections(text):
+        if "demo" not in heading.lower():
+            continue
+        for block in re.findall(r"```.*?```", body, flags=re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                m = re.match(r"\s*bench (sweep|mismatch) .*--dtype \"([^\"]+)\"", line)
+                if m:
+                    got = sorted(p.name for p in parse_list(m.group(2)))
+                    want = cells if m.group(1) == "sweep" else mismatch
+                    if got != want:
+                        errors.append(f"bench {m.group(1)} --dtype {got}, bench.sh runs {want}")
+    return errors
+
+
+DEMO_PAGES = ("docs/quickstart.md", "docs/concepts.md", "docs/index.md", "README.md")
+
+
+@pytest.mark.parametrize("page", DEMO_PAGES)
+def test_the_demo_trains_what_the_pages_say(page: str):
+    """The demo's cells as the pages describe them are those bench.sh's `demo)` branch sweeps
+    (pg-seq-is at fp16 and rollout=mxfp4,train=fp16), and a demo command a page prints is the one
+    bench.sh runs: no page claims an nvfp4 or bf16 cell the demo no longer trains."""
+    cells, mismatch = _demo_dtypes("sweep"), _demo_dtypes("mismatch")
+    assert cells == ["fp16", "mxfp4→fp16"], cells      # the controls the pages describe
+    errors = _demo_page_errors((ROOT / page).read_text(), cells, mismatch)
+    assert not errors, f"{page}: {errors}"

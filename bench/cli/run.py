@@ -97,8 +97,8 @@ _NODES = typer.Option(1, min=1, help="With --trainer verl: nodes.")
 _PRESET = typer.Option(Preset.tiny, help="The run settings every option below starts from: tiny (the embedded "
                        "tiny-math models; refused for any other), small (a small real model on a CPU: smollm2-135m, "
                        "gemma3-270m), paper (the paper's recipe, for a GPU).")
-_BENCHMARK = typer.Option(None, help="Problem source of the preset's benchmark (paper: AIME24 from the hub; "
-                          "offline, a .jsonl such as the paper's aime24.jsonl).")
+_BENCHMARK = typer.Option(None, help="Problem source in place of the preset's benchmark (paper: the packaged "
+                          "AIME24, offline): a .jsonl such as the paper's aime24.jsonl, a packaged name or a hub id.")
 _SEEDS = typer.Option(None, help="Run each cell once per seed: N for seeds 0..N-1, or a list such as 0,3,5; "
                       "finished (cell, seed) pairs are skipped. A cell's first failing seed decides it: its other "
                       "seeds are not started, or are interrupted, and recorded skipped.")

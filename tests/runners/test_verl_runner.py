@@ -1,5 +1,5 @@
 """The verl runner's configuration: overrides per algorithm × precision as in
-reference/verl.md, verl's parquet, the reward module on real golds, the metric name map.
+docs/verl.md, verl's parquet, the reward module on real golds, the metric name map.
 verl's own checks (Hydra compose, `validate_config`, `main_ppo --cfg job`) run in verl's
 environment; the losses are checked against verl's in test_verl_crosscheck.py."""
 
