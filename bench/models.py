@@ -21,6 +21,7 @@ from pathlib import Path
 
 from bench.errors import BenchError, did_you_mean
 from bench.model_sources import NAMED, ModelSourceError, converted_dir, models_home, named_gguf
+from bench.warmup import model_defaults
 
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 TINY_MATH = "tiny-math"
@@ -71,6 +72,9 @@ def build_defaults(ref: ModelRef) -> dict:
         return {"source": "synthetic", "max_tokens": 64}
     if ref.name in NAMED:
         return {"source": NAMED[ref.name].source, "max_tokens": NAMED[ref.name].max_tokens}
+    carried = model_defaults(ref.path) if Path(ref.path).is_dir() else None
+    if carried:
+        return {"source": carried["source"], "max_tokens": carried["max_tokens"]}
     return {"source": "math", "max_tokens": 8192}
 
 
@@ -101,7 +105,9 @@ def resolve_model(name: str) -> ModelRef:
     if p.is_dir():
         if not (p / "config.json").exists():
             raise ModelError(f"{p} is not a Hugging Face model directory (no config.json)")
-        return ModelRef(name, str(p.resolve()), False)
+        carried = model_defaults(p) or {}        # a warmed model's (bench/warmup.py): its prompt
+        return ModelRef(name, str(p.resolve()), False, base=bool(carried.get("base")),
+                        prompt_template=carried.get("template"), prompt_instruction=carried.get("instruction"))
     if "/" in name and not name.startswith((".", "/")) and name.count("/") == 1:
         return ModelRef(name, name, False)
     raise ModelError(f"unknown model {name!r}{did_you_mean(name, [*EMBEDDED, *NAMED])}: use 'tiny-math', "

@@ -37,7 +37,7 @@ app = typer.Typer(cls=_BenchGroup, add_completion=False, no_args_is_help=True, p
                   help="bench: the RL sanity test (perfectible split → RL runs → leaderboard).")
 build_app = typer.Typer(help="Build the perfectible split for a base model.", invoke_without_command=True)
 builds_app = typer.Typer(help="List and inspect builds.", invoke_without_command=True)
-model_app = typer.Typer(help="The embedded model.", no_args_is_help=True)
+model_app = typer.Typer(help="The embedded models, and the warm-up of a small real model.", no_args_is_help=True)
 db_app = typer.Typer(help="The SQL store.", no_args_is_help=True)
 app.add_typer(build_app, name="build")
 app.add_typer(builds_app, name="builds")

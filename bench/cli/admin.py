@@ -49,6 +49,37 @@ def model_train(name: str = typer.Argument("tiny-math", help="'tiny-math' (Llama
     out.print_json(json.dumps(summary))
 
 
+@model_app.command("warmup")
+def model_warmup(name: str = typer.Argument(..., help="A real model: smollm2-135m, gemma3-270m, a .gguf file or a "
+                                            "model directory."),
+                 out_dir: Optional[Path] = typer.Option(None, "--out", help="Default: $BENCH_HOME/models/<name>-warm-"
+                                                        "<steps>-<lr>-<seed>."),
+                 steps: int = typer.Option(30, help="Optimizer steps."), lr: float = typer.Option(2e-5),
+                 batch_size: int = typer.Option(16), levels: str = typer.Option("2-5", help="Arithmetic levels "
+                                                                                 "trained on."),
+                 seed: int = typer.Option(0), threads: int = typer.Option(2),
+                 max_tokens: int = typer.Option(128, help="Default response length of builds of the warmed model.")):
+    """Teach a small real model the boxed-answer format before the sanity test: a short, reproducible
+    supervised warm-up on arithmetic problems no default build draws (bench/warmup.py). Writes a model
+    directory to build and train on (`bench build --model DIR`)."""
+    from bench.model_sources import models_home
+    from bench.models import resolve_model
+    from bench.warmup import WarmupConfig, warm_up
+
+    cfg = WarmupConfig(steps=steps, lr=lr, batch_size=batch_size, levels=levels, seed=seed, threads=threads,
+                       max_tokens=max_tokens)
+    if resolve_model(name).embedded:
+        fail(f"{name!r} is an embedded model: `bench model train` makes it; the warm-up is for real models")
+    target = out_dir or models_home() / f"{Path(name).stem}-warm-{steps}-{lr:g}-{seed}"
+    if (target / "config.json").exists():
+        fail(f"{target} already holds a model: give another --out")
+    with _progress("warming up") as prog:
+        task = prog.add_task("steps", total=steps, rate="")
+        summary = warm_up(name, cfg, target, progress=lambda s, n, loss: prog.update(task, completed=s,
+                                                                                    rate=f"loss {loss:.3f}"))
+    out.print_json(json.dumps(summary))
+
+
 @db_app.command("upgrade")
 def db_upgrade(db: Optional[str] = DB_OPT):
     """Apply pending migrations to the store."""
