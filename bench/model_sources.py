@@ -30,6 +30,7 @@ from pathlib import Path
 from bench.errors import BenchError
 
 GGUF_MARKER = "bench-gguf.json"
+MODEL_FILE = "bench-model.json"       # what a model directory bench made says of itself (bench/warmup.py)
 # llama.cpp's `general.file_type` (enum llama_ftype) for the types a model file is named by
 GGUF_FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
                    11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
@@ -182,3 +183,12 @@ def gguf_provenance(model_dir: str | Path) -> dict | None:
     if not p.is_file():
         return None
     return json.loads(p.read_text())
+
+
+def model_defaults(model_dir: str | Path) -> dict | None:
+    """The build defaults a model directory carries (`bench-model.json`, written by
+    bench/warmup.py: prompt, source, max tokens), None where it has none."""
+    p = Path(model_dir) / MODEL_FILE
+    if not p.is_file():
+        return None
+    return json.loads(p.read_text()).get("defaults")

@@ -20,8 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.errors import BenchError, did_you_mean
-from bench.model_sources import NAMED, ModelSourceError, converted_dir, models_home, named_gguf
-from bench.warmup import model_defaults
+from bench.model_sources import NAMED, ModelSourceError, converted_dir, model_defaults, models_home, named_gguf
 
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 TINY_MATH = "tiny-math"

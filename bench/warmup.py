@@ -28,8 +28,8 @@ from pathlib import Path
 
 from bench.arithmetic import arithmetic_rows, parse_levels
 from bench.knobs import check, knob
+from bench.model_sources import MODEL_FILE
 
-MODEL_FILE = "bench-model.json"
 HELD_OUT = 500          # the default build's draw (bench/arithmetic.py DEFAULT_LIMIT)
 
 
@@ -126,10 +126,3 @@ def warm_up(model_name: str, cfg: WarmupConfig, out: Path, progress=None) -> dic
     return {"out": str(out), "steps": cfg.steps, "first_loss": losses[0], "last_loss": losses[-1],
             "wall_s": record["warmup"]["wall_s"]}
 
-
-def model_defaults(model_dir: str | Path) -> dict | None:
-    """The build defaults a model directory carries (`bench-model.json`), None where it has none."""
-    p = Path(model_dir) / MODEL_FILE
-    if not p.is_file():
-        return None
-    return json.loads(p.read_text()).get("defaults")

@@ -10,7 +10,8 @@ import torch
 from typer.testing import CliRunner
 
 from bench.arithmetic import arithmetic_rows
-from bench.warmup import MODEL_FILE, WarmupConfig, training_pool, warm_up, worked_answer
+from bench.model_sources import MODEL_FILE
+from bench.warmup import WarmupConfig, training_pool, warm_up, worked_answer
 from gguf_files import tiny_llama, write_llama_gguf
 
 pytest.importorskip("gguf")
