@@ -47,6 +47,7 @@ from sqlalchemy import select
 
 from bench.errors import BenchError
 from bench.machine_metrics import deterministic
+from bench.model_sources import file_sha256
 from bench.problem_ids import split_hash
 from bench import verdicts
 from bench.statuses import CONVERGED, FAILED, MISCALIBRATED, RUNNING
@@ -106,15 +107,6 @@ def _run_record(s, r: Run, shash: str) -> dict:
             "digests": [{"step": d.step, "digest": d.digest, "chain": d.chain, "scheme": d.scheme} for d in digests]}
 
 
-def _file_sha256(path: Path) -> str:
-    """sha256 of a file, read a MiB at a time."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _dumps(obj) -> bytes:
     return json.dumps(obj, indent=1, sort_keys=True, default=str).encode("utf-8")
 
@@ -157,7 +149,7 @@ def export_runs(engine, run_ids: list[str], out: Path, window_checkpoints: bool 
                 "runs": [r.id for r in runs], "builds": list(hashes), "split_hashes": hashes,
                 **({"window_checkpoints": carried} if window_checkpoints else {}),
                 "members": {**{name: hashlib.sha256(data).hexdigest() for name, data in members.items()},
-                            **{name: _file_sha256(path) for name, path in files.items()}}}
+                            **{name: file_sha256(path) for name, path in files.items()}}}
     out = Path(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -263,7 +255,7 @@ def read_bundle(path: Path) -> tuple[dict, dict[str, dict], dict[str, dict]]:
             f = (tmp / name).resolve()
             _need(f.is_relative_to(tmp.resolve()) and f.is_file(), f"member {name!r} escapes the extraction folder")
             if _CHECKPOINT.fullmatch(name):          # hashed from the disk: a checkpoint may be many GB
-                sums[name] = _file_sha256(f)
+                sums[name] = file_sha256(f)
             else:
                 files[name] = f.read_bytes()
     finally:

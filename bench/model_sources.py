@@ -101,11 +101,13 @@ def named_gguf(name: str, home: str | Path | None = None) -> Path:
     return path
 
 
-def file_sha256(path: Path) -> str:
+def file_sha256(*paths: Path) -> str:
+    """sha256 (hex) of the files' bytes one after the other, read a MiB at a time."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
+    for path in paths:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
     return h.hexdigest()
 
 

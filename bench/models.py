@@ -15,12 +15,12 @@ template and instruction, and its runs prompt as it did (`with_prompt`).
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.errors import BenchError, did_you_mean
-from bench.model_sources import NAMED, ModelSourceError, converted_dir, model_defaults, models_home, named_gguf
+from bench.model_sources import (GGUF_MARKER, NAMED, ModelSourceError, converted_dir, file_sha256, model_defaults,
+                                 models_home, named_gguf)
 
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 TINY_MATH = "tiny-math"
@@ -119,8 +119,6 @@ def _named_dir(name: str) -> Path:
     without hashing the GGUF again), converted from the package's file on first use."""
     m = NAMED[name]
     cached = models_home() / f"{name}-{m.version}"
-    from bench.model_sources import GGUF_MARKER
-
     if (cached / GGUF_MARKER).is_file():
         return cached
     try:
@@ -140,13 +138,8 @@ def weights_hash(ref: ModelRef) -> str | None:
     p = Path(ref.path)
     if not p.is_dir():
         return None
-    h = hashlib.sha256()
     files = sorted(p.glob("*.safetensors")) or sorted(p.glob("*.bin"))
-    for f in files:
-        with f.open("rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()[:16] if files else None
+    return file_sha256(*files)[:16] if files else None
 
 
 def load_tokenizer(ref: ModelRef):

@@ -51,6 +51,45 @@ def _permute(w: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def _writer(path: Path, arch, model, name: str):
+    """A GGUFWriter for `model` with the hyper-parameters every llama.cpp architecture writes the
+    same way, and its tensor-name map."""
+    import gguf
+
+    cfg = model.config
+    w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
+    w.add_name(name)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_vocab_size(cfg.vocab_size)
+    return w, gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
+
+
+def _write_tensors(w, names, model, convert) -> None:
+    """Every tensor of `model` but the tied head, under its GGUF name, as `convert(hf_name,
+    gguf_name, fp32 array)` gives it ((array, raw dtype or None)); then the file."""
+    for hf_name, t in model.state_dict().items():
+        if hf_name == "lm_head.weight":          # tied: llama.cpp writes no output.weight
+            continue
+        base = hf_name.removesuffix(".weight")
+        name = names.get_name(base) or names.get_name(base.removeprefix("model."))
+        assert name, hf_name
+        data, raw = convert(hf_name, name, t.detach().float().numpy())
+        if raw is None:
+            w.add_tensor(name + ".weight", data)
+        else:
+            w.add_tensor(name + ".weight", data, raw_shape=data.shape, raw_dtype=raw)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def write_llama_gguf(path: Path, model, quant: str = "F32") -> Path:
     """`model` (a LlamaForCausalLM over `byte_vocab()`) as a GGUF at `path`: F32, or Q8_0 linear
     weights (norms and the embedding stay F32, as llama.cpp keeps 1-D tensors)."""
@@ -58,21 +97,10 @@ def write_llama_gguf(path: Path, model, quant: str = "F32") -> Path:
 
     cfg = model.config
     tokens, merges = byte_vocab()
-    arch = gguf.MODEL_ARCH.LLAMA
-    names = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
-    w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
-    w.add_name("bench-test-llama")
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
+    w, names = _writer(path, gguf.MODEL_ARCH.LLAMA, model, "bench-test-llama")
     w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"] if getattr(cfg, "rope_parameters", None)
                                else cfg.rope_theta))
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
-    w.add_vocab_size(cfg.vocab_size)
     ftype = {"F32": gguf.LlamaFileType.ALL_F32, "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[quant]
     w.add_file_type(ftype)
     w.add_tokenizer_model("gpt2")
@@ -84,28 +112,18 @@ def write_llama_gguf(path: Path, model, quant: str = "F32") -> Path:
     w.add_eos_token_id(tokens.index("<|im_end|>"))
     w.add_pad_token_id(tokens.index("<|endoftext|>"))
     w.add_chat_template(CHAT_TEMPLATE)
-    for hf_name, t in model.state_dict().items():
-        if hf_name == "lm_head.weight":          # tied: llama.cpp writes no output.weight
-            continue
-        data = t.detach().float().numpy()
+
+    def convert(hf_name, name, data):
         if hf_name.endswith("q_proj.weight"):
             data = _permute(data, cfg.num_attention_heads, cfg.num_attention_heads)
         elif hf_name.endswith("k_proj.weight"):
             data = _permute(data, cfg.num_attention_heads, cfg.num_key_value_heads)
-        base = hf_name.removesuffix(".weight")
-        name = names.get_name(base) or names.get_name(base.removeprefix("model."))
-        assert name, hf_name
         if quant == "Q8_0" and data.ndim == 2 and "embd" not in name:
-            q = gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)
-            w.add_tensor(name + ".weight", q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-        else:
-            w.add_tensor(name + ".weight", data)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+            return gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0
+        return data, None
 
+    _write_tensors(w, names, model, convert)
+    return path
 
 def sentencepiece_vocab() -> tuple[list[str], list[int]]:
     """(tokens, token types) of a small Gemma-style sentencepiece vocabulary: pad, eos, bos, unk,
@@ -149,22 +167,11 @@ def write_gemma3_gguf(path: Path, model) -> Path:
 
     cfg = model.config
     tokens, types = sentencepiece_vocab()
-    arch = gguf.MODEL_ARCH.GEMMA3
-    names = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
-    w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
-    w.add_name("bench-test-gemma3")
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
+    w, names = _writer(path, gguf.MODEL_ARCH.GEMMA3, model, "bench-test-gemma3")
     w.add_key_length(cfg.head_dim)
     w.add_value_length(cfg.head_dim)
     w.add_rope_freq_base(1e6)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_sliding_window(cfg.sliding_window)
-    w.add_vocab_size(cfg.vocab_size)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
@@ -176,18 +183,7 @@ def write_gemma3_gguf(path: Path, model) -> Path:
     w.add_pad_token_id(0)
     w.add_unk_token_id(3)
     w.add_add_bos_token(True)
-    for hf_name, t in model.state_dict().items():
-        if hf_name == "lm_head.weight":
-            continue
-        data = t.detach().float().numpy()
-        base = hf_name.removesuffix(".weight")
-        name = names.get_name(base) or names.get_name(base.removeprefix("model."))
-        assert name, hf_name
-        if base.endswith("norm"):
-            data = data + 1.0                  # llama.cpp's Gemma norm_shift
-        w.add_tensor(name + ".weight", data)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    # llama.cpp's Gemma norm_shift: its RMSNorm weights are stored as 1 + w
+    _write_tensors(w, names, model, lambda hf_name, name, data: (data + 1.0 if hf_name.removesuffix(".weight")
+                                                                  .endswith("norm") else data, None))
     return path
