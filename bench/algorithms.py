@@ -11,6 +11,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+@dataclass
+class AlgoConfig:
+    """Hyper-parameters shared by the losses."""
+
+    max_len: int = 64            # L: the Dr.GRPO token-sum normaliser (the max response length)
+    C: float = 3.0               # truncation / masking threshold of the IS weights
+    eps_lo: float = 0.2          # PPO clip 1 − ε_lo
+    eps_hi: float = 0.28         # clip-higher 1 + ε_hi
+    gspo_lo: float = 3e-4        # GSPO's sequence clip range
+    gspo_hi: float = 4e-4
+
+
+
 @dataclass(frozen=True)
 class Algorithm:
     name: str

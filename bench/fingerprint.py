@@ -14,18 +14,26 @@ in does not matter. `short(fp)` is what tables show (6 hex digits); the full 12 
 the cells, so two configs share a cell only if they are equal (a collision among even 10⁴
 configs has probability ~2·10⁻⁷).
 
-Left out (`NOT_SETTINGS`), because they are not a choice of experiment:
-- seed: what tells a cell's runs apart;
-- staleness: the cell's own K column already;
-- preset: the preset's name (its values are stored key by key and counted);
-- verl: the verl job description (paths under the run's own directory, the command line);
-- bookkeeping and resources, which say where and how fast the same run is computed, not what
-  it computes (as the device, which is not in the config either): checkpoint_every, keep_checkpoints, threads,
-  rollout_max_batch, gpu_memory_utilization, max_tokens_per_microbatch and group_by_length (the
-  same optimizer step up to float rounding), gradient_checkpointing (a recompute).
+Left out (`NOT_SETTINGS`), because they are not a choice of experiment, read from the knobs'
+metadata (bench/runconfig.py, `fingerprint`), never typed twice:
+- the run config's own extra keys: preset (the preset's name: its values are stored key by key
+  and counted) and verl (the verl job description: paths under the run's own directory, the
+  command line);
+- "cell" knobs, columns of the cell key of their own: seed (what tells a cell's runs apart) and
+  staleness (the cell's K column);
+- "resource" knobs, which say where and how fast the same run is computed, not what it computes
+  (as the device, which is not in the config either): checkpoint_every, keep_checkpoints,
+  threads, rollout_max_batch, gpu_memory_utilization, max_tokens_per_microbatch and
+  group_by_length (the same optimizer step up to float rounding), gradient_checkpointing (a
+  recompute).
 
-A run stored before a setting existed has no key for it and so a fingerprint of its own (it ran
-other code); `bench.configdiff` shows what differs between two cells' configs.
+The rule for a new knob (`WHEN_SET`): a knob added after runs were stored is declared
+`fingerprint="when-set"` and is part of the settings only at a value other than its default.
+A stored run has no key for it and a new run at the default leaves it out: adding the knob
+splits no stored cell and no published bundle's; a run at another value (other arithmetic) is a
+cell of its own. A knob of "setting" (those before this rule) is part of the settings at every
+value, so a run stored before such a setting existed has a fingerprint of its own (it ran other
+code); `bench.configdiff` shows what differs between two cells' configs.
 """
 
 from __future__ import annotations
@@ -33,9 +41,17 @@ from __future__ import annotations
 import hashlib
 import json
 
-NOT_SETTINGS = ("seed", "staleness", "preset", "verl", "checkpoint_every", "keep_checkpoints", "threads",
-                "rollout_max_batch", "gpu_memory_utilization", "max_tokens_per_microbatch", "group_by_length",
-                "gradient_checkpointing")
+import dataclasses
+
+from bench.knobs import knobs_where
+from bench.runconfig import RunConfig
+
+CONFIG_EXTRAS = ("preset", "verl")      # the stored config's keys besides RunConfig's
+NOT_SETTINGS = (*CONFIG_EXTRAS, *(f.name for role in ("cell", "resource") for f in knobs_where(RunConfig, "fingerprint",
+                                                                                               role)))
+# knob → its default, for the knobs part of the settings only when set to something else
+WHEN_SET = {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())
+            for f in knobs_where(RunConfig, "fingerprint", "when-set")}
 LENGTH = 12          # hex digits that key a cell
 SHOWN = 6            # hex digits a table shows
 
@@ -53,9 +69,12 @@ def _canonical(value):
     return str(value)
 
 
-def settings(config: dict | None) -> dict:
-    """The settings of a stored run config: every key but those of NOT_SETTINGS, canonical."""
-    return _canonical({k: v for k, v in (config or {}).items() if k not in NOT_SETTINGS})
+def settings(config: dict | None, when_set: dict | None = None) -> dict:
+    """The settings of a stored run config, canonical: every key but those of NOT_SETTINGS and
+    those of `when_set` (default WHEN_SET: {knob: default}) at their default."""
+    when_set = WHEN_SET if when_set is None else when_set
+    return _canonical({k: v for k, v in (config or {}).items() if k not in NOT_SETTINGS
+                       and not (k in when_set and _canonical(v) == _canonical(when_set[k]))})
 
 
 def fingerprint(config: dict | None) -> str:

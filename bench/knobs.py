@@ -17,7 +17,9 @@ a run that diverges),
 cli (False: not a command-line option, e.g.
 nested configs or knobs that must keep their default), nested (True on a field holding a knob
 dataclass whose own CLI knobs are options of the verbs that read the outer config, under their
-own names: RunConfig.stop's `futility` is `bench run --futility`; `cli_knobs` lists them).
+own names: RunConfig.stop's `futility` is `bench run --futility`; `cli_knobs` lists them),
+fingerprint (a run knob's part in the settings fingerprint: "setting", "resource", "cell" or "when-set",
+bench/fingerprint.py), verl (True: verl's launcher or follower applies the knob).
 """
 
 from __future__ import annotations
@@ -31,12 +33,17 @@ from functools import lru_cache
 from bench.errors import ConfigError
 
 
+FINGERPRINT_ROLES = ("setting", "resource", "cell", "when-set")
+
+
 def knob(default=MISSING, *, help: str, unit: str | None = None, ge=None, gt=None, le=None, lt=None,
-         cli: bool = True, nested: bool = False, finite: bool = True,
-         default_factory=MISSING) -> Field:
+         cli: bool = True, nested: bool = False, finite: bool = True, fingerprint: str = "setting",
+         verl: bool = False, default_factory=MISSING) -> Field:
     """A dataclass field with its help, unit and bounds (see the module doc)."""
+    if fingerprint not in FINGERPRINT_ROLES:
+        raise ValueError(f"fingerprint={fingerprint!r}: one of {FINGERPRINT_ROLES}")
     meta = {"help": help, "unit": unit, "ge": ge, "gt": gt, "le": le, "lt": lt, "cli": cli,
-            "nested": nested, "finite": finite}
+            "nested": nested, "finite": finite, "fingerprint": fingerprint, "verl": verl}
     if default_factory is not MISSING:
         return field(default_factory=default_factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -158,3 +165,8 @@ def check(cfg, where: str = ""):
                 if dataclasses.is_dataclass(item) and not isinstance(item, type):
                     check(item, f"{where}{f.name}[{i}].")
     return cfg
+
+
+def knobs_where(cls, key: str, value) -> list[Field]:
+    """The knobs of `cls` (CLI or not) whose metadata `key` is `value`, in declaration order."""
+    return [f for f in knob_fields(cls, cli_only=False) if f.metadata.get(key) == value]

@@ -15,14 +15,19 @@ it from the evaluations, never from the label alone):
 - UNDECIDED: `max_steps`: the budget ran out before any rule decided; `bench runs extend RUN
   --max-steps N` continues it.
 
-RUNNING while a run goes on (or was killed while training). `failed` (an error or Ctrl-C) and
-`skipped` (a seed its cell's first FAIL made unnecessary) give no verdict at all (NO_VERDICT):
-an error says nothing about the algorithm or the precision.
+RUNNING while a run goes on. A run whose process was killed without recording an end (the
+kernel, a lost machine) stays `running` in the store; its heartbeat stops (runners/ledger.py),
+and every reader shows it `interrupted` (`live_status`), resumable. `failed` (an error or
+Ctrl-C), `skipped` (a seed its cell's first FAIL made unnecessary) and `interrupted` give no
+verdict at all (NO_VERDICT): an error says nothing about the algorithm or the precision.
+`evaluated` (a run with `--max-steps 0`: the step-0 gate and evaluation only, as the
+equivalence protocol's sweep makes) is a measurement, not a leaderboard cell (IN_CELLS).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 
 PASS, FAIL, UNDECIDED, RUNNING_VERDICT, NO_VERDICT = "PASS", "FAIL", "UNDECIDED", "RUNNING", "NO VERDICT"
 VERDICTS = (PASS, FAIL, UNDECIDED, RUNNING_VERDICT, NO_VERDICT)
@@ -36,6 +41,7 @@ class Status:
     resumable: bool         # `bench run --resume RUN` continues it
     extendable: bool        # `bench runs extend RUN --max-steps N` continues it under a larger budget
     verdict: str            # the sanity verdict: one of VERDICTS
+    in_cells: bool = True   # a seed of its leaderboard cell (a measurement that trained nothing is not)
 
 
 STATUSES: dict[str, Status] = {s.name: s for s in (
@@ -51,18 +57,26 @@ STATUSES: dict[str, Status] = {s.name: s for s in (
            "beyond the pair's limits (a plumbing fault)", True, False, False, FAIL),
     Status("max_steps", "reached max_steps before any rule decided", True, False, True, UNDECIDED),
     Status("failed", "stopped by an error or Ctrl-C", True, True, False, NO_VERDICT),
+    Status("interrupted", "its process stopped without recording an end (killed: no heartbeat for "
+           "DEAD_AFTER_S); read, never stored: the store still says running", True, True, False, NO_VERDICT),
+    Status("evaluated", "--max-steps 0: the step-0 calibration gate and evaluation only; a measurement, "
+           "no cell of the leaderboard", True, False, True, NO_VERDICT, in_cells=False),
     Status("skipped", "not run, or interrupted: an earlier seed of its cell failed, which decides the cell",
            True, False, False, NO_VERDICT),
 )}
 
-RUNNING, CONVERGED, FUTILE, COLLAPSED, PLATEAUED, DIVERGED, MISCALIBRATED, MAX_STEPS, FAILED, SKIPPED = STATUSES
+(RUNNING, CONVERGED, FUTILE, COLLAPSED, PLATEAUED, DIVERGED, MISCALIBRATED, MAX_STEPS, FAILED, INTERRUPTED,
+ EVALUATED, SKIPPED) = STATUSES
+DEAD_AFTER_S = 600.0    # a running run silent this long (10 heartbeats, runners/ledger.py) reads as interrupted
 
 # ended for good by a stop rule's verdict, the gate or the budget, as opposed to running, failed,
 # or skipped (a seed its cell's first failing seed made unnecessary: it has no verdict of its own)
 FINISHED = tuple(s.name for s in STATUSES.values() if s.terminal and not s.resumable and s.name != SKIPPED)
+STORED = tuple(s for s in STATUSES if s != INTERRUPTED)     # what a runner writes (interrupted is read only)
 RESUMABLE = tuple(s.name for s in STATUSES.values() if s.resumable)
 EXTENDABLE = tuple(s.name for s in STATUSES.values() if s.extendable)
 FAILING = tuple(s.name for s in STATUSES.values() if s.verdict == FAIL)       # the statuses whose verdict is FAIL
+NOT_IN_CELLS = tuple(s.name for s in STATUSES.values() if not s.in_cells)
 
 
 def verdict(status: str | None) -> str:
@@ -70,3 +84,13 @@ def verdict(status: str | None) -> str:
     missing status."""
     s = STATUSES.get(status) if status is not None else None
     return s.verdict if s is not None else NO_VERDICT
+
+
+def live_status(status: str | None, last_sign: datetime | None, now: datetime | None = None) -> str | None:
+    """The status a reader shows: `interrupted` for a run still `running` in the store whose last
+    sign of life (`last_sign`: its heartbeat, else its last update; naive UTC) is more than
+    DEAD_AFTER_S before `now` (default: the current UTC time); otherwise the stored status."""
+    if status != RUNNING or last_sign is None:
+        return status
+    now = now or datetime.now(timezone.utc).replace(tzinfo=None)
+    return INTERRUPTED if now - last_sign > timedelta(seconds=DEAD_AFTER_S) else status

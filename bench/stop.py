@@ -88,16 +88,16 @@ class StopConfig:
     futility: bool = knob(True, help="End a run as futile (FAIL) once even an optimistic projection of its recent "
                           "split accuracy stays below the target at max_steps (bench/stop.py; measured: 0 false "
                           "FAIL in 35 real runs and 4,000 simulated rising ones). Off: the rule is only recorded "
-                          "(shadow decisions).")
+                          "(shadow decisions).", verl=True)
     futility_window: int = knob(10, help="Futility: the projection fits the last this many split evaluations.",
-                                unit="evaluations", ge=3)
+                                unit="evaluations", ge=3, verl=True)
     futility_confidence: float = knob(0.95, help="Futility: the projection's one-sided upper bound at this level "
-                                      "must stay below the target.", gt=0.5, lt=1)
+                                      "must stay below the target.", gt=0.5, lt=1, verl=True)
     plateau: bool = knob(False, help="End a run as plateaued (FAIL) after `patience` evaluations without a gain "
                          "(measured: 1 false FAIL in 17 sound runs, so off by default: only recorded, the run goes "
-                         "on).")
+                         "on).", verl=True)
     collapse: bool = knob(True, help="End a run as collapsed when its split accuracy falls far below its peak (off: "
-                          "only recorded).")
+                          "only recorded).", verl=True)
 
     def on(self, rule: str) -> bool:
         """Whether `rule` (a status of EARLY_RULES) ends a run; converged always does."""

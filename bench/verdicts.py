@@ -150,6 +150,9 @@ def decide(ev: Evidence) -> Decision:
         return Decision(statuses.DIVERGED, "non-finite", ev.step, div)
     max_steps = ev.config.get("max_steps")
     last_eval = max((s for s, _, _ in ev.evals), default=None)
+    if max_steps == 0 and last_eval == 0:        # stored as max_steps before `evaluated` existed
+        return Decision(ev.status if ev.status == statuses.MAX_STEPS else statuses.EVALUATED, "budget", 0,
+                        f"max_steps=0: the step-0 evaluation only (reading {_readings(sorted(ev.evals))})")
     if max_steps is not None and ev.step >= max_steps and last_eval == ev.step:
         return Decision(statuses.MAX_STEPS, "budget", ev.step,
                         f"reached max_steps={max_steps} with no rule decided (readings {_readings(sorted(ev.evals))})")

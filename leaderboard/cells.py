@@ -97,11 +97,19 @@ def with_cell_key(runs: pd.DataFrame) -> pd.DataFrame:
     return r
 
 
+def no_cell(status: str | None, config) -> bool:
+    """Whether a run is no seed of any cell: a status of NOT_IN_CELLS, or a budget of 0 steps."""
+    return status in statuses.NOT_IN_CELLS or (isinstance(config, dict) and config.get("max_steps") == 0)
+
+
 def seed_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    """One run per (cell, seed): the newest (a seed rerun after a failure counts once)."""
+    """One run per (cell, seed): the newest (a seed rerun after a failure counts once). A run that
+    is no seed of a cell (bench/statuses.py NOT_IN_CELLS: `evaluated`, or a run of budget 0 stored
+    as max_steps before that status) is left out."""
     if runs.empty:
         return runs
-    r = with_cell_key(runs)
+    r = with_cell_key(runs[[not no_cell(st, cfg) for st, cfg in
+                            zip(runs.status, runs.config if "config" in runs.columns else [None] * len(runs))]])
     if "seed" not in r.columns:
         r["seed"] = None
     r["_seed"] = r.seed.map(lambda x: -1 if x is None or x != x else int(x))

@@ -115,6 +115,13 @@ def _read(engine: Engine, q) -> pd.DataFrame:
 ROUTER_TAIL = ("router_flip_frac", "router_token_flip_frac")   # MoE runs' step metrics (bench/router_metrics.py)
 
 
+def live(status: str, heartbeat_at, updated_at) -> str:
+    """The status shown: `interrupted` for a `running` run whose process went silent
+    (bench/statuses.py `live_status`; its heartbeat, else its last update)."""
+    sign = heartbeat_at if heartbeat_at is not None and heartbeat_at == heartbeat_at else updated_at
+    return statuses.live_status(status, None if sign is None or sign != sign else pd.Timestamp(sign).to_pydatetime())
+
+
 def runs_frame(engine: Engine, build_id: str | None = None) -> pd.DataFrame:
     """One row per run with its leaderboard columns; mismatch over the last tenth of the run.
     `mean_router_flip_frac` / `mean_router_token_flip_frac`: an MoE run's router flips over
@@ -126,13 +133,15 @@ def runs_frame(engine: Engine, build_id: str | None = None) -> pd.DataFrame:
     q = (select(Run.id.label("run"), Model.name.label("model"), Run.build_id.label("build"), Run.algo,
                 Run.rollout_dtype, Run.train_dtype, Run.trainer, Run.engine, Run.status, Run.stop_reason,
                 Run.peak_accuracy, Run.final_accuracy, Run.steps_to_target, Run.wall_to_target, Run.step.label("steps"),
-                Run.wall_s, Run.kl_warning_step, Run.seed, Run.staleness, Run.config, Run.created_at, Run.updated_at)
+                Run.wall_s, Run.kl_warning_step, Run.seed, Run.staleness, Run.config, Run.created_at, Run.updated_at,
+                Run.heartbeat_at)
          .join(Model, Model.id == Run.model_id))
     if build_id:
         q = q.where(Run.build_id == build_id)
     runs = _read(engine, q.order_by(Run.created_at.desc()))
     if runs.empty:
         return runs
+    runs["status"] = [live(st, hb, up) for st, hb, up in zip(runs.status, runs.heartbeat_at, runs.updated_at)]
     last = select(RunStep.run_id, func.max(RunStep.step).label("last")).group_by(RunStep.run_id).subquery()
     tail = _read(engine, select(RunStep.run_id.label("run"), func.avg(RunStep.kl_k3).label("mean_kl"),
                                 func.avg(RunStep.kl_k1).label("mean_kl_k1"),

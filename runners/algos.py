@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from bench.algorithms import SPECS
+from bench.algorithms import SPECS, AlgoConfig  # noqa: F401 (AlgoConfig: read from here too)
 from bench.errors import ConfigError, did_you_mean
 from bench.mismatch import SAFETY_BOUND, ratio_stats
 
@@ -38,18 +38,6 @@ class LossInputs:
     logp_rollout: torch.Tensor   # log μ_θ'(y_t), sampling params, rollout engine, detached
     mask: torch.Tensor           # 1 on response tokens
     advantages: torch.Tensor
-
-
-@dataclass
-class AlgoConfig:
-    """Hyper-parameters shared by the losses."""
-
-    max_len: int = 64            # L: the Dr.GRPO token-sum normaliser (the max response length)
-    C: float = 3.0               # truncation / masking threshold of the IS weights
-    eps_lo: float = 0.2          # PPO clip 1 − ε_lo
-    eps_hi: float = 0.28         # clip-higher 1 + ε_hi
-    gspo_lo: float = 3e-4        # GSPO's sequence clip range
-    gspo_hi: float = 4e-4
 
 
 LossFn = Callable[[LossInputs, AlgoConfig], tuple[torch.Tensor, dict[str, float]]]

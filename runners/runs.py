@@ -1,6 +1,5 @@
-"""A run's life in the store and the native entry points. Its row is created (`add_run_row`),
-failed (`record_failure`) and ended (`record_end`, both through `run_to_end`) the same way for
-the native trainer and the verl runner (runners/verl_follow.py); `run_plan`, `resume_run` and
+"""The native entry points. A run's rows are written by runners/ledger.py alone, the same way
+for the native trainer and the verl runner (runners/verl_follow.py); `run_plan`, `resume_run` and
 `extend_run` create, continue and end a native run (its row, checkpoint directory and
 provenance) around `NativeTrainer` (runners/trainer.py), from a plan (runners/plan.py) checked
 once before anything is written."""
@@ -10,16 +9,15 @@ from __future__ import annotations
 import uuid
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
 
 from bench import provenance
 from bench.model_sources import gguf_provenance
 from bench.models import prompt_settings
 from bench.precision import Precision
-from bench.statuses import FAILED, RESUMABLE, RUNNING
+from bench.statuses import RESUMABLE
 from bench.store import Run, bench_home, session
-from bench.store.schema import utcnow
 
+from . import ledger
 from .plan import RunError, RunPlan, load_split, plan_of_run, plan_run
 from .presets import PRESETS, RunConfig, preset_defaults
 
@@ -62,7 +60,7 @@ def run_plan(store, plan: RunPlan, progress=None, rollout_engine=None) -> str:
                                    split_accuracy_estimator=SPLIT_ESTIMATOR.format(m=cfg.eval_split_m),
                                    preset_defaults=preset_defaults(plan.preset) if plan.preset in PRESETS else None,
                                    prompt=prompt_settings(plan.model), model_source=gguf_provenance(plan.model.path))
-        add_run_row(s, run_id, plan.model_id, plan.build_id, plan.algo, plan.precision, "native", plan.engine,
+        ledger.create(s, run_id, plan.model_id, plan.build_id, plan.algo, plan.precision, "native", plan.engine,
                     {"preset": plan.preset, **asdict(cfg)}, ckpt_dir, facts)
     _train(store, run_id, plan, split, ckpt_dir, progress, rollout_engine)
     return run_id
@@ -78,40 +76,6 @@ def resumable_run(s, run_id: str) -> Run:
     return run
 
 
-def add_run_row(s, run_id: str, model_id, build_id: str, algo: str, precision: Precision, trainer: str, engine: str,
-                config: dict, checkpoint_dir: Path | str, provenance: dict) -> None:
-    """Add the new run's row (status running) in the open session `s`."""
-    s.add(Run(id=run_id, model_id=model_id, build_id=build_id, algo=algo, rollout_dtype=precision.rollout,
-              train_dtype=precision.train, trainer=trainer, engine=engine, config=config, status=RUNNING,
-              checkpoint_dir=str(checkpoint_dir), provenance=provenance))
-
-
-def record_failure(store, run_id: str, e: BaseException) -> None:
-    """Mark a run failed (resumable) by the exception that stopped it."""
-    with session(store) as s:
-        run = s.get(Run, run_id)
-        run.status = FAILED
-        run.stop_reason = "interrupted" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"[:1000]
-
-
-def record_end(store, run_id: str, status: str, reason: str) -> None:
-    """The run's end: its status (a stop rule's verdict) and the reason, as the run left it."""
-    with session(store) as s:
-        run = s.get(Run, run_id)
-        run.status, run.stop_reason, run.updated_at = status, reason[:4000], utcnow()
-
-
-def run_to_end(store, run_id: str, train: Callable[[], tuple[str, str]]) -> None:
-    """Call `train` (returns (status, reason)) and record its end; any exception (Ctrl-C
-    included) marks the run failed, resumable, and is raised again."""
-    try:
-        status, reason = train()
-    except BaseException as e:
-        record_failure(store, run_id, e)
-        raise
-    record_end(store, run_id, status, reason)
-
-
 def resume_run(store, run_id: str, progress=None, device: str | None = None, replay_stop_rules: bool = False) -> str:
     """Continue a killed or failed run from its last checkpoint, on `device` (default: the
     device it started on; a resume elsewhere is appended to its provenance's `resumes`).
@@ -122,8 +86,7 @@ def resume_run(store, run_id: str, progress=None, device: str | None = None, rep
         split = load_split(s, plan.build_id)
         ckpt_dir = Path(run.checkpoint_dir)
         if plan.device != (run.provenance or {}).get("device", "cpu"):
-            run.provenance = {**(run.provenance or {}), "resumes": [*(run.provenance or {}).get("resumes", []),
-                                                                     {"step": run.step, "device": plan.device}]}
+            ledger.note(run, "resumes", step=run.step, device=plan.device)
     _check_ckpt_dir(ckpt_dir)
     _train(store, run_id, plan, split, ckpt_dir, progress, replay_stop_rules=replay_stop_rules)
     return run_id
@@ -161,11 +124,7 @@ def extend_run(store, run_id: str, max_steps: int, progress=None, device: str | 
         if not Path(run.checkpoint_dir or "").exists():
             raise RunError(f"run {run_id} has no checkpoint directory here ({run.checkpoint_dir}): it cannot be "
                            "continued on this machine")
-        run.config = {**run.config, "max_steps": max_steps}
-        prov = run.provenance or {}
-        run.provenance = {**prov, "extends": [*prov.get("extends", []),
-                                              {"step": run.step, "from": cfg.max_steps, "to": max_steps}]}
-        run.status, run.stop_reason = RUNNING, None
+        ledger.extend(run, max_steps, cfg.max_steps)
     return resume_run(store, run_id, progress=progress, device=device, replay_stop_rules=True)
 
 
@@ -185,4 +144,4 @@ def _train(store, run_id: str, plan: RunPlan, split, ckpt_dir: Path, progress=No
             if trainer is not None:
                 trainer.close()
 
-    run_to_end(store, run_id, fit)
+    ledger.run_to_end(store, run_id, fit)

@@ -23,7 +23,6 @@ process or relayed from a process cell, and one line when a cell ends."""
 from __future__ import annotations
 
 import threading
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,9 +34,10 @@ from bench.errors import ConfigError
 from bench.fingerprint import fingerprint
 from bench.precision import Precision
 from bench.statuses import FAILED, FAILING, FINISHED, RUNNING, SKIPPED
-from bench.store import Build, Run, session
+from bench.store import Run, session
 from bench.store.schema import utcnow
 
+from . import ledger
 from .cell_process import CellProcess, CellRun, failure_text
 from .plan import latest_build, resolve_inputs
 from .presets import get_preset
@@ -150,22 +150,6 @@ def _cell_runs(s, build_id: str, algo: str, p: Precision, seed: int | None, stal
     if since is not None:
         q = q.where(Run.created_at >= since)
     return [r for r in s.scalars(q.order_by(Run.created_at.desc())) if fingerprint(r.config) == config_fp]
-
-
-def record_skipped(store, build_id: str, algo: str, p: Precision, config: dict, engine: str, reason: str,
-                   run_id: str | None = None) -> str:
-    """Mark run `run_id` (one interrupted because its cell was decided) skipped with `reason`, or,
-    without it, add a run row of status `skipped` for a seed never started; returns its id."""
-    with session(store) as s:
-        if run_id is not None:
-            run = s.get(Run, run_id)
-            run.status, run.stop_reason = SKIPPED, reason
-            return run_id
-        rid = uuid.uuid4().hex[:12]
-        s.add(Run(id=rid, model_id=s.get(Build, build_id).model_id, build_id=build_id, algo=algo,
-                  rollout_dtype=p.rollout, train_dtype=p.train, trainer="native", engine=engine, config=config,
-                  status=SKIPPED, stop_reason=reason))
-        return rid
 
 
 def _summary(s, run_id: str | None, algo: str, p: Precision, status: str | None = None,
@@ -390,7 +374,7 @@ class _GridRun:
         if earlier:
             return earlier[0].id
         self.log(f"skip {cell.label}: cell decided ({why})")
-        return record_skipped(self.store, g.build_id, cell.algo, cell.precision, g.config(cell), g.recorded_engine,
+        return ledger.skip(self.store, g.build_id, cell.algo, cell.precision, g.config(cell), g.recorded_engine,
                               skip_reason(why))
 
     def after(self, cell: Cell, rid: str | None, since) -> str | None:
@@ -412,7 +396,7 @@ class _GridRun:
         if mine_status in FINISHED:   # it ended before the interruption reached it (its output was cut)
             return mine_id
         if mine_id is not None:
-            return record_skipped(self.store, g.build_id, cell.algo, cell.precision, {}, g.recorded_engine,
+            return ledger.skip(self.store, g.build_id, cell.algo, cell.precision, {}, g.recorded_engine,
                                   skip_reason(why, at), mine_id)
         return self.skip(cell, why)
 

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from sqlalchemy import delete, select
 
 from bench import calibration, statedigest, statuses
 from bench.device import peak_memory_mb, reset_peak_memory, synchronize
@@ -48,9 +47,9 @@ from bench.precision import Precision
 from bench.router_metrics import at_positions, router_metrics
 from bench.routes import TrainRoutes, pad_routes, routed
 from bench.problems import Problem, SourceSpec, load_problems
-from bench.store import Eval, Run, RunDecision, RunDigest, RunStep, session
 
 from bench import stop as stop_rules
+from . import ledger
 from .algos import LossInputs, get_loss, leave_one_out_advantages
 from .eval_seeds import BENCHMARK_EVAL, SPLIT_EVAL, eval_seed
 from .logprobs import response_logprobs
@@ -235,13 +234,7 @@ class NativeTrainer:
 
     def record_digest(self) -> None:
         """The state's digest at this evaluation step and the chain over the run's digests."""
-        digest = statedigest.state_digest(self.training_state())
-        with session(self.store) as s:
-            prev = s.scalars(select(RunDigest.chain).where(RunDigest.run_id == self.run_id, RunDigest.step < self.step)
-                             .order_by(RunDigest.step.desc()).limit(1)).first()
-            s.merge(RunDigest(run_id=self.run_id, step=self.step, digest=digest, scheme=statedigest.SCHEME,
-                              chain=statedigest.link(prev or statedigest.genesis(self.run_id), self.step, digest,
-                                                     statedigest.SCHEME)))
+        ledger.record_digest(self.store, self.run_id, self.step, statedigest.state_digest(self.training_state()))
 
     def load_checkpoint(self) -> None:
         """Restore from the last checkpoint (or the start) and drop later steps from the store (the
@@ -259,18 +252,7 @@ class NativeTrainer:
             self.stale.load_state(state.get("staleness", []))
             self.learner.sync_compute()
             self.engine.update_weights(self.stale.rollout_weights(self.learner.master))
-        with session(self.store) as s:
-            s.execute(delete(RunStep).where(RunStep.run_id == self.run_id, RunStep.step > self.step))
-            s.execute(delete(Eval).where(Eval.run_id == self.run_id, Eval.step > self.step))
-            s.execute(delete(RunDecision).where(RunDecision.run_id == self.run_id, RunDecision.step > self.step))
-            s.execute(delete(RunDigest).where(RunDigest.run_id == self.run_id, RunDigest.step > self.step))
-            run = s.get(Run, self.run_id)
-            run.step, run.status, run.stop_reason = self.step, statuses.RUNNING, None
-            split = [a for _, a in s.execute(select(Eval.step, Eval.score).where(
-                Eval.run_id == self.run_id, Eval.benchmark == "split").order_by(Eval.step)).all()]
-            run.peak_accuracy, run.final_accuracy = (max(split), split[-1]) if split else (None, None)
-            if run.steps_to_target is not None and run.steps_to_target > self.step:
-                run.steps_to_target = run.wall_to_target = None
+        ledger.rewind(self.store, self.run_id, self.step)
 
     # ---------------------------------------------------------- pieces
     def _step_prompts(self, step: int) -> list[int]:
@@ -312,7 +294,9 @@ class NativeTrainer:
         stop rules, peak and final accuracy read `split` (what training sees, as before). With staleness
         the rollout engine holds the current weights for the evaluation (runners/staleness.py)."""
         with self.stale.current_weights(self.engine, self.learner.master):
-            return self._evaluate()
+            scores = self._evaluate()
+        ledger.record_evaluations(self.store, self.run_id, self.step, scores)
+        return {name: score for name, (_, score) in scores.items()}
 
     def _evaluate(self) -> dict[str, float]:
         cfg = self.cfg
@@ -328,10 +312,7 @@ class NativeTrainer:
             ref_prompts = [render_prompt(self.ref, self.tok, p.problem) for p in probs]
             bsp = Sampling(b.temperature, b.top_p, cfg.max_tokens, seed=eval_seed(BENCHMARK_EVAL, cfg.seed, self.step))
             scores[b.name] = (b.n, self._score(probs, self.engine.generate(ref_prompts, b.n, bsp)))
-        with session(self.store) as s:
-            for name, (n, r) in scores.items():
-                s.merge(Eval(run_id=self.run_id, step=self.step, benchmark=name, n=n, score=r.mean().item()))
-        return {name: r.mean().item() for name, (n, r) in scores.items()}
+        return {name: (n, r.mean().item()) for name, (n, r) in scores.items()}
 
     # ---------------------------------------------------------- one step
     def train_step(self) -> dict[str, float]:
@@ -429,12 +410,14 @@ class NativeTrainer:
             cal = self.calibrate()
             if not cal["ok"]:
                 return statuses.MISCALIBRATED, cal["message"]
-            acc = self._eval_and_record()
+            acc = self.evaluate()
             stop_rules.after_eval(self.stop_state, cfg.stop, 0, acc["split"], len(self.split) * cfg.eval_split_m,
                                   max_steps=cfg.max_steps)
             self._record_decisions()
             self.record_digest()
         while True:
+            if cfg.max_steps == 0:
+                return statuses.EVALUATED, "max_steps=0: the step-0 calibration gate and evaluation only"
             if self.step >= cfg.max_steps:
                 return statuses.MAX_STEPS, f"reached max_steps={cfg.max_steps}"
             t0 = time.time()
@@ -457,7 +440,7 @@ class NativeTrainer:
             verdict = None
             if self.step % cfg.eval_every == 0 or self.step >= cfg.max_steps:
                 te = time.time()
-                acc = self._eval_and_record()
+                acc = self.evaluate()
                 metrics.update({f"eval/{k}": v for k, v in acc.items()})
                 metrics["time_eval"] = time.time() - te
                 verdict = stop_rules.after_eval(self.stop_state, cfg.stop, self.step, acc["split"],
@@ -484,8 +467,7 @@ class NativeTrainer:
         _, batch, logp_mu = self._rollouts(self._step_prompts(0), sp)
         self.learner.sync_compute()
         result = step0_gate(self.learner, self.engine, self.precision, batch, logp_mu)
-        with session(self.store) as s:
-            s.get(Run, self.run_id).calibration = result
+        ledger.record_calibration(self.store, self.run_id, result)
         return result
 
     def replay_stop_rules(self) -> None:
@@ -496,35 +478,15 @@ class NativeTrainer:
         self.stop_state = stop_rules.StopState(kl=old.kl, kl_warning_step=old.kl_warning_step)
         for step, accuracy, n in old.evals:
             stop_rules.after_eval(self.stop_state, self.cfg.stop, step, accuracy, n, max_steps=self.cfg.max_steps)
-        with session(self.store) as s:
-            s.execute(delete(RunDecision).where(RunDecision.run_id == self.run_id))
-        self._record_decisions()
+        self._record_decisions(replace=True)
 
-    def _record_decisions(self) -> None:
+    def _record_decisions(self, replace: bool = False) -> None:
         """Store the stop rules' shadow decisions so far (bench/stop.py: every rule, on or off)."""
-        with session(self.store) as s:
-            for rule, (step, status, reason) in self.stop_state.shadow.items():
-                s.merge(RunDecision(run_id=self.run_id, rule=rule, step=step, status=status, reason=reason,
-                                    rule_on=self.cfg.stop.on(rule)))
-
-    def _eval_and_record(self) -> dict[str, float]:
-        acc = self.evaluate()
-        with session(self.store) as s:
-            run = s.get(Run, self.run_id)
-            run.final_accuracy = acc["split"]
-            if run.peak_accuracy is None or acc["split"] > run.peak_accuracy:
-                run.peak_accuracy = acc["split"]
-        return acc
+        ledger.record_decisions(self.store, self.run_id, self.stop_state.shadow, self.cfg.stop.on, replace)
 
     def _record(self, metrics: dict, dt: float, converged: bool = False) -> None:
         """Store the step; `converged`: the stop rule's verdict at this step sets steps to target."""
         self.wall += dt
         metrics["wall_s"] = self.wall
-        clean = {k: (float(v) if v == v and abs(v) != float("inf") else None) for k, v in metrics.items()}
-        with session(self.store) as s:
-            s.merge(RunStep.from_metrics(self.run_id, self.step, clean))
-            run = s.get(Run, self.run_id)
-            run.step, run.wall_s = self.step, self.wall
-            run.kl_warning_step = self.stop_state.kl_warning_step
-            if converged:
-                run.steps_to_target, run.wall_to_target = self.step, self.wall
+        ledger.record_step(self.store, self.run_id, self.step, metrics, self.wall, self.stop_state.kl_warning_step,
+                           converged)

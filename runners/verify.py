@@ -47,6 +47,7 @@ from bench.precision import Precision
 from bench.problem_ids import split_hash
 from bench.store import Build, Eval, Model, Run, RunDigest, RunStep, RunVerification, open_store, session
 
+from . import ledger
 from . import verify_compare as vc
 from .plan import RunError, RunPlan, build_prompt, config_from_dict, load_split, model_ref, resolve_inputs
 from .runs import _train
@@ -220,10 +221,9 @@ def _copy_rows(scratch, run: Run, build: Build, model: Model, ckpt_dir: Path, so
                     k=build.k, lo=build.lo, hi=build.hi, seed=build.seed, shard=None,
                     settings_hash=build.settings_hash, status="complete", split_hash=build.split_hash))
         s.flush()
-        s.add(Run(id=run.id, model_id=model.id, build_id=build.id, algo=run.algo, rollout_dtype=run.rollout_dtype,
-                  train_dtype=run.train_dtype, trainer="native", engine=run.engine, config=run.config, seed=run.seed,
-                  staleness=run.staleness, status="running", checkpoint_dir=str(ckpt_dir),
-                  provenance=run.provenance, calibration=run.calibration if start else None))
+        ledger.create(s, run.id, model.id, build.id, run.algo, Precision(run.rollout_dtype, run.train_dtype), "native",
+                      run.engine, run.config, ckpt_dir, run.provenance, seed=run.seed, staleness=run.staleness,
+                      calibration=run.calibration if start else None)
         if start:
             s.flush()
             for table in (RunStep, Eval, RunDigest):

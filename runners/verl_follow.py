@@ -26,12 +26,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import delete
-
 from bench import statuses
-from bench.store import Eval, Run, RunStep, session
+from bench.store import Run, session
 
 from bench import stop as stop_rules
+from . import ledger
 from .presets import PRESETS, RunConfig, preset_defaults
 from .verl_runner import map_metrics
 
@@ -167,30 +166,17 @@ class Follower:
             return None                     # verl logged no mismatch (calculate_log_probs off): nothing to judge
         with session(self.store) as s:
             run = s.get(Run, self.run_id)
-            result = calibration.judge({"k3": k3, "source": f"verl step {step}: {source}",
-                                        **{k: _finite(m.get(k)) for k in ("kl_k1_token", "ppl_ratio",
-                                                                          "prob_abs_diff_mean", "prob_abs_diff_max")}},
-                                       run.rollout_dtype, run.train_dtype)
-            run.calibration = result
+            pair = run.rollout_dtype, run.train_dtype
+        result = calibration.judge({"k3": k3, "source": f"verl step {step}: {source}",
+                                    **{k: _finite(m.get(k)) for k in ("kl_k1_token", "ppl_ratio",
+                                                                      "prob_abs_diff_mean", "prob_abs_diff_max")}},
+                                   *pair)
+        ledger.record_calibration(self.store, self.run_id, result)
         return None if result["ok"] else (statuses.MISCALIBRATED, result["message"])
 
     def _write(self, step: int, m: dict, evals: dict[str, tuple[int, float]], converged: bool = False) -> None:
-        clean = {k: _finite(v) for k, v in m.items()}
-        with session(self.store) as s:
-            s.merge(RunStep.from_metrics(self.run_id, step, clean))
-            for name, (n, v) in evals.items():
-                if _finite(v) is not None:
-                    s.merge(Eval(run_id=self.run_id, step=step, benchmark=name, n=n, score=float(v)))
-            run = s.get(Run, self.run_id)
-            run.step, run.wall_s = max(run.step or 0, step), self.wall
-            run.kl_warning_step = self.state.kl_warning_step
-            if clean.get("eval/split") is not None:
-                acc = clean["eval/split"]
-                run.final_accuracy = acc
-                if run.peak_accuracy is None or acc > run.peak_accuracy:
-                    run.peak_accuracy = acc
-            if converged:            # the stop rule's verdict, not one reading >= target
-                run.steps_to_target, run.wall_to_target = step, self.wall
+        ledger.record_step(self.store, self.run_id, step, m, self.wall, self.state.kl_warning_step, converged)
+        ledger.record_evaluations(self.store, self.run_id, step, evals)
 
 
 def _stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
@@ -277,14 +263,7 @@ def latest_checkpoint(ckpt_dir: Path) -> int:
 def replay_for_resume(follower: Follower, ckpt_step: int) -> None:
     """Drop what verl will log again (steps after its checkpoint) and rebuild the stop state
     from the steps kept."""
-    from sqlalchemy import select
-
-    with session(follower.store) as s:
-        s.execute(delete(RunStep).where(RunStep.run_id == follower.run_id, RunStep.step > ckpt_step))
-        s.execute(delete(Eval).where(Eval.run_id == follower.run_id, Eval.step > ckpt_step))
-        rows = s.scalars(select(RunStep).where(RunStep.run_id == follower.run_id).order_by(RunStep.step)).all()
-        kept = [(r.step, dict(r.metrics)) for r in rows]
-        s.get(Run, follower.run_id).step = ckpt_step
+    kept = ledger.rewind(follower.store, follower.run_id, ckpt_step)
     for step, m in kept:
         follower.wall = m.get("wall_s") or follower.wall
         if step > 0:
@@ -331,11 +310,9 @@ def prepare(store, algo: str, precision, cfg: RunConfig, build_id: str | None, m
 
 
 def _follow(store, run_id: str, job: dict, follower: Follower, progress=None) -> None:
-    from .runs import run_to_end
-
     root = Path(job["root"])
-    run_to_end(store, run_id, lambda: launch_and_follow(follower, job["argv"], job["env"], root / "metrics.jsonl",
-                                                        root / "verl.log", progress=progress))
+    ledger.run_to_end(store, run_id, lambda: launch_and_follow(
+        follower, job["argv"], job["env"], root / "metrics.jsonl", root / "verl.log", progress=progress))
 
 
 def start_verl_run(store, algo: str, precision, cfg: RunConfig, preset: str, job: dict, progress=None) -> str:
@@ -346,8 +323,6 @@ def start_verl_run(store, algo: str, precision, cfg: RunConfig, preset: str, job
     from bench import provenance
 
     from .algos import get_loss
-    from .runs import add_run_row
-
     get_loss(algo)
     run_id = job["run_id"]
     opts = dict(a.split("=", 1) for a in job["argv"] if a.startswith("trainer.n"))
@@ -357,7 +332,7 @@ def start_verl_run(store, algo: str, precision, cfg: RunConfig, preset: str, job
                                          f"{opts.get('trainer.nnodes')} node(s)",
                                preset_defaults=preset_defaults(preset) if preset in PRESETS else None)
     with session(store) as s:
-        add_run_row(s, run_id, job["model_id"], job["build_id"], algo, precision, "verl", "vllm",
+        ledger.create(s, run_id, job["model_id"], job["build_id"], algo, precision, "verl", "vllm",
                     {"preset": preset, **asdict(cfg), "verl": job}, Path(job["root"]) / "checkpoints", facts)
     _follow(store, run_id, job, Follower(store, run_id, cfg, job["split_size"]), progress)
     return run_id
@@ -380,8 +355,5 @@ def resume_verl_run(store, run_id: str, progress=None) -> str:
         old.rename(root / f"metrics.{n}.jsonl")
     follower = Follower(store, run_id, cfg, job["split_size"], calibrated=calibrated)
     replay_for_resume(follower, latest_checkpoint(root / "checkpoints"))
-    with session(store) as s:
-        run = s.get(Run, run_id)
-        run.status, run.stop_reason = statuses.RUNNING, None
     _follow(store, run_id, job, follower, progress)
     return run_id

@@ -261,9 +261,14 @@ def _resume_verl(run_id, db, as_json) -> bool:
     return True
 
 
-# the run settings the verl launcher passes on (runners/verl_runner.py); staleness is refused there unless 0
-_VERL_KNOBS = {"benchmark", "prompts_per_step", "samples_per_prompt", "updates_per_batch", "lr", "max_tokens",
-               "max_steps", "eval_every", "checkpoint_every", "staleness", "router_replay"}   # router_replay: refused
+def verl_knobs() -> set[str]:
+    """The `bench run` settings a verl run takes: the knobs declared `verl=True` (bench/runconfig.py:
+    what the launcher passes on or the follower applies; staleness and router replay are refused
+    there unless off) and --benchmark (the first benchmark's source)."""
+    from bench.knobs import cli_knobs
+    from bench.runconfig import RunConfig
+
+    return {"benchmark"} | {f.name for _, f in cli_knobs(RunConfig) if f.metadata.get("verl")}
 
 
 def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, dry_run, gpus, nodes,
@@ -277,7 +282,7 @@ def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, 
 
     if not algo:
         fail("give --algo (see `bench run --algo list`)")
-    unused = [k for k, v in overrides.items() if v is not None and k not in _VERL_KNOBS]
+    unused = [k for k, v in overrides.items() if v is not None and k not in verl_knobs()]
     if unused:
         console.print("[yellow]warning:[/] verl does not take " + ", ".join(f"--{flag_of(k)}" for k in unused)
                       + " (native trainer settings); the run ignores them", highlight=False, soft_wrap=True)

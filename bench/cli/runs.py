@@ -178,6 +178,7 @@ def _run_info(store, run_id: str) -> dict:
     from sqlalchemy import select
 
     from bench.fingerprint import fingerprint
+    from bench.statuses import live_status
     from bench.store import Eval, Run, RunStep, RunVerification, session
 
     with session(store) as s:
@@ -191,8 +192,10 @@ def _run_info(store, run_id: str) -> dict:
                            .order_by(RunVerification.created_at.desc(), RunVerification.id.desc())).all()
         return {"id": r.id, "build": r.build_id, "algo": r.algo, "rollout_dtype": r.rollout_dtype,
                 "train_dtype": r.train_dtype, "staleness": r.staleness, "trainer": r.trainer, "engine": r.engine,
-                "status": r.status,
-                "stop_reason": r.stop_reason, "steps": r.step, "wall_s": r.wall_s, "peak_accuracy": r.peak_accuracy,
+                "status": live_status(r.status, r.heartbeat_at or r.updated_at),
+                "stop_reason": r.stop_reason if r.status == live_status(r.status, r.heartbeat_at or r.updated_at)
+                else f"no heartbeat since {r.heartbeat_at or r.updated_at:%Y-%m-%d %H:%M} UTC: its process is gone; "
+                     f"`bench run --resume {r.id}` continues it",
                 "final_accuracy": r.final_accuracy, "steps_to_target": r.steps_to_target,
                 "wall_to_target": r.wall_to_target, "kl_warning_step": r.kl_warning_step,
                 "config_fp": fingerprint(r.config), "config": r.config,

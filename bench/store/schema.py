@@ -120,6 +120,9 @@ class Run(Base):
     staleness: Mapped[int] = mapped_column(Integer, default=0, server_default="0", nullable=False)
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
+    # the last heartbeat of the run's process (runners/ledger.py): a `running` run silent for
+    # bench.statuses.DEAD_AFTER_S reads as `interrupted`
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime)
     __table_args__ = (Index("ix_runs_build_cell", "build_id", "algo", "rollout_dtype", "train_dtype"),)
 
 

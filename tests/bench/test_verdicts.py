@@ -20,9 +20,10 @@ def test_every_status_gives_its_verdict():
     assert {name: s.verdict for name, s in statuses.STATUSES.items()} == {
         "running": "RUNNING", "converged": "PASS", "futile": "FAIL", "collapsed": "FAIL", "plateaued": "FAIL",
         "diverged": "FAIL", "miscalibrated": "FAIL", "max_steps": "UNDECIDED", "failed": "NO VERDICT",
-        "skipped": "NO VERDICT"}
+        "skipped": "NO VERDICT", "interrupted": "NO VERDICT", "evaluated": "NO VERDICT"}
     assert statuses.verdict(None) == statuses.verdict("nonsense") == "NO VERDICT"
-    assert statuses.RESUMABLE == ("running", "failed") and statuses.EXTENDABLE == ("max_steps",)
+    assert statuses.RESUMABLE == ("running", "failed", "interrupted")
+    assert statuses.EXTENDABLE == ("max_steps", "evaluated")
     assert statuses.FAILING == ("futile", "collapsed", "plateaued", "diverged", "miscalibrated")
     assert (statuses.CONVERGED, statuses.MISCALIBRATED, statuses.SKIPPED) == ("converged", "miscalibrated", "skipped")
 

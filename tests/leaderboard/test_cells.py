@@ -55,6 +55,24 @@ def test_fingerprint_ignores_the_seed_key_order_and_bookkeeping_and_follows_ever
     assert {"seed", "staleness", "preset", "verl", "threads", "checkpoint_every"} <= set(NOT_SETTINGS)
 
 
+def test_not_settings_are_read_from_the_knobs_and_left_the_stored_cells_as_they_were():
+    # the set every stored fingerprint was computed under (bench/fingerprint.py before the knobs' metadata)
+    assert set(NOT_SETTINGS) == {"seed", "staleness", "preset", "verl", "checkpoint_every", "keep_checkpoints",
+                                 "threads", "rollout_max_batch", "gpu_memory_utilization",
+                                 "max_tokens_per_microbatch", "group_by_length", "gradient_checkpointing"}
+
+
+def test_a_knob_added_when_set_splits_no_stored_cell():
+    """The rule for a new knob: declared fingerprint="when-set", it is a setting only away from its
+    default, so a stored run (no key) and a new run at the default share one cell."""
+    old, when_set = stored(), {"new_threshold": 2.0}
+    new_at_default = {**old, "new_threshold": 2}            # 2 and 2.0: one value
+    assert settings(new_at_default, when_set) == settings(old, when_set) == settings(old)
+    assert settings({**old, "new_threshold": 3.0}, when_set) != settings(old, when_set)
+    # without the rule the knob would have split every cell
+    assert settings(new_at_default, {}) != settings(old, {})
+
+
 def test_spread_names_what_differs_between_configs():
     a, b, c = stored(), stored(lr=5e-4, seed=1), stored(eval_every=3)
     assert spread({"a": a, "b": b}) == [("lr", {"a": 1e-3, "b": 5e-4}), ("seed", {"a": 0, "b": 1})]

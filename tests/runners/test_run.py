@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import select
@@ -14,6 +15,7 @@ from typer.testing import CliRunner
 
 from bench.cli import app
 from bench.precision import Precision
+from bench.statuses import DEAD_AFTER_S
 from bench.store import Eval, Run, RunStep, open_store, session
 from runners.algos import REGISTRY
 from runners.presets import get_preset
@@ -143,6 +145,18 @@ def test_sigkill_then_resume_gives_contiguous_identical_steps(db_url, tmp_path):
     proc.wait()
     killed = _steps(db_url, run_id)
     assert 5 <= len(killed) < 12
+    # killed: the store still says running, with a heartbeat; once that is older than DEAD_AFTER_S
+    # every reader shows the run interrupted (as after a kill on another host of a team's store)
+    with session(engine) as s:
+        run = s.get(Run, run_id)
+        assert run.status == "running" and run.heartbeat_at is not None
+        run.heartbeat_at = run.updated_at = run.heartbeat_at - timedelta(seconds=DEAD_AFTER_S + 60)
+    listed = subprocess.run([sys.executable, "-m", "bench.cli", "runs", "--json", "--db", db_url], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert [r["status"] for r in json.loads(listed.stdout)] == ["interrupted"], listed.stderr
+    shown = json.loads(subprocess.run([sys.executable, "-m", "bench.cli", "runs", "show", run_id, "--json", "--db",
+                                       db_url], env=env, capture_output=True, text=True, timeout=120).stdout)
+    assert shown["status"] == "interrupted" and f"bench run --resume {run_id}" in shown["stop_reason"]
     r = subprocess.run([sys.executable, "-m", "bench.cli", "run", "--resume", run_id, "--db", db_url], env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
@@ -154,3 +168,28 @@ def test_sigkill_then_resume_gives_contiguous_identical_steps(db_url, tmp_path):
     assert r.returncode == 0, r.stderr
     fresh = _steps(db_url, json.loads(r.stdout)["id"])
     assert resumed == fresh
+
+
+def test_a_run_of_zero_steps_is_evaluated_and_no_cell(sqlite_build, tmp_path):
+    """`--max-steps 0`: the step-0 gate and evaluation only (the equivalence protocol's sweep):
+    status `evaluated`, supported by its evidence, and no seed of any leaderboard cell."""
+    from bench import verdicts
+    from leaderboard.cells import cells_frame
+    from leaderboard.queries import runs_frame
+
+    url, build = sqlite_build
+    store = open_store(url)
+    cfg = small_cfg()
+    cfg.max_steps = 0
+    run_id = start_run(store, "grpo", Precision("fp32", "fp32"), cfg, build_id=build, ckpt_root=tmp_path)
+    with session(store) as s:
+        run = s.get(Run, run_id)
+        assert (run.status, run.step) == ("evaluated", 0) and run.calibration["ok"]
+        assert s.scalars(select(Eval).where(Eval.run_id == run_id, Eval.benchmark == "split")).one().step == 0
+    with store.connect() as conn:
+        ev = verdicts.from_store(conn, [run_id])[run_id]
+    assert verdicts.check(ev) is None and verdicts.decide(ev).status == "evaluated"
+    runs = runs_frame(store)
+    mine = runs[runs.run == run_id]
+    assert list(mine.status) == ["evaluated"] and list(mine.sanity) == ["NO VERDICT"]
+    assert mine.config_fp.iloc[0] not in set(cells_frame(runs).config_fp)          # no cell holds it

@@ -169,6 +169,13 @@ def test_dry_run_cli(tmp_path):
     assert r.exit_code == 0, r.output
     assert "verl.trainer.main_ppo" in r.stdout and "actor_rollout_ref.rollout.dtype=bfloat16" in r.stdout
     assert "not validated" in r.stderr                          # this interpreter has no verl
+    # verl's follower applies the stop rules' switches: no warning for them; one for a native knob
+    r = CliRunner().invoke(app, ["run", "--trainer", "verl", "--algo", "grpo", "--dtype", "bf16", "--dry-run",
+                                 "--no-futility", "--plateau", "--futility-window", "5", "--db", url])
+    assert r.exit_code == 0 and "does not take" not in r.stderr, r.stderr
+    r = CliRunner().invoke(app, ["run", "--trainer", "verl", "--algo", "grpo", "--dtype", "bf16", "--dry-run",
+                                 "--no-futility", "--threads", "2", "--db", url])
+    assert "verl does not take --threads (native trainer settings)" in " ".join(r.stderr.split())
     r = CliRunner().invoke(app, ["run", "--trainer", "verl", "--algo", "grpo", "--db", url])
     assert r.exit_code == 2 and "verl is not installed" in r.output
     with session(open_store(url)) as s:
