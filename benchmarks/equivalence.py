@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.precision import ALL_PAIRS  # noqa: E402
 from bench.stats import permutation_p  # noqa: E402
-from bench.statuses import FINISHED, MAX_STEPS  # noqa: E402
+from bench.statuses import EVALUATED, FINISHED, MAX_STEPS  # noqa: E402
 
 PARTS = ("calibration", "parity", "engines", "mismatch", "seeds")
 CELLS = "fp16;rollout=nvfp4,train=fp16"
@@ -177,7 +177,7 @@ def calibration(after: Side, base: Path, out: Path, jobs: int) -> list[dict]:
         after.bench(home, "sweep", "--algo", "pg-seq-is", "--dtype", "all", "--max-steps", "0", "--jobs", str(jobs),
                     "--threads", "1", BENCH_CPU_16BIT=path)
         runs = after.json(home, "runs", BENCH_CPU_16BIT=path)
-        bad = sorted(r["precision"] for r in runs if r["status"] != MAX_STEPS)
+        bad = sorted(r["precision"] for r in runs if r["status"] not in (EVALUATED, MAX_STEPS))   # MAX_STEPS: before
         rows.append({"check": f"calibration, 16-bit kernels {path}", "ok": len(runs) == len(ALL_PAIRS) and not bad,
                      "detail": f"{len(runs)} pairs, not passed: {', '.join(bad) or 'none'}"})
     return rows
