@@ -41,28 +41,32 @@ class Status:
     resumable: bool         # `bench run --resume RUN` continues it
     extendable: bool        # `bench runs extend RUN --max-steps N` continues it under a larger budget
     verdict: str            # the sanity verdict: one of VERDICTS
+    kind: str = "fail"      # how the app colours it (leaderboard/colours.py): pass, pending, early, undecided, fail
     in_cells: bool = True   # a seed of its leaderboard cell (a measurement that trained nothing is not)
 
 
 STATUSES: dict[str, Status] = {s.name: s for s in (
-    Status("running", "training now, or killed while training", False, True, False, RUNNING_VERDICT),
-    Status("converged", "the pooled lower bound of split accuracy reached the target", True, False, False, PASS),
+    Status("running", "training now (a run killed while training reads `interrupted`)", False, True, False,
+           RUNNING_VERDICT, kind="pending"),
+    Status("converged", "the pooled lower bound of split accuracy reached the target", True, False, False, PASS,
+           kind="pass"),
     Status("futile", "even an optimistic projection of split accuracy stays below the target at max_steps",
-           True, False, False, FAIL),
+           True, False, False, FAIL, kind="early"),
     Status("collapsed", "split accuracy fell far below its peak", True, False, False, FAIL),
     Status("plateaued", "the peak split accuracy stopped moving for `patience` evaluations (a rule off by default)",
            True, False, False, FAIL),
     Status("diverged", "non-finite loss, gradients or weights", True, False, False, FAIL),
     Status("miscalibrated", "the step-0 calibration gate: μ and π of the same tokens at identical weights differ "
            "beyond the pair's limits (a plumbing fault)", True, False, False, FAIL),
-    Status("max_steps", "reached max_steps before any rule decided", True, False, True, UNDECIDED),
-    Status("failed", "stopped by an error or Ctrl-C", True, True, False, NO_VERDICT),
+    Status("max_steps", "reached max_steps before any rule decided", True, False, True, UNDECIDED, kind="undecided"),
+    Status("failed", "stopped by an error or Ctrl-C", True, True, False, NO_VERDICT, kind="undecided"),
     Status("interrupted", "its process stopped without recording an end (killed: no heartbeat for "
-           "DEAD_AFTER_S); read, never stored: the store still says running", True, True, False, NO_VERDICT),
+           "DEAD_AFTER_S); read, never stored: the store still says running", True, True, False, NO_VERDICT,
+           kind="undecided"),
     Status("evaluated", "--max-steps 0: the step-0 calibration gate and evaluation only; a measurement, "
-           "no cell of the leaderboard", True, False, True, NO_VERDICT, in_cells=False),
+           "no cell of the leaderboard", True, False, True, NO_VERDICT, kind="undecided", in_cells=False),
     Status("skipped", "not run, or interrupted: an earlier seed of its cell failed, which decides the cell",
-           True, False, False, NO_VERDICT),
+           True, False, False, NO_VERDICT, kind="early"),
 )}
 
 (RUNNING, CONVERGED, FUTILE, COLLAPSED, PLATEAUED, DIVERGED, MISCALIBRATED, MAX_STEPS, FAILED, INTERRUPTED,
@@ -84,6 +88,14 @@ def verdict(status: str | None) -> str:
     missing status."""
     s = STATUSES.get(status) if status is not None else None
     return s.verdict if s is not None else NO_VERDICT
+
+# a build's status (builds.status), one table too: name → meaning
+BUILD_STATUSES = {
+    "running": "rolling out, or killed while rolling out (`bench build` with the same settings resumes it)",
+    "complete": "every problem graded; the split is saved (a run reads only a complete build)",
+    "failed": "stopped by an error or Ctrl-C (`bench build` with the same settings resumes it)",
+}
+BUILD_RUNNING, BUILD_COMPLETE, BUILD_FAILED = BUILD_STATUSES
 
 
 def live_status(status: str | None, last_sign: datetime | None, now: datetime | None = None) -> str | None:

@@ -54,7 +54,7 @@ SCHEMA = "bench-gpu-check/1"
 
 
 @dataclass(frozen=True)
-class Plan:
+class CheckPlan:
     prompts: int = 64                   # rollout and training batch: prompts × samples
     samples: int = 8
     prompt_tokens: int = 128
@@ -76,8 +76,8 @@ class Plan:
                                              ("mismatch_tiny", 15.0), ("mismatch_random", 45.0))
 
 
-FULL = Plan()
-SHRINK = Plan(prompts=4, samples=2, prompt_tokens=8, new_tokens=16, train_lengths=(16, 64), microbatch_tokens=160,
+FULL = CheckPlan()
+SHRINK = CheckPlan(prompts=4, samples=2, prompt_tokens=8, new_tokens=16, train_lengths=(16, 64), microbatch_tokens=160,
               mm_prompts=4, mm_samples=2, mm_tokens=16, tiny_limit=8, tiny_n=2,
               shapes={"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
                       "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 512,
@@ -183,7 +183,7 @@ def _free() -> None:
         torch.cuda.empty_cache()
 
 
-def random_model(plan: Plan, device: str):
+def random_model(plan: CheckPlan, device: str):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     c = json.loads(CONFIG.read_text())
@@ -200,7 +200,7 @@ def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[str]:
     return [" ".join(map(str, torch.randint(1, vocab, (length,), generator=g).tolist())) for _ in range(n)]
 
 
-def rollout(master, dtype: str, plan: Plan, device: str, vocab: int) -> dict:
+def rollout(master, dtype: str, plan: CheckPlan, device: str, vocab: int) -> dict:
     from bench.device import peak_memory_mb, reset_peak_memory, synchronize
     from bench.engines import Sampling
     from bench.engines.torch_engine import TorchEngine
@@ -226,7 +226,7 @@ def rollout(master, dtype: str, plan: Plan, device: str, vocab: int) -> dict:
             "tokens_per_s": tokens / dt, "samples_per_s": rows / dt, "peak_memory_mb": peak_memory_mb(device)}
 
 
-def train_step(engine, plan: Plan, length: int, device: str, vocab: int, config: dict) -> dict:
+def train_step(engine, plan: CheckPlan, length: int, device: str, vocab: int, config: dict) -> dict:
     """One step of the training engine as the native trainer runs it after its rollouts."""
     from bench.device import peak_memory_mb, reset_peak_memory, synchronize
     from runners.algos import LossInputs, leave_one_out_advantages
@@ -333,7 +333,7 @@ def environment(device: str) -> dict:
     return env
 
 
-def run_check(plan: Plan, device: str, budget_s: float, log=print) -> dict:
+def run_check(plan: CheckPlan, device: str, budget_s: float, log=print) -> dict:
     from bench.models import load_model, load_tokenizer, render_prompt, resolve_model
     from bench.synthetic import synthetic_examples
     from runners.algos import get_loss

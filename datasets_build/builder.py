@@ -1,7 +1,7 @@
 """The builder: k rollouts per problem, graded with math-verify, kept when the problem's
 accuracy lies in [lo, hi] — the paper's perfectible split.
 
-Plan → sample → grade → persist (one transaction per chunk of problems, so a killed build
+BuildPlan → sample → grade → persist (one transaction per chunk of problems, so a killed build
 loses at most the chunk in flight and `--resume` neither loses nor duplicates a rollout) →
 aggregate → filter → save. `--shard i/n` builds the problems at positions ≡ i (mod n);
 `merge_shards` joins complete shards into one split.
@@ -20,6 +20,7 @@ from typing import Callable
 
 from sqlalchemy import delete, func, select
 
+from bench.statuses import BUILD_COMPLETE, BUILD_FAILED, BUILD_RUNNING
 from bench.engines import Sampling, make_engine, resolve_engine
 from bench.grading import CORRECT, Grader
 from bench.model_sources import gguf_provenance
@@ -57,7 +58,7 @@ def _check_writable(path: Path) -> None:
 
 
 @dataclass
-class Plan:
+class BuildPlan:
     cfg: BuildConfig
     model_ref: object
     tokenizer: object
@@ -70,7 +71,7 @@ class Plan:
     duplicates: dict            # the source's repeated texts, each counted once (bench.problems.load_source)
 
 
-def plan(cfg: BuildConfig) -> Plan:
+def plan(cfg: BuildConfig) -> BuildPlan:
     """Resolve model, source, prompts and settings; raises BuildError before anything is written."""
     cfg.validate()
     ref = with_prompt(resolve_model(cfg.model), cfg.template, cfg.instruction)
@@ -89,7 +90,7 @@ def plan(cfg: BuildConfig) -> Plan:
                 "lo": cfg.lo, "hi": cfg.hi, "sampling": sampling.to_dict(), "template": template,
                 "adaptive": [cfg.round_size, cfg.confidence, cfg.min_samples] if cfg.adaptive else None,
                 "problems": hashlib.sha256("\0".join(p.id for p in problems).encode()).hexdigest()[:16]}
-    return Plan(cfg, ref, tok, problems, prompts, sampling, engine, settings, template, duplicates)
+    return BuildPlan(cfg, ref, tok, problems, prompts, sampling, engine, settings, template, duplicates)
 
 
 SPLIT_HASH_OF = "sha256 of the compact JSON [[id, gold answer], ...] of the kept problems, sorted by id"
@@ -101,7 +102,7 @@ def kept_split_hash(results: list[ProblemResult]) -> str:
 
 
 def _find_resumable(s, shash: str, shard: str | None) -> Build | None:
-    q = select(Build).where(Build.settings_hash == shash, Build.status != "complete")
+    q = select(Build).where(Build.settings_hash == shash, Build.status != BUILD_COMPLETE)
     q = q.where(Build.shard.is_(None) if shard is None else Build.shard == shard)
     return s.scalars(q.order_by(Build.created_at.desc())).first()
 
@@ -131,7 +132,7 @@ def run_build(engine_db, cfg: BuildConfig, progress: Callable[[int, int, int], N
     with session(engine_db) as s:
         model = get_or_create_model(s, p.model_ref.name, p.model_ref.path, p.settings["weights"])
         if not (cfg.resume or cfg.force):
-            q = select(Build).where(Build.settings_hash == shash, Build.status == "complete")
+            q = select(Build).where(Build.settings_hash == shash, Build.status == BUILD_COMPLETE)
             done = s.scalars(q.where(Build.shard.is_(None) if cfg.shard is None else Build.shard == cfg.shard)
                              .order_by(Build.finished_at.desc())).first()
             if done is not None:          # same model, data, sampling and seed: the same split
@@ -145,14 +146,14 @@ def run_build(engine_db, cfg: BuildConfig, progress: Callable[[int, int, int], N
             _check_writable(out)
             build = Build(id=build_id, model_id=model.id, source=p.cfg.source, engine=p.engine, dtype=cfg.dtype,
                           k=cfg.k, lo=cfg.lo, hi=cfg.hi, seed=cfg.seed, shard=cfg.shard, settings_hash=shash,
-                          status="running", out_dir=str(out), n_problems=len(p.problems),
+                          status=BUILD_RUNNING, out_dir=str(out), n_problems=len(p.problems),
                           manifest={"settings": p.settings})
             s.add(build)
         else:
             if cfg.out:
                 build.out_dir = str(cfg.out)
             _check_writable(Path(build.out_dir))
-            build.status = "running"
+            build.status = BUILD_RUNNING
         build_id, out_dir = build.id, Path(build.out_dir)
 
     t0 = time.time()
@@ -193,7 +194,7 @@ def run_build(engine_db, cfg: BuildConfig, progress: Callable[[int, int, int], N
         except BaseException:
             with session(engine_db) as s:
                 b = s.get(Build, build_id)
-                b.status = "failed"
+                b.status = BUILD_FAILED
             raise
         finally:
             if own_engine:
@@ -203,7 +204,7 @@ def run_build(engine_db, cfg: BuildConfig, progress: Callable[[int, int, int], N
     return _finish(engine_db, p, build_id, out_dir, positions, bad_golds, new, t_gen, time.time() - t0, cache_hits)
 
 
-def _sample_and_grade(p: Plan, engine, grader: Grader, idx: list[int]):
+def _sample_and_grade(p: BuildPlan, engine, grader: Grader, idx: list[int]):
     """All rollouts of the problems `idx` with their verdicts: k each, or (adaptive) rounds of
     `round_size` until the Wilson interval decides the problem or k is reached."""
     cfg = p.cfg
@@ -225,7 +226,7 @@ def _sample_and_grade(p: Plan, engine, grader: Grader, idx: list[int]):
     return flat, verdicts
 
 
-def _finish(engine_db, p: Plan, build_id: str, out_dir: Path, positions: list[int], bad_golds: set[str],
+def _finish(engine_db, p: BuildPlan, build_id: str, out_dir: Path, positions: list[int], bad_golds: set[str],
             new_rollouts: int, t_gen: float, wall: float, cache_hits: int) -> dict:
     cfg = p.cfg
     with session(engine_db) as s:
@@ -277,7 +278,7 @@ def _finish(engine_db, p: Plan, build_id: str, out_dir: Path, positions: list[in
                                answer=r.answer, n_samples=r.n_samples, n_correct=r.n_correct,
                                accuracy=r.accuracy, bucket=r.bucket, kept=r.bucket == KEPT) for r in results)
         b = s.get(Build, build_id)
-        b.status, b.n_problems, b.n_kept, b.manifest = "complete", len(results), counts[KEPT], manifest
+        b.status, b.n_problems, b.n_kept, b.manifest = BUILD_COMPLETE, len(results), counts[KEPT], manifest
         b.split_hash = shash
         from bench.store.schema import utcnow
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from sqlalchemy import insert, literal, select
 
+from bench.statuses import BUILD_COMPLETE
 from bench.store import Build, BuildProblem, BuildRollout, bench_home, session
 from bench.store.schema import utcnow
 
@@ -52,7 +53,7 @@ def merge_shards(engine_db, ids: list[str] | None = None, out: Path | None = Non
             missing = sorted(set(range(n)) - set(have))
             raise BuildError(f"missing shard(s) {', '.join(f'{i}/{n}' for i in missing)}" if missing
                              else "a shard index appears twice; name the shard builds explicitly")
-        unfinished = [f"{b.id} ({b.shard}: {b.status})" for b in shards if b.status != "complete"]
+        unfinished = [f"{b.id} ({b.shard}: {b.status})" for b in shards if b.status != BUILD_COMPLETE]
         if unfinished:
             raise BuildError(f"unfinished shard(s): {', '.join(unfinished)}; resume them with --resume")
         first = shards[0]
@@ -77,7 +78,7 @@ def merge_shards(engine_db, ids: list[str] | None = None, out: Path | None = Non
         write_split(out_dir, results, first.k, manifest)
         s.add(Build(id=build_id, model_id=first.model_id, source=first.source, engine=first.engine, dtype=first.dtype,
                     k=first.k, lo=first.lo, hi=first.hi, seed=first.seed, shard=None,
-                    settings_hash=first.settings_hash, status="complete", out_dir=str(out_dir),
+                    settings_hash=first.settings_hash, status=BUILD_COMPLETE, out_dir=str(out_dir),
                     n_problems=len(results), n_kept=counts[KEPT], manifest=manifest, finished_at=utcnow(),
                     split_hash=shash))
         s.flush()

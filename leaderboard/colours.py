@@ -7,8 +7,9 @@
 - A status names how the runs ended, in five kinds: `pass` (converged), `pending` (running),
   `early` (decided before the run's own end: futile, a FAIL the futility rule called early, and
   skipped, a seed not run because its cell was already decided), `undecided` (max_steps: the
-  budget ran out; failed: an error or Ctrl-C) and `fail` (every other end: plateaued, collapsed,
-  diverged, miscalibrated). A cell's status text lists its runs' statuses ("converged ×2,
+  budget ran out; failed: an error or Ctrl-C; interrupted: killed; evaluated: --max-steps 0) and
+  `fail` (every other end: plateaued, collapsed, diverged, miscalibrated); each status's kind is
+  declared in bench/statuses.py. A cell's status text lists its runs' statuses ("converged ×2,
   futile"); its kind is the first of pending, early, fail, undecided, pass that one of them has,
   so a cell still running or decided early never reads as an ordinary end.
 
@@ -22,6 +23,8 @@ import re
 
 import pandas as pd
 
+from bench.statuses import STATUSES
+
 # (fill, ink) per verdict: the grid's pass-rate scale's green and red, lightened for a table cell
 VERDICT_COLOURS = {"PASS": ("#c7e9c0", "#00441b"), "FAIL": ("#fcbba1", "#67000d"),
                    "UNDECIDED": ("#c6dbef", "#08306b"), "RUNNING": ("#fee391", "#662506"),
@@ -32,8 +35,7 @@ VERDICT_INK = {"PASS": "#1a9850", "FAIL": "#d73027", "UNDECIDED": "#2171b5", "RU
 # a marker (the grid's squares and the chart's points) per verdict
 VERDICT_MARKS = {"PASS": "✓", "FAIL": "✗", "UNDECIDED": "?", "RUNNING": "…", "NO VERDICT": "–"}
 
-STATUS_KINDS = {"converged": "pass", "running": "pending", "futile": "early", "skipped": "early",
-                "max_steps": "undecided", "failed": "undecided"}
+STATUS_KINDS = {name: s.kind for name, s in STATUSES.items()}         # read from the statuses table
 KIND_ORDER = ("pending", "early", "fail", "undecided", "pass")
 KIND_COLOURS = {"pass": "#1a7837", "pending": "#b35806", "early": "#762a83", "undecided": "#2166ac",
                 "fail": "#b2182b"}     # ink only

@@ -58,7 +58,7 @@ def _verdict_td(verdict: str) -> str:
             f'font-weight:600">{_esc(verdict)}</td>')
 
 
-def _f(x, digits=3) -> str | None:
+def _number(x, digits=3) -> str | None:
     return None if _missing(x) else f"{x:.{digits}f}"
 
 

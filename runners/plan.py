@@ -12,6 +12,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
+from bench.statuses import BUILD_COMPLETE
 from bench import stop as stop_rules
 from bench.device import device_supports, resolve_device
 from bench.engines import resolve_engine
@@ -50,7 +51,7 @@ class RunPlan:
 # ------------------------------------------------------------------ the inputs
 
 def latest_build(s, model: str | None = None) -> Build | None:
-    q = select(Build).where(Build.status == "complete", Build.shard.is_(None))
+    q = select(Build).where(Build.status == BUILD_COMPLETE, Build.shard.is_(None))
     if model:
         q = q.join(Model, Model.id == Build.model_id).where(Model.name == model)
     return s.scalars(q.order_by(Build.finished_at.desc())).first()
@@ -68,7 +69,7 @@ def resolve_inputs(s, build_id: str | None, model: str | None) -> tuple[Build, M
         build = s.get(Build, build_id)
         if build is None:
             raise RunError(f"no build {build_id!r}; `bench builds` lists them")
-        if build.status != "complete":
+        if build.status != BUILD_COMPLETE:
             raise RunError(f"build {build_id} is {build.status}; finish it with `bench build ... --resume`")
         if build.shard is not None:
             raise RunError(f"build {build_id} is shard {build.shard}; merge the shards first with `bench build merge`")

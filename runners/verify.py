@@ -37,6 +37,7 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
+from bench.statuses import BUILD_COMPLETE
 from bench import provenance
 from bench.errors import BenchError
 from bench.device import resolve_device
@@ -219,7 +220,7 @@ def _copy_rows(scratch, run: Run, build: Build, model: Model, ckpt_dir: Path, so
         s.flush()
         s.add(Build(id=build.id, model_id=model.id, source=build.source, engine=build.engine, dtype=build.dtype,
                     k=build.k, lo=build.lo, hi=build.hi, seed=build.seed, shard=None,
-                    settings_hash=build.settings_hash, status="complete", split_hash=build.split_hash))
+                    settings_hash=build.settings_hash, status=BUILD_COMPLETE, split_hash=build.split_hash))
         s.flush()
         ledger.create(s, run.id, model.id, build.id, run.algo, Precision(run.rollout_dtype, run.train_dtype), "native",
                       run.engine, run.config, ckpt_dir, run.provenance, seed=run.seed, staleness=run.staleness,
@@ -274,7 +275,7 @@ def replay(run: Run, build: Build, model: Model, ref, split, last_step: int, dev
 # ------------------------------------------------------------------ entry points
 
 @dataclass
-class Plan:
+class RerunPlan:
     """A verification ready to run: the run's rows, its model and split, the window, the stored
     side, where it re-runs and whether bit-identical is required there."""
 
@@ -296,7 +297,7 @@ class Plan:
 
 
 def plan_verification(store, run_id: str, steps: int = DEFAULT_STEPS, device: str | None = None, start: int = 0,
-                      checkpoint: Path | None = None) -> Plan:
+                      checkpoint: Path | None = None) -> RerunPlan:
     """Every check before the re-run (VerifyError, nothing stored): a native run, its build and
     split, the model by its weights hash, the device (default: the one the run recorded); for a
     window from `start` > 0 the kept checkpoint, checked against the run's state digest."""
@@ -309,12 +310,12 @@ def plan_verification(store, run_id: str, steps: int = DEFAULT_STEPS, device: st
     except ValueError as e:
         raise VerifyError(f"run {run_id} ran on {want}: {e}") from None
     here = machine_kind(device)
-    return Plan(run, build, model, ref, split, last, steps, start, kept, stored, here, recorded,
+    return RerunPlan(run, build, model, ref, split, last, steps, start, kept, stored, here, recorded,
                 same_kind(here, recorded),
                 ((run.provenance or {}).get("bench") or {}).get("commit"), provenance.git_commit()["commit"])
 
 
-def run_verification(store, plan: Plan, progress=None) -> dict:
+def run_verification(store, plan: RerunPlan, progress=None) -> dict:
     """Re-run the plan's window, compare, store the verification; returns it (see the module
     docstring): the verdict, values compared and differing, the first difference, where it ran,
     what the run recorded and the tolerance applied (None: bit-identical was required)."""
