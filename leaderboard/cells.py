@@ -108,8 +108,8 @@ def seed_runs(runs: pd.DataFrame) -> pd.DataFrame:
     as max_steps before that status) is left out."""
     if runs.empty:
         return runs
-    r = with_cell_key(runs[[not no_cell(st, cfg) for st, cfg in
-                            zip(runs.status, runs.config if "config" in runs.columns else [None] * len(runs))]])
+    col = lambda name: runs[name] if name in runs.columns else [None] * len(runs)      # noqa: E731
+    r = with_cell_key(runs[[not no_cell(st, cfg) for st, cfg in zip(col("status"), col("config"))]])
     if "seed" not in r.columns:
         r["seed"] = None
     r["_seed"] = r.seed.map(lambda x: -1 if x is None or x != x else int(x))
