@@ -227,11 +227,10 @@ def _load_json(data: bytes, name: str):
         raise BundleError(f"{name} is not valid JSON ({getattr(e, 'msg', e)})") from None
 
 
-def read_bundle(path: Path) -> tuple[dict, dict[str, dict], dict[str, dict]]:
-    """(bundle.json, builds by id, runs by id) from the bundle at `path`, every check done
-    (see the module docstring); BundleError on the first fault."""
-    path = Path(path)
-    _need(path.is_file(), f"{path}: no such file")
+def _extract(path: Path) -> tuple[dict[str, bytes], dict[str, str]]:
+    """The bundle's members: ({name: bytes} of its documents, {name: sha256} of its checkpoints,
+    hashed from the disk: a checkpoint may be many GB); BundleError for an unreadable archive or
+    a member that is no regular file, lies outside the folder, repeats or is unexpected."""
     tmp = Path(tempfile.mkdtemp(prefix="bench-bundle-"))
     try:
         try:
@@ -254,13 +253,18 @@ def read_bundle(path: Path) -> tuple[dict, dict[str, dict], dict[str, dict]]:
         for name in names:
             f = (tmp / name).resolve()
             _need(f.is_relative_to(tmp.resolve()) and f.is_file(), f"member {name!r} escapes the extraction folder")
-            if _CHECKPOINT.fullmatch(name):          # hashed from the disk: a checkpoint may be many GB
+            if _CHECKPOINT.fullmatch(name):
                 sums[name] = file_sha256(f)
             else:
                 files[name] = f.read_bytes()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return files, sums
 
+
+def _check_manifest(files: dict[str, bytes], sums: dict[str, str]) -> dict:
+    """bundle.json, checked: its format and schema version, every member listed with its sha256
+    and no other, every checkpoint one of a run it holds; its member is popped from `files`."""
     files.pop(SIGNATURE, None)             # outside the manifest: bench/signing.py checks it
     _need(MANIFEST in files, f"missing member {MANIFEST}")
     manifest = _load_json(files.pop(MANIFEST), MANIFEST)
@@ -282,42 +286,63 @@ def read_bundle(path: Path) -> tuple[dict, dict[str, dict], dict[str, dict]]:
         _need(_CHECKPOINT.fullmatch(name).group(1) in manifest["runs"], f"{name}: a checkpoint of no run in the bundle")
     want = {f"builds/{b}.json" for b in manifest["builds"]} | {f"runs/{r}.json" for r in manifest["runs"]}
     _need(want == set(listed) - checkpoints, f"{MANIFEST}: its runs and builds do not match its members")
+    return manifest
 
+
+def _check_build(obj: dict, name: str) -> None:
+    """A build document: its fields, its model's, its kept problems' (unique ids, hashing to
+    its split hash) and its times."""
+    _check_fields(obj, BUILD_FIELDS, name)
+    _check_fields(obj["model"], MODEL_FIELDS, f"{name}: model")
+    for i, p in enumerate(obj["kept"]):
+        _check_fields(p, PROBLEM_FIELDS, f"{name}: kept[{i}]")
+    _need(len({p["id"] for p in obj["kept"]}) == len(obj["kept"]), f"{name}: a kept problem id repeats")
+    _need(split_hash((p["id"], p["answer"]) for p in obj["kept"]) == obj["split_hash"],
+          f"{name}: the kept problems do not hash to the recorded split hash")
+    _time(obj["created_at"], name), _time(obj["finished_at"], name)
+
+
+def _check_run(obj: dict, ident: str, name: str) -> None:
+    """A run document: its fields, its model's, steps and evaluations (none repeated), its state
+    digests (scheme 1 where a bundle from before schemes has none; chained) and its times."""
+    _check_fields(obj, RUN_FIELDS, name)
+    _check_fields(obj["model"], MODEL_FIELDS, f"{name}: model")
+    for i, x in enumerate(obj["steps"]):
+        _check_fields(x, STEP_FIELDS, f"{name}: steps[{i}]")
+        _time(x["created_at"], name)
+    for i, e in enumerate(obj["evals"]):
+        _check_fields(e, EVAL_FIELDS, f"{name}: evals[{i}]")
+    _need(len({x["step"] for x in obj["steps"]}) == len(obj["steps"]), f"{name}: a step repeats")
+    _need(len({(e["step"], e["benchmark"]) for e in obj["evals"]}) == len(obj["evals"]),
+          f"{name}: an evaluation repeats")
+    digests = obj.setdefault("digests", [])        # bundles from before state digests have none
+    _need(isinstance(digests, list), f"{name}: digests is not a list")
+    for i, d in enumerate(digests):
+        _check_fields(d, DIGEST_FIELDS, f"{name}: digests[{i}]")
+        d.setdefault("scheme", 1)                  # bundles from before digest schemes: scheme 1
+        _need(type(d["scheme"]) is int and d["scheme"] in SCHEMES,
+              f"{name}: digests[{i}]: scheme {d['scheme']!r} is not one of {SCHEMES}")
+    broken = check_chain(ident, [(d["step"], d["digest"], d["chain"], d["scheme"]) for d in digests])
+    _need(broken is None, f"{name}: its state digests do not chain ({broken})")
+    _time(obj["created_at"], name), _time(obj["updated_at"], name)
+
+
+def read_bundle(path: Path) -> tuple[dict, dict[str, dict], dict[str, dict]]:
+    """(bundle.json, builds by id, runs by id) from the bundle at `path`, every check done
+    (see the module docstring); BundleError on the first fault."""
+    path = Path(path)
+    _need(path.is_file(), f"{path}: no such file")
+    files, sums = _extract(path)
+    manifest = _check_manifest(files, sums)
     builds, runs = {}, {}
     for name, data in files.items():
         obj = _load_json(data, name)
         kind, ident = _MEMBER.fullmatch(name).groups()
         if kind == "builds":
-            _check_fields(obj, BUILD_FIELDS, name)
-            _check_fields(obj["model"], MODEL_FIELDS, f"{name}: model")
-            for i, p in enumerate(obj["kept"]):
-                _check_fields(p, PROBLEM_FIELDS, f"{name}: kept[{i}]")
-            _need(len({p["id"] for p in obj["kept"]}) == len(obj["kept"]), f"{name}: a kept problem id repeats")
-            _need(split_hash((p["id"], p["answer"]) for p in obj["kept"]) == obj["split_hash"],
-                  f"{name}: the kept problems do not hash to the recorded split hash")
-            _time(obj["created_at"], name), _time(obj["finished_at"], name)
+            _check_build(obj, name)
             builds[ident] = obj
         else:
-            _check_fields(obj, RUN_FIELDS, name)
-            _check_fields(obj["model"], MODEL_FIELDS, f"{name}: model")
-            for i, x in enumerate(obj["steps"]):
-                _check_fields(x, STEP_FIELDS, f"{name}: steps[{i}]")
-                _time(x["created_at"], name)
-            for i, e in enumerate(obj["evals"]):
-                _check_fields(e, EVAL_FIELDS, f"{name}: evals[{i}]")
-            _need(len({x["step"] for x in obj["steps"]}) == len(obj["steps"]), f"{name}: a step repeats")
-            _need(len({(e["step"], e["benchmark"]) for e in obj["evals"]}) == len(obj["evals"]),
-                  f"{name}: an evaluation repeats")
-            digests = obj.setdefault("digests", [])        # bundles from before state digests have none
-            _need(isinstance(digests, list), f"{name}: digests is not a list")
-            for i, d in enumerate(digests):
-                _check_fields(d, DIGEST_FIELDS, f"{name}: digests[{i}]")
-                d.setdefault("scheme", 1)                  # bundles from before digest schemes: scheme 1
-                _need(type(d["scheme"]) is int and d["scheme"] in SCHEMES,
-                      f"{name}: digests[{i}]: scheme {d['scheme']!r} is not one of {SCHEMES}")
-            broken = check_chain(ident, [(d["step"], d["digest"], d["chain"], d["scheme"]) for d in digests])
-            _need(broken is None, f"{name}: its state digests do not chain ({broken})")
-            _time(obj["created_at"], name), _time(obj["updated_at"], name)
+            _check_run(obj, ident, name)
             runs[ident] = obj
         _need(obj["id"] == ident, f"{name} holds id {obj['id']!r}")
     for rid, r in runs.items():

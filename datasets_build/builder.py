@@ -120,15 +120,12 @@ def _done_problems(s, build_id: str, k: int, adaptive: bool) -> set[str]:
     return {p for p, c in counts.items() if c == k}
 
 
-def run_build(engine_db, cfg: BuildConfig, progress: Callable[[int, int, int], None] | None = None,
-              rollout_engine=None) -> dict:
-    """Run (or resume) a build; returns its manifest. `progress(done, total, new)` is called
-    after each chunk with rollouts done so far, in total, and sampled in this process.
-    `rollout_engine` reuses a running engine of the configured kind and dtype (left open)."""
-    p = plan(cfg)
-    shard = parse_shard(cfg.shard)
+def _open_build(engine_db, p: BuildPlan) -> dict | tuple[str, Path]:
+    """The build's row, running: a finished build of the same settings (reused: its manifest,
+    unless --resume or --force), the unfinished one --resume continues, or a new one; returns
+    the reused manifest or (build id, output folder)."""
+    cfg = p.cfg
     shash = settings_hash(p.settings)
-
     with session(engine_db) as s:
         model = get_or_create_model(s, p.model_ref.name, p.model_ref.path, p.settings["weights"])
         if not (cfg.resume or cfg.force):
@@ -144,7 +141,7 @@ def run_build(engine_db, cfg: BuildConfig, progress: Callable[[int, int, int], N
             build_id = uuid.uuid4().hex[:12]
             out = Path(cfg.out) if cfg.out else bench_home() / "builds" / build_id
             _check_writable(out)
-            build = Build(id=build_id, model_id=model.id, source=p.cfg.source, engine=p.engine, dtype=cfg.dtype,
+            build = Build(id=build_id, model_id=model.id, source=cfg.source, engine=p.engine, dtype=cfg.dtype,
                           k=cfg.k, lo=cfg.lo, hi=cfg.hi, seed=cfg.seed, shard=cfg.shard, settings_hash=shash,
                           status=BUILD_RUNNING, out_dir=str(out), n_problems=len(p.problems),
                           manifest={"settings": p.settings})
@@ -154,7 +151,20 @@ def run_build(engine_db, cfg: BuildConfig, progress: Callable[[int, int, int], N
                 build.out_dir = str(cfg.out)
             _check_writable(Path(build.out_dir))
             build.status = BUILD_RUNNING
-        build_id, out_dir = build.id, Path(build.out_dir)
+        return build.id, Path(build.out_dir)
+
+
+def run_build(engine_db, cfg: BuildConfig, progress: Callable[[int, int, int], None] | None = None,
+              rollout_engine=None) -> dict:
+    """Run (or resume) a build; returns its manifest. `progress(done, total, new)` is called
+    after each chunk with rollouts done so far, in total, and sampled in this process.
+    `rollout_engine` reuses a running engine of the configured kind and dtype (left open)."""
+    p = plan(cfg)
+    shard = parse_shard(cfg.shard)
+    opened = _open_build(engine_db, p)
+    if isinstance(opened, dict):
+        return opened
+    build_id, out_dir = opened
 
     t0 = time.time()
     positions = shard_positions(len(p.problems), shard)
