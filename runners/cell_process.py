@@ -1,9 +1,10 @@
 """One native run of a sweep's cell in a process of its own (`bench sweep --jobs N`): the
-process calls runners.runs.start_run with the cell's typed arguments (`CellRun`) and sends each
-step's numbers back, then how it ended; the sweep hands the steps to the same progress callback
-an in-process cell calls (`follow`) and may interrupt it (`interrupt`: SIGINT, so the run
-records itself failed, resumable, as Ctrl-C would). A process of its own because torch's thread
-pool and the rollout engine are per process: two cells in one process would contend for both."""
+process trains the cell's `RunPlan` (planned in the sweep's process by runners/plan.py
+`plan_run`, as every native run is) through runners.runs.run_plan and sends each step's numbers
+back, then how it ended; the sweep hands the steps to the same progress callback an in-process
+cell calls (`follow`) and may interrupt it (`interrupt`: SIGINT, so the run records itself
+failed, resumable, as Ctrl-C would). A process of its own because torch's thread pool and the
+rollout engine are per process: two cells in one process would contend for both."""
 
 from __future__ import annotations
 
@@ -14,27 +15,10 @@ import signal
 import tempfile
 import traceback
 from dataclasses import dataclass
-from pathlib import Path
 
-from bench.precision import Precision
-
-from .presets import RunConfig
+from .plan import RunPlan
 
 STEP, DONE, ERROR, INTERRUPTED = "step", "done", "error", "interrupted"
-
-
-@dataclass(frozen=True)
-class CellRun:
-    """start_run's arguments for one run of a cell."""
-
-    algo: str
-    precision: Precision
-    cfg: RunConfig
-    build_id: str
-    engine: str
-    preset: str
-    device: str
-    ckpt_root: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -60,7 +44,7 @@ def failure_text(e: BaseException) -> str:
     return str(e) if isinstance(e, BenchError) else f"{type(e).__name__}: {e}"
 
 
-def _main(url: str, cell: CellRun, out, log_path: str) -> None:
+def _main(url: str, plan: RunPlan, out, log_path: str) -> None:
     """The cell's process: its output to `log_path`, the store at `url` opened, the cell run, how
     it ended reported to the queue `out`. SIGINT (`CellProcess.interrupt`) is Ctrl-C for the
     run; once the run has ended it is ignored, so the end still reaches the sweep."""
@@ -72,12 +56,10 @@ def _main(url: str, cell: CellRun, out, log_path: str) -> None:
     try:
         from bench.store import open_store
 
-        from .runs import start_run
+        from .runs import run_plan
 
         store = open_store(url)
-        run_id = start_run(store, cell.algo, cell.precision, cell.cfg, build_id=cell.build_id, engine=cell.engine,
-                           preset=cell.preset, ckpt_root=cell.ckpt_root, device=cell.device,
-                           progress=lambda step, total, m: out.put((STEP, (step, total, _numbers(m)))))
+        run_id = run_plan(store, plan, progress=lambda step, total, m: out.put((STEP, (step, total, _numbers(m)))))
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         end = (DONE, run_id)
     except KeyboardInterrupt:
@@ -94,16 +76,16 @@ def _main(url: str, cell: CellRun, out, log_path: str) -> None:
 
 
 class CellProcess:
-    """A started process running `cell` against the store at `url` (spawned: a fresh interpreter,
+    """A started process training `plan` against the store at `url` (spawned: a fresh interpreter,
     as a new `bench run` would be). Its output (torch's and the engines' warnings, a traceback)
     goes to its own log file, `log_path`, removed when the cell ends well."""
 
-    def __init__(self, url: str, cell: CellRun):
+    def __init__(self, url: str, plan: RunPlan):
         ctx = multiprocessing.get_context("spawn")
         self._out = ctx.Queue()
-        fd, self.log_path = tempfile.mkstemp(prefix=f"bench-cell-{cell.algo}-", suffix=".log")
+        fd, self.log_path = tempfile.mkstemp(prefix=f"bench-cell-{plan.algo}-", suffix=".log")
         os.close(fd)
-        self._proc = ctx.Process(target=_main, args=(url, cell, self._out, self.log_path), name=f"cell {cell.algo}")
+        self._proc = ctx.Process(target=_main, args=(url, plan, self._out, self.log_path), name=f"cell {plan.algo}")
         self._proc.start()
 
     def interrupt(self) -> None:

@@ -38,10 +38,10 @@ from bench.store import Run, session
 from bench.store.schema import utcnow
 
 from . import ledger
-from .cell_process import CellProcess, CellRun, failure_text
-from .plan import latest_build, resolve_inputs
+from .cell_process import CellProcess, failure_text
+from .plan import RunPlan, latest_build, plan_run, resolve_inputs
 from .presets import get_preset
-from .runs import start_run
+from .runs import run_plan
 from .verl_launch import VerlTarget, check_verl_cell
 
 # a seed ending so (a rule's FAIL) decides its cell; one undecided at its budget does not
@@ -331,15 +331,14 @@ class _GridRun:
         try:
             if g.verl is not None:
                 return self._verl(cell, cfg)
+            plan = plan_run(self.store, cell.algo, cell.precision, cfg, g.build_id, None, g.engine, g.device,
+                            g.preset, g.ckpt_root)
             if self.jobs == 1:
-                return start_run(self.store, cell.algo, cell.precision, cfg, build_id=g.build_id, engine=g.engine,
-                                 preset=g.preset, ckpt_root=g.ckpt_root, progress=self.step_log(cell),
-                                 device=g.device)
+                return run_plan(self.store, plan, progress=self.step_log(cell))
         except Exception as e:  # the failed run is recorded in the store; go on with the grid
             self.log(f"  {cell.label} failed: {failure_text(e)}")
             return None
-        return self._in_own_process(cell, CellRun(cell.algo, cell.precision, cfg, g.build_id, g.engine, g.preset,
-                                              g.device, g.ckpt_root))
+        return self._in_own_process(cell, plan)
 
     def _verl(self, cell: Cell, cfg) -> str:
         from .verl_follow import start_verl_run
@@ -350,8 +349,8 @@ class _GridRun:
         return start_verl_run(self.store, cell.algo, cell.precision, cfg, self.grid.preset, job,
                               progress=self.step_log(cell))
 
-    def _in_own_process(self, cell: Cell, run: CellRun) -> str | None:
-        proc = CellProcess(self.store.url.render_as_string(hide_password=False), run)
+    def _in_own_process(self, cell: Cell, plan: RunPlan) -> str | None:
+        proc = CellProcess(self.store.url.render_as_string(hide_password=False), plan)
         self.decider.started(cell.key, proc)
         try:
             end = proc.follow(self.step_log(cell))

@@ -12,7 +12,7 @@ from bench.store import Eval, Run, RunDecision, RunDigest, RunStep, open_store, 
 from runners import ledger
 from runners.presets import get_preset
 from runners.verl_follow import Follower, replay_for_resume
-from tests.conftest import add_model_and_build
+from conftest import add_model_and_build
 
 FP16 = Precision("fp16", "fp16")
 SPLIT = {0: 0.5, 5: 0.9, 10: 0.7}          # split accuracy at the evaluations

@@ -10,7 +10,9 @@ from bench.errors import ConfigError
 from bench.precision import Precision
 from bench.store import open_store, session
 from conftest import add_model_and_build
-from runners.cell_process import CellEnd, CellProcess, CellRun
+from bench.models import resolve_model
+from runners.cell_process import CellProcess
+from runners.plan import RunPlan
 from runners.presets import get_preset
 from runners.sweep import Cell, SeedDecider, plan_grid
 from runners.verl_launch import VerlTarget
@@ -103,13 +105,21 @@ def test_a_decider_that_is_off_decides_nothing():
 
 
 def test_a_process_cell_reports_its_refusal(tmp_path):
-    """A real spawned cell whose build is not in the store: the run's own refusal comes back as
-    the cell's end, no run id, no step."""
+    """A real spawned cell given a plan (made in this process, as the sweep makes it) whose
+    checkpoint root cannot hold a directory: the run's own refusal comes back as the cell's end,
+    no run id, no step."""
     url = f"sqlite:///{tmp_path / 's.db'}"
-    open_store(url).dispose()
+    store = open_store(url)
+    with session(store) as s:
+        add_model_and_build(s, "b0")
+    store.dispose()
+    (tmp_path / "a-file").write_text("")
+    plan = RunPlan("grpo", FP32, get_preset("tiny"), "b0", 1, resolve_model("tiny-math"), "torch", "cpu", "tiny",
+                   tmp_path / "a-file")
     steps = []
-    proc = CellProcess(url, CellRun("grpo", FP32, get_preset("tiny"), "nope", "torch", "tiny", "cpu"))
+    proc = CellProcess(url, plan)
     end = proc.follow(lambda *a: steps.append(a))
-    assert end == CellEnd(None, f"no build 'nope'; `bench builds` lists them (its output: {proc.log_path})", False)
-    assert steps == [] and "RunError: no build 'nope'" in Path(proc.log_path).read_text()     # the traceback, kept
+    assert end.run_id is None and not end.interrupted and "is not writable" in end.error, end
+    assert end.error.endswith(f"(its output: {proc.log_path})")
+    assert steps == [] and "RunError: checkpoint directory" in Path(proc.log_path).read_text()   # the traceback, kept
     Path(proc.log_path).unlink()
