@@ -177,11 +177,13 @@ def check_preset_fits(preset: str, ref: ModelRef) -> None:
                        "on a CPU, e.g. smollm2-135m) or --preset paper (the paper's recipe, for a GPU)")
 
 
-def plan_of_run(s, run: Run, device: str | None = None) -> RunPlan:
+def plan_of_run(s, run: Run, device: str | None = None, model: tuple[Model, ModelRef] | None = None) -> RunPlan:
     """The plan of stored run `run` (its algorithm, formats, engine, build, model and stored
     config), on `device` (default the device it started on); RunError when it cannot be resolved
-    here. Resume and extend continue a run from it."""
+    here. Resume and extend continue a run from it; verify re-runs it, with `model` (the row and
+    reference it resolved and checked by weights hash: the run's own, where it is not its build's)."""
     build, m, ref = resolve_inputs(s, run.build_id, None)
+    m, ref = model or (m, ref)
     started_on = (run.provenance or {}).get("device", "cpu")
     try:
         device = resolve_device(device or started_on)

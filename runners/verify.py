@@ -31,7 +31,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,7 +49,7 @@ from bench.store import Build, Eval, Model, Run, RunDigest, RunStep, RunVerifica
 
 from . import ledger
 from . import verify_compare as vc
-from .plan import RunError, RunPlan, build_prompt, config_from_dict, load_split, model_ref, resolve_inputs
+from .plan import RunError, build_prompt, config_from_dict, load_split, model_ref, plan_of_run, resolve_inputs
 from .runs import _train
 
 DEFAULT_STEPS = 3
@@ -238,12 +237,11 @@ def _clone(row):
     return table(**{c.key: getattr(row, c.key) for c in table.__table__.columns})
 
 
-def replay(run: Run, build: Build, model: Model, ref, split, last_step: int, device: str,
-           progress=None, kept: Path | None = None, start: int = 0, source=None) -> vc.Window:
+def replay(source, run: Run, build: Build, model: Model, ref, split, last_step: int, device: str,
+           progress=None, kept: Path | None = None, start: int = 0) -> vc.Window:
     """Re-run the run's steps 1..last_step (with its calibration and step-0 evaluation), or from
     the checkpoint `kept` at `start` its steps start+1..last_step, through the trainer's own path
     (a resume) into a scratch store; the re-run window."""
-    cfg = config_from_dict(run.config)
     stop_at = max(last_step, 1)
 
     def until_window(step, total, metrics):
@@ -258,11 +256,10 @@ def replay(run: Run, build: Build, model: Model, ref, split, last_step: int, dev
         ckpt_dir.mkdir()
         if kept is not None:
             shutil.copyfile(kept, ckpt_dir / "checkpoint.pt")
-        with session(source) if source is not None else nullcontext() as src:
+        with session(source) as src:
             _copy_rows(scratch, run, build, model, ckpt_dir, src, start)
+            plan = plan_of_run(src, src.get(Run, run.id), device, (model, ref))
         try:
-            plan = RunPlan(run.algo, Precision(run.rollout_dtype, run.train_dtype), cfg, build.id, model.id, ref,
-                           run.engine, device, run.config.get("preset", "tiny"))
             _train(scratch, run.id, plan, split, ckpt_dir, until_window)
         except _WindowDone:
             pass
@@ -320,8 +317,8 @@ def run_verification(store, plan: RerunPlan, progress=None) -> dict:
     docstring): the verdict, values compared and differing, the first difference, where it ran,
     what the run recorded and the tolerance applied (None: bit-identical was required)."""
     tolerance = None if plan.exact else vc.TOLERANCE
-    replayed = replay(plan.run, plan.build, plan.model, plan.ref, plan.split, plan.last_step, plan.here["device"],
-                      progress, plan.kept, plan.start, store)
+    replayed = replay(store, plan.run, plan.build, plan.model, plan.ref, plan.split, plan.last_step,
+                      plan.here["device"], progress, plan.kept, plan.start)
     result = vc.compare(plan.stored, replayed, plan.last_step, tolerance, plan.start)
     first = _jsonable(result["first_difference"])
     text = None if plan.exact else vc.TOLERANCE_TEXT
