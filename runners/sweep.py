@@ -344,7 +344,8 @@ class _GridRun:
         from .verl_follow import start_verl_run
         from .verl_launch import prepare_verl_run
 
-        job, _ = prepare_verl_run(self.store, cell.algo, cell.precision, cfg, self.grid.build_id, None, self.grid.verl)
+        job, _ = prepare_verl_run(self.store, cell.algo, cell.precision, cfg, self.grid.build_id, None, self.grid.verl,
+                                  preset=self.grid.preset)
         self.log(f"  {cell.label}: verl log {job['root']}/verl.log")
         return start_verl_run(self.store, cell.algo, cell.precision, cfg, self.grid.preset, job,
                               progress=self.step_log(cell))

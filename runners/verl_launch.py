@@ -10,8 +10,9 @@ import uuid
 from dataclasses import dataclass
 
 from bench.precision import Precision
-from bench.store import bench_home
+from bench.store import bench_home, session
 
+from .plan import check_preset_fits, resolve_inputs
 from .presets import RunConfig
 from .verl_follow import prepare
 from .verl_runner import (VerlError, check_algorithm, check_router_replay, check_staleness, check_verl_version,
@@ -36,13 +37,17 @@ def check_verl_cell(algo: str, cfg: RunConfig) -> None:
 
 
 def prepare_verl_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: str | None,
-                     model: str | None, target: VerlTarget, dry_run: bool = False) -> tuple[dict, str | None]:
+                     model: str | None, target: VerlTarget, dry_run: bool = False,
+                     preset: str = "paper") -> tuple[dict, str | None]:
     """The launch of one verl run, checked: verl 0.9.1 importable by `target.python` with what
     main_ppo needs to train (a dry run without verl skips both), the split and reward module
     exported to the run's directory ($BENCH_HOME/verl/<run id>; a dry run's is shared per cell),
     and verl's `validate_config` passed on the command (a refused command leaves no directory).
     Returns (the job runners/verl_follow.py launches, the verl version that validated it: None
-    for a dry run without verl)."""
+    for a dry run without verl). The tiny preset is refused for a model other than the embedded
+    ones, as for the native trainer (runners/plan.py `check_preset_fits`)."""
+    with session(store) as s:
+        check_preset_fits(preset, resolve_inputs(s, build_id, model)[2])
     version = installed_verl_version(target.python)
     if version is not None or not dry_run:
         check_verl_version(version)

@@ -291,7 +291,7 @@ def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, 
     store = _store(db)
     p = Precision.parse(dtype)
     job, version = prepare_verl_run(store, algo, p, cfg, build_id, model, VerlTarget(verl_python, gpus, nodes),
-                                    dry_run)
+                                    dry_run, preset)
     if version is not None:
         console.print(f"verl {version}: validate_config passed", highlight=False)
     elif dry_run:

@@ -352,3 +352,25 @@ def test_sweep_with_verl_runs_each_cell_through_bench_run(tmp_path, verl_python)
     with session(store) as s:
         p = Precision.parse("bf16")
         assert _finished_run(s, b.id, "grpo", p).id == "n1" and _finished_run(s, b.id, "grpo", p, "verl") is None
+
+
+def test_verl_refuses_the_tiny_preset_for_a_real_model(tmp_path):
+    """The tiny preset (lr 1e-3, 64 tokens) is refused for a model other than the embedded ones on
+    verl as on the native trainer, before anything is written."""
+    from bench.cli import app
+    from bench.store import Model
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    with session(open_store(url)) as s:
+        m = Model(name="my-org/my-1b", path=str(tmp_path / "my-1b"), weights_hash="h")
+        s.add(m)
+        s.flush()
+        s.add(Build(id="b1", model_id=m.id, source="math", engine="vllm", dtype="bf16", k=8, lo=0.2, hi=0.8, seed=0,
+                    settings_hash="h", status="complete", n_problems=1, n_kept=1))
+    r = CliRunner().invoke(app, ["run", "--trainer", "verl", "--algo", "grpo", "--dtype", "bf16", "--dry-run",
+                                 "--db", url])
+    text = " ".join(r.output.split())
+    assert r.exit_code == 2 and "preset 'tiny' is made for the embedded tiny-math models" in text, r.output
+    assert not (tmp_path / "bench_home" / "verl").exists()            # no run directory either
+    with session(open_store(url)) as s:
+        assert s.scalars(select(Run)).all() == []
