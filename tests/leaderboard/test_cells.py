@@ -15,6 +15,7 @@ from bench.configdiff import ABSENT, spread
 from bench.fingerprint import NOT_SETTINGS, fingerprint, settings, short
 from bench.precision import Precision
 from bench.store import Run, RunStep, open_store, session
+from bench.store.schema import BuildProblem
 from conftest import add_model_and_build
 from runners.presets import get_preset
 
@@ -223,13 +224,15 @@ def test_the_sweep_skips_only_a_cell_finished_by_its_engine_and_settings(tmp_pat
         s.add(Run(id="done", model_id=model_id, build_id="b0", algo="grpo", rollout_dtype="fp32",
                   train_dtype="fp32", trainer="native", engine="torch", config=stored(max_steps=2, seed=0),
                   status="max_steps", step=2, created_at=T0))
+        s.add(BuildProblem(build_id="b0", problem_id="p0", position=0, problem="1+1", answer="2", n_samples=8,
+                           n_correct=4, accuracy=0.5, bucket="kept", kept=True))
     started = []
 
-    def fake_start(store, algo, p, cfg, engine="torch", **kw):
-        started.append((engine, cfg.lr, cfg.seed))
+    def fake_train(store, plan, progress=None):          # the cell was planned (plan_run): record, train nothing
+        started.append((plan.engine, plan.cfg.lr, plan.cfg.seed))
         return None
 
-    monkeypatch.setattr(sweep, "start_run", fake_start)
+    monkeypatch.setattr(sweep, "run_plan", fake_train)
 
     def grid(eng, **overrides):
         started.clear()
