@@ -73,23 +73,24 @@ def _ended_line(s, run_id: str | None) -> str:
     return f"{r.status} after {r.step} steps, peak split {peak}"
 
 
-def _finished_run(s, build_id: str, algo: str, p: Precision, trainer: str = "native",
-                  seed: int | None = None, staleness: int = 0, engine: str | None = None,
-                  config_fp: str | None = None) -> Run | None:
-    """The newest finished run of the cell at staleness K (of the cell, K and `seed`, when given;
-    the seed is the run's config["seed"], kept in runs.seed, K its config["staleness"], kept in
-    runs.staleness). The cell is leaderboard/cells.py's: with `engine` (runs.engine) and
-    `config_fp` (bench/fingerprint.py of runs.config) given, only a run of that engine and those
-    settings counts, so another engine's or another learning rate's run never stands in."""
+def cell_runs(s, build_id: str, algo: str, p: Precision, trainer: str, staleness: int, engine: str | None,
+              config_fp: str | None, statuses: tuple[str, ...], seed: int | None = None, since=None) -> list[Run]:
+    """The runs of one cell — leaderboard/cells.py's key: the build (and so the model), algorithm,
+    precision pair, trainer, engine (runs.engine; None: any), staleness K (runs.staleness) and
+    settings fingerprint (bench/fingerprint.py of runs.config; None: any) — of `seed` (runs.seed)
+    when given, in `statuses`, created at or after `since`, newest first. So another engine's or
+    another learning rate's run never stands in for the cell's."""
     q = select(Run).where(Run.build_id == build_id, Run.algo == algo, Run.rollout_dtype == p.rollout,
-                          Run.train_dtype == p.train, Run.trainer == trainer, Run.status.in_(FINISHED),
-                          Run.staleness == staleness)
+                          Run.train_dtype == p.train, Run.trainer == trainer, Run.staleness == staleness,
+                          Run.status.in_(statuses))
     if seed is not None:
         q = q.where(Run.seed == seed)
     if engine is not None:
         q = q.where(Run.engine == engine)
-    runs = s.scalars(q.order_by(Run.created_at.desc()))
-    return next((r for r in runs if config_fp is None or fingerprint(r.config) == config_fp), None)
+    if since is not None:
+        q = q.where(Run.created_at >= since)
+    return [r for r in s.scalars(q.order_by(Run.created_at.desc())) if config_fp is None
+            or fingerprint(r.config) == config_fp]
 
 
 def run_engine(engine: str, trainer: str) -> str:
@@ -137,19 +138,6 @@ def parse_staleness(text: str) -> list[int]:
         raise ConfigError(f"bad --staleness {text!r}: give integers >= 0 (optimizer steps the rollout weights lag "
                          "behind), one or a comma list such as 0,1,2,4,8,16")
     return list(dict.fromkeys(ks))
-
-
-def _cell_runs(s, build_id: str, algo: str, p: Precision, seed: int | None, staleness: int, engine: str,
-               config_fp: str, statuses: tuple[str, ...], since=None) -> list[Run]:
-    """Native runs of the cell, seed and K in `statuses` (created at or after `since`), newest first."""
-    q = select(Run).where(Run.build_id == build_id, Run.algo == algo, Run.rollout_dtype == p.rollout,
-                          Run.train_dtype == p.train, Run.trainer == "native", Run.staleness == staleness,
-                          Run.engine == engine, Run.status.in_(statuses))
-    if seed is not None:
-        q = q.where(Run.seed == seed)
-    if since is not None:
-        q = q.where(Run.created_at >= since)
-    return [r for r in s.scalars(q.order_by(Run.created_at.desc())) if fingerprint(r.config) == config_fp]
 
 
 def _summary(s, run_id: str | None, algo: str, p: Precision, status: str | None = None,
@@ -369,8 +357,8 @@ class _GridRun:
         """Record a seed not started because its cell was decided (once: an earlier sweep's record stands)."""
         g = self.grid
         with session(self.store) as s:
-            earlier = _cell_runs(s, g.build_id, cell.algo, cell.precision, cell.seed, g.k(cell), g.recorded_engine,
-                                 g.fingerprint(cell), (SKIPPED,))
+            earlier = cell_runs(s, g.build_id, cell.algo, cell.precision, "native", g.k(cell), g.recorded_engine,
+                                g.fingerprint(cell), (SKIPPED,), cell.seed)
         if earlier:
             return earlier[0].id
         self.log(f"skip {cell.label}: cell decided ({why})")
@@ -390,8 +378,8 @@ class _GridRun:
             return rid
         g = self.grid
         with session(self.store) as s:     # interrupted (or crashed while the cell was being decided)
-            mine = _cell_runs(s, g.build_id, cell.algo, cell.precision, cell.seed, g.k(cell), g.recorded_engine,
-                              g.fingerprint(cell), (*FINISHED, FAILED, RUNNING), since)
+            mine = cell_runs(s, g.build_id, cell.algo, cell.precision, "native", g.k(cell), g.recorded_engine,
+                             g.fingerprint(cell), (*FINISHED, FAILED, RUNNING), cell.seed, since)
             mine_id, mine_status, at = (mine[0].id, mine[0].status, mine[0].step) if mine else (None, None, None)
         if mine_status in FINISHED:   # it ended before the interruption reached it (its output was cut)
             return mine_id
@@ -420,8 +408,8 @@ def run_grid(store, algos: list[str], pairs: list[Precision], build_id: str | No
     todo, results = [], {}
     with session(store) as s:
         for cell in cells:
-            done = _finished_run(s, grid.build_id, cell.algo, cell.precision, grid.trainer, cell.seed, grid.k(cell),
-                                 grid.recorded_engine, grid.fingerprint(cell))
+            done = next(iter(cell_runs(s, grid.build_id, cell.algo, cell.precision, grid.trainer, grid.k(cell),
+                                       grid.recorded_engine, grid.fingerprint(cell), FINISHED, cell.seed)), None)
             if done:
                 log(f"skip {cell.label}: finished as run {done.id} ({done.status})")
                 results[cell] = _summary(s, done.id, cell.algo, cell.precision, f"{done.status} (earlier)",

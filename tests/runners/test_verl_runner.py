@@ -331,7 +331,8 @@ def test_sweep_with_verl_runs_each_cell_through_bench_run(tmp_path, verl_python)
     refused before launch (this verl lacks TransferQueue) and the grid says why, per cell."""
     from bench.cli import app
     from bench.precision import Precision
-    from runners.sweep import _finished_run
+    from bench.statuses import FINISHED
+    from runners.sweep import cell_runs
 
     url = f"sqlite:///{tmp_path / 's.db'}"
     r = CliRunner().invoke(app, ["build", "--limit", "8", "--k", "2", "--engine", "torch", "--band", "0", "1",
@@ -351,7 +352,10 @@ def test_sweep_with_verl_runs_each_cell_through_bench_run(tmp_path, verl_python)
                   trainer="native", engine="torch", config={}, status="converged"))
     with session(store) as s:
         p = Precision.parse("bf16")
-        assert _finished_run(s, b.id, "grpo", p).id == "n1" and _finished_run(s, b.id, "grpo", p, "verl") is None
+        def finished(trainer):
+            return [r.id for r in cell_runs(s, b.id, "grpo", p, trainer, 0, None, None, FINISHED)]
+
+        assert finished("native") == ["n1"] and finished("verl") == []
 
 
 def test_verl_refuses_the_tiny_preset_for_a_real_model(tmp_path):
