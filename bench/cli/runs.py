@@ -196,6 +196,7 @@ def _run_info(store, run_id: str) -> dict:
                 "stop_reason": r.stop_reason if r.status == live_status(r.status, r.heartbeat_at or r.updated_at)
                 else f"no heartbeat since {r.heartbeat_at or r.updated_at:%Y-%m-%d %H:%M} UTC: its process is gone; "
                      f"`bench run --resume {r.id}` continues it",
+                "steps": r.step, "wall_s": r.wall_s, "peak_accuracy": r.peak_accuracy,
                 "final_accuracy": r.final_accuracy, "steps_to_target": r.steps_to_target,
                 "wall_to_target": r.wall_to_target, "kl_warning_step": r.kl_warning_step,
                 "config_fp": fingerprint(r.config), "config": r.config,

@@ -157,6 +157,7 @@ def test_sigkill_then_resume_gives_contiguous_identical_steps(db_url, tmp_path):
     shown = json.loads(subprocess.run([sys.executable, "-m", "bench.cli", "runs", "show", run_id, "--json", "--db",
                                        db_url], env=env, capture_output=True, text=True, timeout=120).stdout)
     assert shown["status"] == "interrupted" and f"bench run --resume {run_id}" in shown["stop_reason"]
+    assert shown["steps"] == len(killed) and shown["peak_accuracy"] is not None           # the rest as stored
     r = subprocess.run([sys.executable, "-m", "bench.cli", "run", "--resume", run_id, "--db", db_url], env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
