@@ -190,11 +190,13 @@ def _run_info(store, run_id: str) -> dict:
                           .order_by(Eval.step)).all()
         checks = s.scalars(select(RunVerification).where(RunVerification.run_id == run_id)
                            .order_by(RunVerification.created_at.desc(), RunVerification.id.desc())).all()
+        sign = r.heartbeat_at or r.updated_at          # its last sign of life
+        status = live_status(r.status, sign)
         return {"id": r.id, "build": r.build_id, "algo": r.algo, "rollout_dtype": r.rollout_dtype,
                 "train_dtype": r.train_dtype, "staleness": r.staleness, "trainer": r.trainer, "engine": r.engine,
-                "status": live_status(r.status, r.heartbeat_at or r.updated_at),
-                "stop_reason": r.stop_reason if r.status == live_status(r.status, r.heartbeat_at or r.updated_at)
-                else f"no heartbeat since {r.heartbeat_at or r.updated_at:%Y-%m-%d %H:%M} UTC: its process is gone; "
+                "status": status,
+                "stop_reason": r.stop_reason if status == r.status
+                else f"no heartbeat since {sign:%Y-%m-%d %H:%M} UTC: its process is gone; "
                      f"`bench run --resume {r.id}` continues it",
                 "steps": r.step, "wall_s": r.wall_s, "peak_accuracy": r.peak_accuracy,
                 "final_accuracy": r.final_accuracy, "steps_to_target": r.steps_to_target,
