@@ -28,7 +28,8 @@ metadata (bench/runconfig.py, `fingerprint`), never typed twice:
   recompute).
 
 The rule for a new knob (`WHEN_SET`): a knob added after runs were stored is declared
-`fingerprint="when-set"` and is part of the settings only at a value other than its default.
+`fingerprint="when-set"` and is part of the settings only at a value other than its default
+(a nested config's knob too, by its dotted path: the corrections' thresholds `algo.icepop_lo`, ...).
 A stored run has no key for it and a new run at the default leaves it out: adding the knob
 splits no stored cell and no published bundle's; a run at another value (other arithmetic) is a
 cell of its own. A knob of "setting" (those before this rule) is part of the settings at every
@@ -49,9 +50,24 @@ from bench.runconfig import RunConfig
 CONFIG_EXTRAS = ("preset", "verl")      # the stored config's keys besides RunConfig's
 NOT_SETTINGS = (*CONFIG_EXTRAS, *(f.name for role in ("cell", "resource") for f in knobs_where(RunConfig, "fingerprint",
                                                                                                role)))
-# knob → its default, for the knobs part of the settings only when set to something else
-WHEN_SET = {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())
-            for f in knobs_where(RunConfig, "fingerprint", "when-set")}
+
+
+def _when_set(cls, prefix: str = "") -> dict:
+    """{dotted knob path: default} of the "when-set" knobs of `cls` and of its nested knob
+    dataclasses (RunConfig.algo's thresholds are `algo.icepop_lo`, ...)."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        if f.metadata.get("fingerprint") == "when-set":
+            out[prefix + f.name] = default
+        if f.metadata.get("nested"):
+            out.update(_when_set(type(default), f"{prefix}{f.name}."))
+    return out
+
+
+# dotted knob path → its default, for the knobs part of the settings only when set to something else
+WHEN_SET = _when_set(RunConfig)
 LENGTH = 12          # hex digits that key a cell
 SHOWN = 6            # hex digits a table shows
 
@@ -69,12 +85,24 @@ def _canonical(value):
     return str(value)
 
 
+def _drop_defaults(config: dict, when_set: dict, prefix: str = "") -> dict:
+    """`config` without the keys whose dotted path is in `when_set` at that default (nested dicts
+    recursed)."""
+    out = {}
+    for k, v in config.items():
+        path = f"{prefix}{k}"
+        if path in when_set and _canonical(v) == _canonical(when_set[path]):
+            continue
+        out[k] = _drop_defaults(v, when_set, f"{path}.") if isinstance(v, dict) else v
+    return out
+
+
 def settings(config: dict | None, when_set: dict | None = None) -> dict:
     """The settings of a stored run config, canonical: every key but those of NOT_SETTINGS and
-    those of `when_set` (default WHEN_SET: {knob: default}) at their default."""
+    those of `when_set` (default WHEN_SET: {dotted knob path: default}) at their default."""
     when_set = WHEN_SET if when_set is None else when_set
-    return _canonical({k: v for k, v in (config or {}).items() if k not in NOT_SETTINGS
-                       and not (k in when_set and _canonical(v) == _canonical(when_set[k]))})
+    kept = {k: v for k, v in (config or {}).items() if k not in NOT_SETTINGS}
+    return _canonical(_drop_defaults(kept, when_set))
 
 
 def fingerprint(config: dict | None) -> str:

@@ -112,6 +112,7 @@ class RunConfig:
                                "the experts the rollout engine chose at every position it ran; the router metrics "
                                "still compare what the trainer would have chosen. Built-in engine, staleness 0, no "
                                "gradient checkpointing.", verl=True)
-    algo: AlgoConfig = knob(help="The losses' hyper-parameters.", cli=False, default_factory=AlgoConfig)
+    algo: AlgoConfig = knob(help="The losses' hyper-parameters (its thresholds are options: --icepop-lo, ...).",
+                            cli=False, nested=True, default_factory=AlgoConfig)
     stop: StopConfig = knob(help="When a run ends (its switches and the futility rule's settings are options).",
                             cli=False, nested=True, default_factory=StopConfig)

@@ -1,4 +1,4 @@
-"""The seven algorithms of docs/algorithms.md as registered pure loss functions.
+"""The algorithms of docs/algorithms.md (bench/algorithms.py SPECS) as registered pure loss functions.
 
 Notation, per response y of length T (mask m_t), with sg = stop-gradient:
     w   = exp(Σ_t (logp_t − logp_rollout_t))        current π_θ over the rollout μ_θ' (sequence)
@@ -6,6 +6,8 @@ Notation, per response y of length T (mask m_t), with sg = stop-gradient:
     ρ_t = exp(logp_old_t − logp_rollout_t)          the same, per token
     r_t = exp(logp_t − logp_old_t)                  PPO ratio
     s   = exp(mean_t (logp_t − logp_old_t))         GSPO's sequence ratio (geometric mean)
+    ℓ_t = logp_old_t − logp_rollout_t               (clamped ±20) the log of ρ_t
+    p_t = exp(logp_t), q_t = exp(logp_rollout_t)    token probabilities under π_θ (detached) and μ
     A   = R − mean of the other G−1 rewards of the same prompt (leave-one-out)
 θ' is the sampling parameters: θ at the start of the step on-policy, θ_{t−K} under staleness K
 (`--staleness`, runners/staleness.py). So ρ (π_old over μ, both at θ') is precision mismatch
@@ -13,12 +15,15 @@ only, r = π_θ/π_old carries the staleness, and w = r·ρ both.
 
 Every loss but GSPO is the mean over sequences of a per-sequence surrogate whose token sum is
 divided by the fixed max response length L (Dr.GRPO's "seq-mean-token-sum-norm"); GSPO keeps
-its plain mean over sequences. Sequence log-ratios are clamped to ±20 before exp (bench.mismatch.SAFETY_BOUND,
-as verl's): a weight of e^20 is already a diverged run, and inf would poison the batch.
+its plain mean over sequences. A masked token or sequence therefore contributes zero and the
+divisor does not move; frameworks that renormalise over the kept tokens (SkyRL's masks, verl's
+rejection path under token-mean) weigh the kept ones up instead (docs/algorithms.md).
+Sequence log-ratios are clamped to ±20 before exp (bench.mismatch.SAFETY_BOUND, as verl's): a weight of e^20 is already a diverged run, and inf would poison the batch.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -191,3 +196,171 @@ def gspo(x: LossInputs, cfg: AlgoConfig):
     clipped = s.clamp(1 - cfg.gspo_lo, 1 + cfg.gspo_hi) * a
     loss = -torch.minimum(unclipped, clipped).mean()
     return loss, {"clip_frac": _frac(clipped < unclipped), **ratio_stats(ls.detach(), "seq_ratio")}
+
+
+# ------------------------------------------------------------------ the field's corrections (docs/algorithms.md)
+
+def _token_log_rho(x: LossInputs) -> torch.Tensor:
+    """ℓ_t = log π_old − log μ per token, clamped ±20, detached."""
+    return (x.logp_old - x.logp_rollout).clamp(-SAFETY_BOUND, SAFETY_BOUND).detach()
+
+
+def _masked_ppo(x: LossInputs, cfg: AlgoConfig, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, clipped) of the clipped GRPO surrogate with each sequence kept or dropped by `keep` [B]:
+    L = mean_i [ −keep_i · Σ_t min(r_t A_i, clip(r_t, 1−ε_lo, 1+ε_hi) A_i) ] / L_max."""
+    obj, clipped = _ppo_token_objective(x, cfg)
+    return -(keep.to(obj.dtype) * _seq_sum(obj, x.mask)).mean() / cfg.max_len, clipped
+
+
+def _seq_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """mean_t x_t over each sequence's tokens (0 for an empty sequence)."""
+    return _seq_sum(x, mask) / mask.sum(-1).clamp(min=1)
+
+
+@register_loss("icepop")
+def icepop(x: LossInputs, cfg: AlgoConfig):
+    """verl's token IcePop (rollout_is=token, threshold "lo_hi"):
+    L = mean_i [ −Σ_t sg(ρ_t · 1{lo ≤ ρ_t ≤ hi}) · min(r_t A_i, clip(r_t, …) A_i) ] / L_max,
+    ρ_t = π_old/μ; the bounds inclusive; a zeroed token stays in the divisor (it is L_max)."""
+    obj, clipped = _ppo_token_objective(x, cfg)
+    lrho = _token_log_rho(x)
+    rho = lrho.exp()
+    keep = (rho >= cfg.icepop_lo) & (rho <= cfg.icepop_hi)
+    loss = -_seq_sum(rho * keep * obj, x.mask).mean() / cfg.max_len
+    return loss, {"clip_frac": _frac(clipped, x.mask), "masked_frac": _frac(~keep, x.mask),
+                  **ratio_stats(lrho[x.mask.bool()], "is_weight")}
+
+
+@register_loss("pg-icepop")
+def pg_icepop(x: LossInputs, cfg: AlgoConfig):
+    """prime-rl's IcePop loss: r_t = π_θ/μ, not detached, no PPO clip, the mask decided in log space:
+    L = mean_i [ −Σ_t 1{log lo ≤ log r_t ≤ log hi} · r_t · A_i ] / L_max."""
+    lr = (x.logp - x.logp_rollout).clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    d = lr.detach()
+    keep = (d >= math.log(cfg.pg_icepop_lo) if cfg.pg_icepop_lo > 0 else torch.ones_like(d, dtype=torch.bool)) \
+        & (d <= math.log(cfg.pg_icepop_hi))
+    loss = -_seq_sum(keep * lr.exp() * x.advantages.unsqueeze(-1), x.mask).mean() / cfg.max_len
+    return loss, {"masked_frac": _frac(~keep, x.mask), **ratio_stats(d[x.mask.bool()], "is_weight")}
+
+
+@register_loss("trm")
+def trm(x: LossInputs, cfg: AlgoConfig):
+    """Trust-region masking (verl's rollout_rs=seq_max_k2): a sequence is rejected when any token's
+    k2_t = ½ ℓ_t² exceeds τ; L = the clipped GRPO surrogate over the kept sequences:
+    L = mean_i [ −1{max_t k2_t ≤ τ} · Σ_t min(r_t A_i, clip(r_t, …) A_i) ] / L_max."""
+    k2 = 0.5 * _token_log_rho(x) ** 2
+    worst = (k2 * x.mask).amax(-1) if k2.shape[-1] else torch.zeros(k2.shape[0], dtype=k2.dtype)
+    keep = worst <= cfg.trm_k2
+    loss, clipped = _masked_ppo(x, cfg, keep)
+    return loss, {"clip_frac": _frac(clipped, x.mask), "masked_frac": _frac(~keep)}
+
+
+@register_loss("grpo-geo-mask")
+def grpo_geo_mask(x: LossInputs, cfg: AlgoConfig):
+    """Geometric-mean sequence mask (verl's rollout_rs=seq_mean_k1, the *_geo_rs presets): with
+    k1_t = log μ − log π_old = −ℓ_t, a sequence is kept when log lo ≤ mean_t k1_t ≤ log hi;
+    L = mean_i [ −keep_i · Σ_t min(r_t A_i, clip(r_t, …) A_i) ] / L_max."""
+    k1 = _seq_mean(-_token_log_rho(x), x.mask)
+    keep = (k1 >= math.log(cfg.geo_lo)) & (k1 <= math.log(cfg.geo_hi))
+    loss, clipped = _masked_ppo(x, cfg, keep)
+    return loss, {"clip_frac": _frac(clipped, x.mask), "masked_frac": _frac(~keep),
+                  **ratio_stats(-k1, "is_weight")}
+
+
+def _dppo(x: LossInputs, cfg: AlgoConfig, invalid: torch.Tensor):
+    """DPPO's loss given the trust region's invalid tokens M̄_t:
+    L = mean_i [ −A_i · Σ_t sg(min(π_θ/μ, C)) · (1 − M̄_t) · log π_θ(y_t) ] / L_max."""
+    lw = (x.logp - x.logp_rollout).clamp(-SAFETY_BOUND, SAFETY_BOUND).detach()
+    w = lw.exp().clamp(max=cfg.dppo_c)
+    a = x.advantages.unsqueeze(-1)
+    loss = -_seq_sum(w * (~invalid) * a * x.logp, x.mask).mean() / cfg.max_len
+    return loss, {"masked_frac": _frac(invalid, x.mask), "truncated_frac": _frac(lw.exp() > cfg.dppo_c, x.mask),
+                  **ratio_stats(lw[x.mask.bool()], "is_weight")}
+
+
+def _probs(x: LossInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(p_t = π_θ(y_t) detached, q_t = μ(y_t), A broadcast to [B, T])."""
+    return x.logp.detach().exp(), x.logp_rollout.exp(), x.advantages.unsqueeze(-1).expand_as(x.logp)
+
+
+@register_loss("dppo-tv")
+def dppo_tv(x: LossInputs, cfg: AlgoConfig):
+    """DPPO with the binary total-variation trust region (anchored on μ): a token is invalid when
+    A > 0 and p_t − q_t > δ, or A < 0 and p_t − q_t < −δ; the loss is _dppo's."""
+    p, q, a = _probs(x)
+    d = cfg.dppo_tv_delta
+    return _dppo(x, cfg, ((a > 0) & (p - q > d)) | ((a < 0) & (p - q < -d)))
+
+
+def bernoulli_kl(q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """KL_b(q‖p) = q log(q/p) + (1−q) log((1−q)/(1−p)): the KL between Bernoulli(q) and Bernoulli(p),
+    p and q held in [1e-12, 1 − 1e-12] (float64) so a probability of exactly 0 or 1 stays finite."""
+    eps = 1e-12
+    q, p = q.double().clamp(eps, 1 - eps), p.double().clamp(eps, 1 - eps)
+    return q * (q.log() - p.log()) + (1 - q) * ((1 - q).log() - (1 - p).log())
+
+
+@register_loss("dppo-kl")
+def dppo_kl(x: LossInputs, cfg: AlgoConfig):
+    """DPPO with the binary-KL trust region (anchored on μ): a token is invalid when
+    KL_b(q_t‖p_t) > δ and p_t > q_t with A > 0, or p_t < q_t with A < 0; the loss is _dppo's."""
+    p, q, a = _probs(x)
+    far = bernoulli_kl(q, p) > cfg.dppo_kl_delta
+    return _dppo(x, cfg, far & (((a > 0) & (p > q)) | ((a < 0) & (p < q))))
+
+
+def _cispo(x: LossInputs, cfg: AlgoConfig, lo: float | None, hi: float):
+    """L = mean_i [ −A_i · Σ_t sg(clamp(r_t, lo, hi)) · log π_θ(y_t) ] / L_max, r_t = π_θ/π_old."""
+    r = (x.logp - x.logp_old).clamp(-SAFETY_BOUND, SAFETY_BOUND).detach().exp()
+    w = r.clamp(min=lo, max=hi)
+    loss = -_seq_sum(w * x.advantages.unsqueeze(-1) * x.logp, x.mask).mean() / cfg.max_len
+    return loss, {"clip_frac": _frac(w != r, x.mask)}
+
+
+@register_loss("cispo")
+def cispo(x: LossInputs, cfg: AlgoConfig):
+    """TRL's CISPO: the IS weight truncated above only,
+    L = mean_i [ −A_i · Σ_t sg(min(r_t, ε_high)) · log π_θ(y_t) ] / L_max."""
+    return _cispo(x, cfg, None, cfg.cispo_eps_hi)
+
+
+@register_loss("cispo-two-sided")
+def cispo_two_sided(x: LossInputs, cfg: AlgoConfig):
+    """verl's CISPO: the IS weight clamped on both sides,
+    L = mean_i [ −A_i · Σ_t sg(clamp(r_t, 1−ε_lo, 1+ε_hi)) · log π_θ(y_t) ] / L_max."""
+    return _cispo(x, cfg, 1 - cfg.eps_lo, 1 + cfg.eps_hi)
+
+
+@register_loss("ipo")
+def ipo(x: LossInputs, cfg: AlgoConfig):
+    """prime-rl's IPO: r_t = π_θ/μ not detached, a token masked when |p_t − q_t| > ε (probabilities),
+    L = mean_i [ Σ_t ( −1{|p_t − q_t| ≤ ε} · r_t · A_i + β · (log r_t)² ) ] / L_max."""
+    lr = (x.logp - x.logp_rollout).clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    p, q, a = _probs(x)
+    keep = (p - q).abs() <= cfg.ipo_eps
+    per_token = -(keep * lr.exp() * a) + cfg.ipo_kl_coef * lr ** 2
+    loss = _seq_sum(per_token, x.mask).mean() / cfg.max_len
+    return loss, {"masked_frac": _frac(~keep, x.mask), **ratio_stats(lr.detach()[x.mask.bool()], "is_weight")}
+
+
+def _opsm(x: LossInputs, cfg: AlgoConfig, anchor: torch.Tensor, delta: float):
+    """Off-policy sequence masking: drop sequence i when A_i < 0 and mean_t (anchor_t − log π_θ(y_t)) > δ
+    (π_θ detached), on the clipped GRPO surrogate."""
+    drift = _seq_mean(anchor - x.logp.detach(), x.mask)
+    keep = ~((x.advantages < 0) & (drift > delta))
+    loss, clipped = _masked_ppo(x, cfg, keep)
+    return loss, {"clip_frac": _frac(clipped, x.mask), "masked_frac": _frac(~keep)}
+
+
+@register_loss("opsm")
+def opsm(x: LossInputs, cfg: AlgoConfig):
+    """TRL's OPSM (DeepSeek-V3.2), anchored on μ: drop i when A_i < 0 and mean_t log(μ/π_θ) > δ;
+    L = mean_i [ −keep_i · Σ_t min(r_t A_i, clip(r_t, …) A_i) ] / L_max."""
+    return _opsm(x, cfg, x.logp_rollout, cfg.opsm_delta)
+
+
+@register_loss("opsm-old")
+def opsm_old(x: LossInputs, cfg: AlgoConfig):
+    """slime's OPSM, anchored on π_old: drop i when A_i < 0 and mean_t log(π_old/π_θ) > δ; with one
+    update per batch π_θ = π_old at the update and nothing is dropped (the rule bites from the second)."""
+    return _opsm(x, cfg, x.logp_old, cfg.opsm_old_delta)

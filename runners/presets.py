@@ -8,7 +8,7 @@ from dataclasses import fields, replace
 from bench import configdiff
 from bench.errors import ConfigError, did_you_mean
 from bench.knobs import check
-from bench.algorithms import AlgoConfig
+from bench.algorithms import ALGO_KNOBS, AlgoConfig
 from bench.runconfig import Benchmark, RunConfig
 from bench.stop import StopConfig
 
@@ -101,7 +101,7 @@ def get_preset(name: str, benchmark: str | None = None, **overrides) -> RunConfi
         cfg.benchmarks[0] = replace(cfg.benchmarks[0], source=benchmark)
     for key, value in overrides.items():
         if value is not None:
-            setattr(cfg.stop if key in STOP_KNOBS else cfg, key, value)
+            setattr(cfg.stop if key in STOP_KNOBS else cfg.algo if key in ALGO_KNOBS else cfg, key, value)
     cfg.algo.max_len = cfg.max_tokens
     return check_run_config(cfg)
 

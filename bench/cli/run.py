@@ -77,6 +77,19 @@ def _run_config(preset: Preset, benchmark: Optional[str], knobs: dict):
     return get_preset(preset.value, benchmark=benchmark, **knobs)
 
 
+def _list_algorithms(specs) -> None:
+    """`bench run --algo list`: each algorithm with what its correction is (bench/algorithms.py) and
+    its thresholds at their defaults (the options that set them)."""
+    from bench.algorithms import AlgoConfig
+
+    defaults = AlgoConfig()
+    t = Table("algorithm", "anchor", "unit", "kind", "thresholds", "what it is", box=None, pad_edge=False)
+    for spec in specs:
+        knobs = ", ".join(f"{k}={getattr(defaults, k):g}" for k in spec.thresholds) or "-"
+        t.add_row(spec.name, spec.anchor, spec.unit, spec.kind, knobs, spec.description)
+    out.print(t)
+
+
 def _check_algo(algo: Optional[str]) -> None:
     if algo:
         from runners.algos import check_algo
@@ -143,8 +156,7 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
     from runners.runs import resume_run, run_plan
 
     if algo == "list":
-        for spec in SPECS.values():
-            out.print(f"{spec.name:16s} {spec.description}", highlight=False)
+        _list_algorithms(SPECS.values())
         return
     # every input checked here, before the store is opened or a bar drawn
     _check_algo(algo)
@@ -322,7 +334,8 @@ _STALENESS_AXIS = typer.Option(
 @app.command()
 @knob_options(RunConfig, defaults=_preset_values(), panel=_RUN_PANEL,
               replace={"staleness": (Optional[str], _STALENESS_AXIS)})
-def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or all."),
+def sweep(algo: str = typer.Option("paper", help="Comma-separated algorithms, or a group: paper (the FP16 "
+                                   "paper's seven), corrections (the field's, after them) or all."),
           dtype: str = typer.Option("bf16,fp16,fp32", help="Dtypes (both engines) or pairs (rollout=X,train=Y), "
                                     "separated by ',' or ';' (a pair's own comma binds: fp16;rollout=fp8,train=fp16); "
                                     "`all` for all 35 pairs, `all16` for the paper's nine."),
@@ -345,11 +358,13 @@ def sweep(algo: str = typer.Option("all", help="Comma-separated algorithms, or a
     from bench.device import resolve_device
     from bench.errors import ConfigError
     from bench.precision import parse_list
-    from runners.algos import REGISTRY, check_algo
+    from bench.algorithms import ALGO_GROUPS
+    from runners.algos import check_algo
     from runners.sweep import parse_seeds, parse_staleness, run_grid
 
     trainer, engine = trainer.value, engine.value
-    algos = list(REGISTRY) if algo == "all" else [check_algo(a.strip()) for a in algo.split(",") if a.strip()]
+    algos = list(ALGO_GROUPS[algo]) if algo in ALGO_GROUPS else [check_algo(a.strip()) for a in algo.split(",")
+                                                                   if a.strip()]
     staleness = knobs.pop("staleness")
     k_list = None if staleness is None else parse_staleness(staleness)
     _run_config(preset, benchmark, {**knobs, "staleness": None if k_list is None else max(k_list)})

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from bench.cli import app
 from bench.configdiff import ABSENT, spread
-from bench.fingerprint import NOT_SETTINGS, fingerprint, settings, short
+from bench.fingerprint import NOT_SETTINGS, WHEN_SET, fingerprint, settings, short
 from bench.precision import Precision
 from bench.store import Run, RunStep, open_store, session
 from bench.store.schema import BuildProblem
@@ -66,7 +66,7 @@ def test_not_settings_are_read_from_the_knobs_and_left_the_stored_cells_as_they_
 def test_a_knob_added_when_set_splits_no_stored_cell():
     """The rule for a new knob: declared fingerprint="when-set", it is a setting only away from its
     default, so a stored run (no key) and a new run at the default share one cell."""
-    old, when_set = stored(), {"new_threshold": 2.0}
+    old, when_set = stored(), {**WHEN_SET, "new_threshold": 2.0}
     new_at_default = {**old, "new_threshold": 2}            # 2 and 2.0: one value
     assert settings(new_at_default, when_set) == settings(old, when_set) == settings(old)
     assert settings({**old, "new_threshold": 3.0}, when_set) != settings(old, when_set)

@@ -119,7 +119,7 @@ def test_leave_one_out_advantages():
         leave_one_out_advantages(torch.ones(3, 1))
 
 
-@pytest.mark.parametrize("name", list(REGISTRY))
+@pytest.mark.parametrize("name", [n for n in REGISTRY if n != "ipo"])   # IPO's (log r)² penalty needs no advantage
 def test_all_equal_rewards_give_zero_loss_and_gradient(name):
     x = pg_inputs(adv=(0.0, 0.0))
     loss, g, _ = grad_of(name, x)
