@@ -18,7 +18,8 @@ divided by the fixed max response length L (Dr.GRPO's "seq-mean-token-sum-norm")
 its plain mean over sequences. A masked token or sequence therefore contributes zero and the
 divisor does not move; frameworks that renormalise over the kept tokens (SkyRL's masks, verl's
 rejection path under token-mean) weigh the kept ones up instead (docs/algorithms.md).
-Sequence log-ratios are clamped to ±20 before exp (bench.mismatch.SAFETY_BOUND, as verl's): a weight of e^20 is already a diverged run, and inf would poison the batch.
+Sequence log-ratios are clamped to ±20 before exp (bench.mismatch.SAFETY_BOUND, as verl's): a
+weight of e^20 is already a diverged run, and inf would poison the batch.
 """
 
 from __future__ import annotations
@@ -292,12 +293,12 @@ def dppo_tv(x: LossInputs, cfg: AlgoConfig):
     return _dppo(x, cfg, ((a > 0) & (p - q > d)) | ((a < 0) & (p - q < -d)))
 
 
-def bernoulli_kl(q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """KL_b(q‖p) = q log(q/p) + (1−q) log((1−q)/(1−p)): the KL between Bernoulli(q) and Bernoulli(p),
-    p and q held in [1e-12, 1 − 1e-12] (float64) so a probability of exactly 0 or 1 stays finite."""
-    eps = 1e-12
-    q, p = q.double().clamp(eps, 1 - eps), p.double().clamp(eps, 1 - eps)
-    return q * (q.log() - p.log()) + (1 - q) * ((1 - q).log() - (1 - p).log())
+def bernoulli_kl(log_q: torch.Tensor, log_p: torch.Tensor) -> torch.Tensor:
+    """KL_b(q‖p) = q (log q − log p) + (1−q) log((1−q+1e-8)/(1−p+1e-8)): the KL between Bernoulli(q) and
+    Bernoulli(p) from log-probabilities, in float64, with Stable-RL's 1e-8 keeping a probability of 1 finite."""
+    log_q, log_p = log_q.double(), log_p.double()
+    q, p = log_q.exp(), log_p.exp()
+    return q * (log_q - log_p) + (1 - q) * ((1 - q + 1e-8) / (1 - p + 1e-8)).log()
 
 
 @register_loss("dppo-kl")
@@ -305,7 +306,7 @@ def dppo_kl(x: LossInputs, cfg: AlgoConfig):
     """DPPO with the binary-KL trust region (anchored on μ): a token is invalid when
     KL_b(q_t‖p_t) > δ and p_t > q_t with A > 0, or p_t < q_t with A < 0; the loss is _dppo's."""
     p, q, a = _probs(x)
-    far = bernoulli_kl(q, p) > cfg.dppo_kl_delta
+    far = bernoulli_kl(x.logp_rollout.detach(), x.logp.detach()) > cfg.dppo_kl_delta
     return _dppo(x, cfg, far & (((a > 0) & (p > q)) | ((a < 0) & (p < q))))
 
 

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from bench.algorithms import SPECS, AlgoConfig
 from bench.errors import BenchError
 from bench.models import INSTRUCTION
 from bench.precision import Precision
@@ -148,10 +149,34 @@ VERL_SEQ_MIS = (
     "(ZeroDivisionError); a larger micro-batch only makes it rarer")
 
 
+_DPPO_ANCHOR = ("verl 0.9.1's dppo_tv/dppo_kl losses anchor their trust region on old_log_prob, which is π_old "
+                "unless bypass mode sets it to μ, and bypass mode replaces the policy loss with its own "
+                "(loss_mode=bypass_mode): bench's {algo} is Stable-RL's, anchored on μ, so verl cannot run it")
+NOT_ON_VERL = {
+    "pg-seq-mis": VERL_SEQ_MIS,
+    "dppo-tv": _DPPO_ANCHOR.format(algo="dppo-tv"),
+    "dppo-kl": _DPPO_ANCHOR.format(algo="dppo-kl"),
+    "pg-icepop": "verl 0.9.1 has no un-detached, unclipped IcePop (prime-rl's rule: r = π_θ/μ carries the "
+                 "gradient); its IcePop is the `icepop` algorithm (a detached weight on the PPO-clip loss)",
+    "ipo": "verl 0.9.1 has no IPO loss (prime-rl's: a probability-distance mask and a (log π_θ/μ)² penalty)",
+    "opsm": "verl 0.9.1 has no off-policy sequence masking (TRL's and slime's OPSM: a rule on the advantage's "
+            "sign and the current policy's drift, which verl's rollout_rs cannot express)",
+    "opsm-old": "verl 0.9.1 has no off-policy sequence masking (slime's OPSM: a rule on the advantage's sign "
+                "and π_θ's drift from π_old, which verl's rollout_rs cannot express)",
+}
+
+
+ON_VERL = tuple(a for a in SPECS if a not in NOT_ON_VERL or a == "pg-seq-mis")
+"""The algorithms algo_overrides maps onto verl's keys (pg-seq-mis mapped, then refused at launch)."""
+
+
 def check_algorithm(algo: str) -> None:
-    """Refuse an algorithm verl 0.9.1 cannot run to its end (VERL_SEQ_MIS says why for pg-seq-mis)."""
-    if algo == "pg-seq-mis":
-        raise VerlError(VERL_SEQ_MIS)
+    """Refuse an algorithm verl 0.9.1 cannot run to its end or has no rule for, saying why
+    (NOT_ON_VERL; bench run --trainer native runs every one)."""
+    if algo in NOT_ON_VERL:
+        why = NOT_ON_VERL[algo]
+        raise VerlError(why if why.startswith(algo) else f"{algo} runs on the native trainer only "
+                        f"(--trainer native): {why}")
 
 
 def check_router_replay(replay: bool) -> None:
@@ -243,9 +268,21 @@ def _bypass(threshold: str) -> list[str]:
             "+actor_rollout_ref.actor.policy_loss.rollout_correction=${algorithm.rollout_correction}"]
 
 
-def algo_overrides(algo: str, max_len: int, C: float = 3.0) -> list[str]:
+def _lo_hi(lo: float, hi: float) -> str:
+    """verl's "lower_upper" threshold string, quoted: unquoted, Hydra reads 1e-9_3 as a number."""
+    return f"'{lo:g}_{hi:g}'"
+
+
+def _rs(mode: str, threshold: str) -> list[str]:
+    """verl's rejection (rollout_rs): a rejected token or sequence leaves verl's response_mask."""
+    return [f"{RC}.rollout_rs={mode}", f"{RC}.rollout_rs_threshold={threshold}"]
+
+
+def algo_overrides(algo: str, max_len: int, C: float = 3.0, algo_cfg: AlgoConfig | None = None) -> list[str]:
     """The verl 0.9.1 overrides of one algorithm (docs/verl.md, "Where bench's overrides differ from
-    verl's defaults"). `lo_hi` thresholds are quoted: unquoted, Hydra reads 1e-9_3 as a number."""
+    verl's defaults"), its thresholds read from `algo_cfg` (default: AlgoConfig's, C given apart).
+    The algorithms of NOT_ON_VERL have none (VerlError)."""
+    a = algo_cfg or AlgoConfig()
     table = {
         "grpo": _dr(max_len),
         "grpo-token-tis": _dr(max_len) + [f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold={C:g}"],
@@ -256,13 +293,26 @@ def algo_overrides(algo: str, max_len: int, C: float = 3.0) -> list[str]:
         "pg-seq-is": _dr(max_len) + _bypass("1e30"),
         "pg-seq-tis": _dr(max_len) + _bypass(f"{C:g}"),
         "pg-seq-mis": _dr(max_len) + _bypass(f"'1e-9_{C:g}'"),
+        "icepop": _dr(max_len) + [f"{RC}.rollout_is=token",
+                                  f"{RC}.rollout_is_threshold={_lo_hi(a.icepop_lo, a.icepop_hi)}"],
+        "trm": _dr(max_len) + _rs("seq_max_k2", f"{a.trm_k2:g}"),
+        "grpo-geo-mask": _dr(max_len) + _rs("seq_mean_k1", _lo_hi(a.geo_lo, a.geo_hi)),
+        # verl's cispo clamps r to [1 − clip_ratio_low, 1 + clip_ratio_high]: TRL's min(r, ε_high) is
+        # clip_ratio_low = 1 (r > 0: no lower bound) and clip_ratio_high = ε_high − 1
+        "cispo": _dr(max_len) + ["actor_rollout_ref.actor.policy_loss.loss_mode=cispo",
+                                 "actor_rollout_ref.actor.clip_ratio_low=1.0",
+                                 f"actor_rollout_ref.actor.clip_ratio_high={a.cispo_eps_hi - 1:g}"],
+        "cispo-two-sided": _dr(max_len) + ["actor_rollout_ref.actor.policy_loss.loss_mode=cispo"],
     }
+    if algo in NOT_ON_VERL and algo not in table:
+        check_algorithm(algo)
     if algo not in table:
         raise VerlError(f"unknown algorithm {algo!r}; choose one of {', '.join(table)}")
     common = ["algorithm.adv_estimator=rloo", "actor_rollout_ref.actor.use_kl_loss=False",
               "actor_rollout_ref.actor.ppo_epochs=1", "actor_rollout_ref.rollout.calculate_log_probs=True"]
-    if algo.startswith("grpo"):
-        common += ["actor_rollout_ref.actor.clip_ratio_low=0.2", "actor_rollout_ref.actor.clip_ratio_high=0.28",
+    if SPECS[algo].ppo_clip or algo == "cispo-two-sided":
+        common += [f"actor_rollout_ref.actor.clip_ratio_low={a.eps_lo:g}",
+                   f"actor_rollout_ref.actor.clip_ratio_high={a.eps_hi:g}",
                    "actor_rollout_ref.actor.clip_ratio_c=1e9"]           # no dual-clip, as bench's loss
     return common + table[algo]
 
@@ -339,7 +389,7 @@ def verl_command(algo: str, p: Precision, cfg: RunConfig, job: VerlJob, python: 
                  f"actor_rollout_ref.rollout.val_kwargs.temperature={b.temperature:g}",
                  f"actor_rollout_ref.rollout.val_kwargs.top_p={b.top_p:g}",
                  "actor_rollout_ref.rollout.val_kwargs.do_sample=True"]
-    argv = [python, "-m", entry, *algo_overrides(algo, cfg.max_tokens, cfg.algo.C),
+    argv = [python, "-m", entry, *algo_overrides(algo, cfg.max_tokens, cfg.algo.C, cfg.algo),
             *precision_overrides(p), *args]
     return argv, {"VERL_FILE_LOGGER_PATH": str(job.metrics_file.resolve())}
 

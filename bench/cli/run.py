@@ -377,12 +377,14 @@ def sweep(algo: str = typer.Option("paper", help="Comma-separated algorithms, or
     verl = None
     if trainer == "verl":
         from runners.verl_launch import VerlTarget, check_verl_cell
-        from runners.verl_runner import VERL_SEQ_MIS
+        from runners.verl_runner import NOT_ON_VERL
 
-        if algo == "all":                  # every algorithm verl can run to its end
-            algos = [a for a in algos if a != "pg-seq-mis"]
-            console.print(f"[yellow]note:[/] --algo all with --trainer verl leaves out {VERL_SEQ_MIS}",
-                          highlight=False, soft_wrap=True)
+        if algo in ALGO_GROUPS:            # a group: the algorithms verl has a rule for and runs to its end
+            left = [a for a in algos if a in NOT_ON_VERL]
+            algos = [a for a in algos if a not in NOT_ON_VERL]
+            for a in left:
+                console.print(f"[yellow]note:[/] --algo {algo} with --trainer verl leaves out {a}: {NOT_ON_VERL[a]}",
+                              highlight=False, soft_wrap=True)
         for a in algos:                    # before the store is opened (run_grid plans the cells again)
             for k in k_list or [None]:
                 check_verl_cell(a, _run_config(preset, benchmark, {**knobs, "staleness": k}))

@@ -1,4 +1,6 @@
-"""bench's seven losses against verl 0.9.1's `core_algos` on the same random tensors.
+"""bench's losses against verl 0.9.1's `core_algos` on the same random tensors: the paper's seven
+and the corrections verl has a rule for (icepop, trm, grpo-geo-mask, cispo, cispo-two-sided;
+runners/verl_runner.py NOT_ON_VERL names the others and why).
 
 verl runs in its own environment (tests/verl_side/losses.py): for every algorithm it composes
 verl's config from exactly the overrides `bench run --trainer verl` emits and computes what
@@ -10,13 +12,14 @@ below (dual-clip, IcePop's lower bound, the aggregation, the advantage estimator
 sequences).
 """
 
+import math
 import subprocess
 
 import pytest
 import torch
 
-from runners.algos import REGISTRY, AlgoConfig, LossInputs, get_loss, leave_one_out_advantages
-from runners.verl_runner import algo_overrides
+from runners.algos import AlgoConfig, LossInputs, get_loss, leave_one_out_advantages
+from runners.verl_runner import ON_VERL, algo_overrides
 
 pytestmark = [pytest.mark.verl, pytest.mark.integration]
 
@@ -70,7 +73,12 @@ def verl_out(verl_python, tmp_path_factory):
     empty["mask"][5] = 0.0                                              # a sequence with no token
     dual = make_inputs(seed=3)
     dual["logp"][dual["advantages"] < 0, 0] += 2.0                      # r_0 ≈ e^2 > 3 where A < 0
-    cases = {"main": (x, [(a, algo_overrides(a, L, C)) for a in REGISTRY]),
+    rs = make_inputs(seed=4)                                            # a small mismatch, a few far tokens
+    rs["logp_rollout"] = rs["logp_old"] + 0.0015 * torch.randn(rs["logp_old"].shape,
+                                                               generator=torch.Generator().manual_seed(4))
+    rs["logp_rollout"][:4, 1] += 3.0                                    # ½ℓ² = 4.5 > 2.5: trm rejects rows 0-3
+    cases = {"main": (x, [(a, algo_overrides(a, L, C)) for a in ON_VERL]),
+             "rs": (rs, [(a, algo_overrides(a, L, C)) for a in ("trm", "grpo-geo-mask", "icepop")]),
              "tiny": (tiny, [(a, algo_overrides(a, L, C)) for a in ("grpo-seq-mis", "pg-seq-mis")]
                       + [(a + "-lo-1e-3", [o.replace("'1e-9_3'", "'1e-3_3'") for o in algo_overrides(a, L, C)])
                          for a in ("grpo-seq-mis", "pg-seq-mis")]),
@@ -91,7 +99,7 @@ def close(a, b):
     return torch.allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("algo", list(REGISTRY))
+@pytest.mark.parametrize("algo", ON_VERL)
 def test_each_loss_and_gradient_equals_verls(verl_out, algo):
     x, v = verl_out["main"]
     loss, grad = bench_loss(x, algo)
@@ -177,7 +185,7 @@ def test_verls_trainer_stops_where_icepop_zeroes_a_one_sequence_micro_batch(verl
     zeroed = [f"sequence {i}" for i in (rho > C).nonzero().flatten().tolist()]
     assert zeroed and [e.split(":")[0] for e in v["pg-seq-mis"]["trainer_errors"]] == zeroed
     assert all("ZeroDivisionError" in e for e in v["pg-seq-mis"]["trainer_errors"])
-    assert all(v[a]["trainer_errors"] == [] for a in REGISTRY if a != "pg-seq-mis")
+    assert all(v[a]["trainer_errors"] == [] for a in ON_VERL if a != "pg-seq-mis")
 
 
 def test_difference_aggregation(verl_out):
@@ -190,3 +198,35 @@ def test_difference_aggregation(verl_out):
     obj = bench_loss(x, "grpo")[0] * L * (P * G)                        # −Σ over all tokens
     assert close(a["token-mean"]["loss"], obj / m.sum())
     assert not close(a["gspo-token-mean"]["loss"], bench_loss(x, "gspo")[0])
+
+
+def test_rejections_equal_verls_where_they_reject_and_keep(verl_out):
+    """verl's rollout_rs on tensors where it decides both ways: trm (seq_max_k2 2.5) rejects the four
+    rows with one far token, the geometric-mean mask (seq_mean_k1 [0.999, 1.001]) those and some of
+    the rest. verl removes a rejected sequence from response_mask; its trainer still divides by the
+    global batch size (every sequence), as bench's mean over B does. Only the bare `agg_loss`
+    fallback renormalises over the kept (non-empty) sequences."""
+    x, v = verl_out["rs"]
+    m = x["mask"].bool()
+    lr = (x["logp_old"] - x["logp_rollout"]).clamp(-20, 20)
+    trm_kept = ((0.5 * lr ** 2) * m).amax(-1) <= 2.5
+    geo = ((-lr) * m).sum(-1) / m.sum(-1)
+    geo_kept = (geo >= math.log(0.999)) & (geo <= math.log(1.001))
+    assert trm_kept[:4].logical_not().all() and trm_kept[4:].all()
+    assert 0 < int(geo_kept.sum()) < len(geo_kept) - 4
+    for algo, kept in (("trm", trm_kept), ("grpo-geo-mask", geo_kept), ("icepop", None)):
+        loss, grad = bench_loss(x, algo)
+        assert close(loss, v[algo]["trainer_loss"]), (algo, loss, v[algo]["trainer_loss"])
+        assert close(grad, v[algo]["trainer_grad"])
+        if kept is not None:
+            assert (grad[~kept] == 0).all() and (grad[kept][m[kept]] != 0).any()
+            assert close(loss * len(kept) / int(kept.sum()), v[algo]["loss"])      # the fallback: kept only
+
+
+def test_trls_cispo_is_verls_cispo_with_no_lower_bound(verl_out):
+    """TRL's min(r, ε_high) = verl's clamp(r, 1 − clip_ratio_low, 1 + clip_ratio_high) at
+    clip_ratio_low = 1, clip_ratio_high = ε_high − 1 (r > 0); the two-sided one clamps below 0.8."""
+    x, v = verl_out["main"]
+    r = (x["logp"] - x["logp_old"]).exp()[x["mask"].bool()]
+    assert (r < 0.8).any() and (r > 1.28).any()
+    assert not close(bench_loss(x, "cispo")[0], bench_loss(x, "cispo-two-sided")[0])

@@ -18,10 +18,9 @@ import pytest
 import torch
 
 from bench.mismatch import mismatch_metrics
-from runners.algos import REGISTRY
 from runners.presets import get_preset
 from runners.verl_follow import Follower
-from runners.verl_runner import (BYPASS_OFFPOLICY, IS_WEIGHT_MAP, METRIC_MAP, OFFPOLICY_MAP, algo_overrides,
+from runners.verl_runner import (BYPASS_OFFPOLICY, IS_WEIGHT_MAP, METRIC_MAP, OFFPOLICY_MAP, ON_VERL, algo_overrides,
                                  map_metrics)
 
 B, T, C = 64, 40, 3.0
@@ -102,7 +101,7 @@ def verl_out(verl_python, tmp_path_factory):
     x = make_inputs()
     tmp = tmp_path_factory.mktemp("verl_metrics")
     inp, outp = tmp / "in.pt", tmp / "out.pt"
-    torch.save({**x, "cases": [(a, algo_overrides(a, T, C)) for a in REGISTRY]}, inp)
+    torch.save({**x, "cases": [(a, algo_overrides(a, T, C)) for a in ON_VERL]}, inp)
     r = subprocess.run([verl_python, "tests/verl_side/offpolicy_metrics.py", str(inp), str(outp)],
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]

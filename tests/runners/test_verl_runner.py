@@ -14,10 +14,11 @@ from typer.testing import CliRunner
 from bench.precision import ALL_PAIRS, CLASSIC_PAIRS, Precision
 from bench.problems import Problem
 from bench.store import Build, Run, open_store, session
+from bench.algorithms import PAPER_ALGORITHMS
 from runners.algos import REGISTRY
 from runners.presets import get_preset
-from runners.verl_runner import (VerlError, VerlJob, algo_overrides, check_verl_version, export_parquet,
-                                 map_metrics, validate_cells, verl_command)
+from runners.verl_runner import (NOT_ON_VERL, ON_VERL, VerlError, VerlJob, algo_overrides, check_verl_version,
+                                 export_parquet, map_metrics, validate_cells, verl_command)
 
 
 def kv(overrides):
@@ -27,7 +28,7 @@ def kv(overrides):
 def test_every_cell_has_the_reference_keys(tmp_path):
     cfg = get_preset("paper")
     job = VerlJob("/m", tmp_path / "t.parquet", None, tmp_path / "r.py", tmp_path / "m.jsonl", "p", "e")
-    for algo in REGISTRY:
+    for algo in ON_VERL:
         for p in CLASSIC_PAIRS:          # the paper's nine pairs; formats below 16 bits: test_low_bit_cells
             argv, env = verl_command(algo, p, cfg, job)
             o = kv(argv[3:])
@@ -98,6 +99,35 @@ def test_pg_family_uses_bypass_mode_explicitly_and_quotes_lo_hi():
     assert kv(algo_overrides("grpo", 64))["actor_rollout_ref.actor.clip_ratio_high"] == "0.28"
     with pytest.raises(VerlError):
         algo_overrides("ppo", 64)
+
+
+def test_each_correction_maps_onto_verls_keys_or_is_refused_by_name():
+    """verl has rules for icepop (token IS, "lo_hi"), trm and the geometric mask (rollout_rs) and both
+    CISPOs (loss_mode=cispo); the others are refused before anything is written, saying why."""
+    from bench.algorithms import ALGO_GROUPS, AlgoConfig
+    from runners.verl_launch import check_verl_cell
+
+    rc = "algorithm.rollout_correction."
+    o = kv(algo_overrides("icepop", 64))
+    assert o[rc + "rollout_is"] == "token" and o[rc + "rollout_is_threshold"] == "'0.5_5'"
+    assert o["actor_rollout_ref.actor.clip_ratio_c"] == "1e9" and "bypass_mode" not in o
+    assert kv(algo_overrides("trm", 64))[rc + "rollout_rs"] == "seq_max_k2"
+    assert kv(algo_overrides("trm", 64, algo_cfg=AlgoConfig(trm_k2=0.05)))[rc + "rollout_rs_threshold"] == "0.05"
+    g = kv(algo_overrides("grpo-geo-mask", 64))
+    assert g[rc + "rollout_rs"] == "seq_mean_k1" and g[rc + "rollout_rs_threshold"] == "'0.999_1.001'"
+    c = kv(algo_overrides("cispo", 64))
+    assert c["actor_rollout_ref.actor.policy_loss.loss_mode"] == "cispo"
+    assert (c["actor_rollout_ref.actor.clip_ratio_low"], c["actor_rollout_ref.actor.clip_ratio_high"]) == ("1.0", "4")
+    c2 = kv(algo_overrides("cispo-two-sided", 64))
+    assert (c2["actor_rollout_ref.actor.clip_ratio_low"], c2["actor_rollout_ref.actor.clip_ratio_high"]) == ("0.2",
+                                                                                                          "0.28")
+    refused = [a for a in ALGO_GROUPS["corrections"] if a in NOT_ON_VERL]
+    assert refused == ["pg-icepop", "dppo-tv", "dppo-kl", "ipo", "opsm", "opsm-old"]
+    for a in refused:
+        with pytest.raises(VerlError, match=f"^{a} runs on the native trainer only .*verl 0.9.1"):
+            check_verl_cell(a, get_preset("paper"))
+        with pytest.raises(VerlError, match=a):
+            algo_overrides(a, 64)
 
 
 def test_version_check():
@@ -202,8 +232,8 @@ def test_dry_run_is_validated_by_verl(tmp_path, verl_python):
 
 @pytest.fixture(scope="module")
 def dry_run_cells(tmp_path_factory, shared_data):
-    """What `bench run --trainer verl --preset paper --dry-run` prints for each of the 54 cells (pg-seq-mis
-    is refused for verl),
+    """What `bench run --trainer verl --preset paper --dry-run` prints for each of the 59 cells (the paper's
+    six verl algorithms × 9 pairs, pg-seq-mis refused; the five corrections verl has at bf16),
     split back into the overrides (env assignment and `python -m verl.trainer.main_ppo` dropped)."""
     import shlex
 
@@ -219,8 +249,8 @@ def dry_run_cells(tmp_path_factory, shared_data):
                                      "--db", url])
         assert r.exit_code == 0, r.output
         cells = {}
-        for a in (a for a in REGISTRY if a != "pg-seq-mis"):          # refused for verl (test below)
-            for p in CLASSIC_PAIRS:
+        for a in (a for a in REGISTRY if a not in NOT_ON_VERL):       # refused for verl (tests below)
+            for p in (CLASSIC_PAIRS if a in PAPER_ALGORITHMS else [Precision("bf16", "bf16")]):
                 r = CliRunner().invoke(app, ["run", "--trainer", "verl", "--algo", a, "--dtype",
                                              f"rollout={p.rollout},train={p.train}", "--preset", "paper", "--dry-run",
                                              "--benchmark", str(shared / "aime24.jsonl"), "--db", url])
@@ -229,7 +259,7 @@ def dry_run_cells(tmp_path_factory, shared_data):
                 assert words[0].startswith("VERL_FILE_LOGGER_PATH=") and words[2:4] == ["-m", "verl.trainer.main_ppo"]
                 cells[(a, p.name)] = words[4:]
         vals = list(home.glob("verl/dry-run/*/val.parquet"))
-        assert len(vals) == 54 and len(pd.read_parquet(vals[0])) == 30            # AIME24 from --benchmark
+        assert len(vals) == 59 and len(pd.read_parquet(vals[0])) == 30            # AIME24 from --benchmark
     finally:
         mp.undo()
     return cells
@@ -239,14 +269,15 @@ def dry_run_cells(tmp_path_factory, shared_data):
 @pytest.mark.integration
 def test_every_dry_run_passes_verls_validate_config(dry_run_cells, verl_python):
     """Hydra compose + `validate_config` + the config dataclasses, as main_ppo runs them before
-    Ray starts, on the printed --dry-run command of the 6 verl algorithms × 9 precision pairs; and a
-    broken override is caught."""
+    Ray starts, on the printed --dry-run command of the 6 verl algorithms × 9 precision pairs and the 5
+    corrections verl has (icepop, trm, grpo-geo-mask, cispo, cispo-two-sided) at bf16; and a broken
+    override is caught."""
     cells = list(dry_run_cells)
     overrides = [dry_run_cells[c] for c in cells]
     bad = ([o for o in overrides[0] if "ppo_mini_batch_size=" not in o]
            + ["actor_rollout_ref.actor.ppo_mini_batch_size=128"])
     errors = validate_cells(verl_python, overrides + [bad])
-    assert len(cells) == 54 and [(c, e) for c, e in zip(cells, errors) if e] == []
+    assert len(cells) == 59 and [(c, e) for c, e in zip(cells, errors) if e] == []
     assert errors[-1] == "ValueError: train_batch_size (64) must be >= actor.ppo_mini_batch_size (128)"
 
 

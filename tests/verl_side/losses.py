@@ -72,11 +72,11 @@ def one_case(x: dict, overrides: list[str]) -> dict:
         old = x["logp_rollout"]
     else:
         old = x["logp_old"]
-        if rc.get("rollout_is"):
+        if rc.get("rollout_is") or rc.get("rollout_rs"):      # IS weights, rejection (response_mask), or both
             batch = DataProto.from_dict(tensors={"old_log_probs": old, "rollout_log_probs": x["logp_rollout"],
                                                  "response_mask": mask.float()})
             batch, _ = compute_rollout_correction_and_add_to_batch(batch, rc)
-            weights = batch.batch["rollout_is_weights"]
+            weights = batch.batch["rollout_is_weights"] if rc.get("rollout_is") else None
             mask = batch.batch["response_mask"].bool()
     logp = x["logp"].clone().requires_grad_(True)
     loss, _ = core_algos.get_policy_loss_fn(actor.policy_loss.loss_mode)(
