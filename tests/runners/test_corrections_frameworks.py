@@ -11,7 +11,7 @@ transcribed here as the framework writes it (names as in its source), one functi
 |---|---|---|
 | ipo | PrimeIntellect-ai/prime-rl @ 559b447 | src/prime_rl/trainer/rl/loss.py : ipo_loss_fn |
 | pg-icepop | PrimeIntellect-ai/prime-rl PR #2401 @ db60419 | src/prime_rl/trainer/rl/loss.py : icepop loss |
-| dppo-tv, dppo-kl | sail-sg/Stable-RL @ c6af1d1 | verl/trainer/ppo/core_algos.py : _compute_token_mask_for_policy_loss |
+| dppo-tv, -kl | sail-sg/Stable-RL @ c6af1d1 | verl/trainer/ppo/core_algos.py : _compute_token_mask_for_policy_loss |
 | (its loss) | sail-sg/Stable-RL @ c6af1d1 | verl/trainer/ppo/core_algos.py : compute_policy_loss_with_mask |
 | cispo | huggingface/trl @ f2cd577 | trl/trainer/grpo_trainer.py : _compute_loss (loss_type "cispo") |
 | opsm | huggingface/trl @ f2cd577 | trl/trainer/grpo_trainer.py : get_off_policy_mask, _compute_loss ("dapo") |
