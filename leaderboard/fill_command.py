@@ -14,11 +14,12 @@ square of that grid (the same cell key: leaderboard/cells.py).
   too. The verl trainer takes no `--seeds`: its one seed is `--seed`.
 - the settings: the stored run config (`{"preset": name, **asdict(RunConfig)}`) against its
   preset's defaults (kept in the run's provenance, `preset_defaults`): `--preset NAME`, then one
-  flag per setting that differs, a stop rule's switch among them (bench/knobs.py `knob_argv`),
-  `--benchmark SOURCE` when only the first benchmark's source differs. Without stored defaults
-  every top-level setting that has a value is written out. What has no option (a nested `algo.*`
-  value, a stop rule's constant, a setting unset where the preset sets it) is returned as a note,
-  never dropped silently.
+  flag per setting that differs, a stop rule's switch and a correction's threshold among them
+  (bench/knobs.py `knob_argv`), `--benchmark SOURCE` when only the first benchmark's source
+  differs. Without stored defaults every top-level setting that has a value is written out. What
+  has no option (the paper's `algo.*` constants, a stop rule's constant, a setting unset where the
+  preset sets it) is returned as a note, never dropped silently; a when-set knob at its default that
+  the stored defaults predate is neither.
 
 The leaderboard reads only the store, so this module does not import the CLI; tests/leaderboard/test_app.py
 parses the command back with the real `bench sweep` and checks that the runs it would start have
@@ -29,7 +30,9 @@ from __future__ import annotations
 
 import shlex
 
+from bench.algorithms import AlgoConfig
 from bench.configdiff import ABSENT, diff
+from bench.fingerprint import WHEN_SET
 from bench.knobs import cli_knobs, knob_argv
 from bench.stop import StopConfig
 
@@ -88,10 +91,13 @@ def setting_flags(config: dict, defaults: dict | None) -> tuple[list[str], list[
     if [k for k, _, _ in nested] == ["benchmarks[0].source"] and nested[0][2] is not ABSENT:
         flags += ["--benchmark", str(nested[0][2])]
         nested = []
-    stop_options = {f.name for _, f in cli_knobs(StopConfig)}      # the stop rules' switches are options
+    options = {"stop": {f.name for _, f in cli_knobs(StopConfig)},      # the stop rules' switches and the
+               "algo": {f.name for _, f in cli_knobs(AlgoConfig)}}      # corrections' thresholds are options
     for k, d, r in nested:
-        name = k.removeprefix("stop.")
-        if k.startswith("stop.") and name in stop_options and r is not ABSENT:
+        group, _, name = k.partition(".")
+        if d is ABSENT and k in WHEN_SET and r == WHEN_SET[k]:
+            continue                        # a when-set knob at its default, newer than the stored defaults
+        if name in options.get(group, ()) and r is not ABSENT:
             flags += knob_argv(name, r)
         else:
             notes.append(f"`{k} = {r!r}` (the preset's {d!r}) has no option: the command starts runs of another cell")

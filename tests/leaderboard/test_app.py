@@ -165,6 +165,15 @@ def test_setting_flags_reproduce_the_settings_and_name_what_no_flag_gives():
     odd = {**_stored(), "algo": {**_stored()["algo"], "C": 2.0}}
     flags, notes = setting_flags(odd, preset_defaults("tiny"))
     assert flags == ["--preset", "tiny"] and len(notes) == 1 and "`algo.C = 2.0` (the preset's 3.0)" in notes[0]
+    # a correction's threshold is an option; at its default in a run whose stored defaults predate it, nothing
+    moved = {**_stored(), "algo": {**_stored()["algo"], "icepop_hi": 2.0}}
+    flags, notes = setting_flags(moved, preset_defaults("tiny"))
+    assert flags == ["--preset", "tiny", "--icepop-hi", "2.0"] and notes == []
+    assert sweep_fingerprint(parse_sweep("bench sweep " + " ".join(flags))) == fingerprint(moved)
+    old_defaults = {**preset_defaults("tiny")}
+    old_defaults["algo"] = {k: old_defaults["algo"][k] for k in ("max_len", "C", "eps_lo", "eps_hi", "gspo_lo",
+                                                                 "gspo_hi")}
+    assert setting_flags(_stored(), old_defaults) == (["--preset", "tiny"], [])
     # a stop rule's switch is an option: written as one, the same fingerprint; its constants are not
     stopped = {**_stored(), "stop": {**_stored()["stop"], "futility": False, "futility_window": 6, "hold": 4}}
     flags, notes = setting_flags(stopped, preset_defaults("tiny"))

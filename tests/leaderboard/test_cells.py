@@ -249,3 +249,45 @@ def test_the_sweep_skips_only_a_cell_finished_by_its_engine_and_settings(tmp_pat
     assert ran == [("vllm", 1e-3, 0)] and not any(x.startswith("skip") for x in lines)
     ran, lines = grid("torch", lr=5e-4)                         # nor a run at another lr
     assert ran == [("torch", 5e-4, 0)] and not any(x.startswith("skip") for x in lines)
+
+
+# ------------------------------------------------------------------ the rescue table (Corrections page)
+
+def test_rescue_table_by_hand(tmp_path, monkeypatch):
+    """pg-seq-is FAILs at mxfp4→fp16 (futile) and PASSes at fp16; icepop PASSes at mxfp4→fp16 on both
+    seeds (a rescue), trm on one of two (FAIL: no rescue). The table has the one failing pair, every
+    algorithm a row (the unrun ones empty), and names icepop alone as a rescuer; the page renders it."""
+    from bench.algorithms import ALGORITHMS
+    from conftest import app_page
+    from leaderboard.cells import cells_frame
+    from leaderboard.corrections import failing_pairs, rescue_frame
+    from leaderboard.queries import runs_frame
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    engine = open_store(url)
+    rows = [("p0", "pg-seq-is", "mxfp4", 0, "futile", 0.78, None),
+            ("p1", "pg-seq-is", "fp16", 0, "converged", 0.97, 60),
+            ("i0", "icepop", "mxfp4", 0, "converged", 0.96, 70), ("i1", "icepop", "mxfp4", 1, "converged", 0.97, 65),
+            ("t0", "trm", "mxfp4", 0, "converged", 0.96, 75), ("t1", "trm", "mxfp4", 1, "futile", 0.85, None)]
+    with session(engine) as s:
+        model_id = add_model_and_build(s)
+        for i, (rid, algo, rollout, seed, status, peak, to_target) in enumerate(rows):
+            s.add(Run(id=rid, model_id=model_id, build_id="b0", algo=algo, rollout_dtype=rollout, train_dtype="fp16",
+                      trainer="native", engine="torch", config={**stored(), "seed": seed}, seed=seed, status=status,
+                      peak_accuracy=peak, steps_to_target=to_target, step=80, created_at=T0 + timedelta(minutes=i)))
+    cells = cells_frame(runs_frame(engine))
+    assert failing_pairs(cells) == ["mxfp4→fp16"]
+    t = rescue_frame(cells)
+    assert list(t.algo) == list(ALGORITHMS) and set(t.precision) == {"mxfp4→fp16"}
+    row = t.set_index("algo")
+    assert list(t[t.rescues].algo) == ["icepop"]
+    assert (row.loc["icepop", "passes"], row.loc["trm", "sanity"], row.loc["pg-seq-is", "sanity"]) == ("2/2", "FAIL",
+                                                                                                        "FAIL")
+    assert row.loc["grpo", "n_seeds"] == 0 and not isinstance(row.loc["grpo", "sanity"], str)
+    monkeypatch.setenv("BENCH_DB_URL", url)
+    at = app_page("pages/corrections.py")
+    assert any("icepop" in str(df.value.algo.tolist()) for df in at.dataframe)
+    (code,) = at.code
+    algos = code.value.split("--algo ")[1].split()[0].split(",")
+    assert "--dtype 'rollout=mxfp4,train=fp16'" in code.value and len(algos) == len(ALGORITHMS) - 3
+    assert not {"icepop", "trm", "pg-seq-is"} & set(algos)
