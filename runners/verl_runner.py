@@ -101,6 +101,7 @@ METRIC_MAP = {
     **{f"rollout_corr/{k}": v for k, v in OFFPOLICY_MAP.items()},
     **{f"actor/rollout_corr/{k}": f"bypass/{OFFPOLICY_MAP[k]}" for k in BYPASS_OFFPOLICY},
     **{f"rollout_corr/{k}": v for k, v in IS_WEIGHT_MAP.items()},
+    "rollout_corr/rollout_rs_seq_masked_fraction": "masked_frac",  # trm, grpo-geo-mask: sequences rejected
     "training/rollout_probs_diff_mean": "prob_abs_diff_mean",     # |p_rollout − p_actor|, a probability
     "training/rollout_probs_diff_max": "prob_abs_diff_max",
     "training/rollout_probs_diff_std": "prob_abs_diff_std",

@@ -74,7 +74,7 @@ def verl_out(verl_python, tmp_path_factory):
     dual = make_inputs(seed=3)
     dual["logp"][dual["advantages"] < 0, 0] += 2.0                      # r_0 ≈ e^2 > 3 where A < 0
     rs = make_inputs(seed=4)                                            # a small mismatch, a few far tokens
-    rs["logp_rollout"] = rs["logp_old"] + 0.0015 * torch.randn(rs["logp_old"].shape,
+    rs["logp_rollout"] = rs["logp_old"] + 0.003 * torch.randn(rs["logp_old"].shape,
                                                                generator=torch.Generator().manual_seed(4))
     rs["logp_rollout"][:4, 1] += 3.0                                    # ½ℓ² = 4.5 > 2.5: trm rejects rows 0-3
     cases = {"main": (x, [(a, algo_overrides(a, L, C)) for a in ON_VERL]),
@@ -103,8 +103,11 @@ def close(a, b):
 def test_each_loss_and_gradient_equals_verls(verl_out, algo):
     x, v = verl_out["main"]
     loss, grad = bench_loss(x, algo)
-    assert close(loss, v[algo]["loss"]), (loss, v[algo]["loss"])
-    assert close(grad, v[algo]["grad"])
+    if algo == "grpo-geo-mask":       # these tensors' mismatch rejects every sequence: verl's bare agg_loss
+        assert torch.isnan(v[algo]["loss"]) and loss == 0 and (grad == 0).all()    # divides 0 by 0 tokens
+    else:
+        assert close(loss, v[algo]["loss"]), (loss, v[algo]["loss"])
+        assert close(grad, v[algo]["grad"])
     # and on the path verl's trainer runs: ppo_loss per one-sequence micro-batch, global batch info
     assert close(loss, v[algo]["trainer_loss"]), (loss, v[algo]["trainer_loss"])
     assert close(grad, v[algo]["trainer_grad"])

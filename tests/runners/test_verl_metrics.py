@@ -47,7 +47,7 @@ def native_targets() -> set[str]:
     """The METRIC_MAP names that describe the mismatch of π and μ on the sampled tokens, i.e.
     that mismatch_metrics must produce (the IS-weight ones depend on the algorithm's threshold)."""
     keys = [k for k in METRIC_MAP if k.startswith(("rollout_corr/", "training/rollout_"))]   # bypass/*: verl-only
-    return {METRIC_MAP[k] for k in keys} - set(IS_WEIGHT_MAP.values())
+    return {METRIC_MAP[k] for k in keys} - set(IS_WEIGHT_MAP.values()) - {"masked_frac"}   # masked_frac: the loss's
 
 
 # ------------------------------------------------------------------ no verl needed
@@ -161,10 +161,29 @@ def test_which_keys_each_mode_logs(verl_out):
             assert m["bypass/kl_k1_token"] == case["logged"]["actor/rollout_corr/kl"] and "kl_k1_token" not in m
         else:
             assert not case["bypass"] and {f"rollout_corr/{k}" for k in OFFPOLICY_MAP} <= keys
-        unmapped = {k for k in keys if k.startswith("rollout_corr/") and k not in METRIC_MAP}
+        # the rejection's per-mode statistics (trm, grpo-geo-mask) are kept under verl's names
+        unmapped = {k for k in keys if k.startswith("rollout_corr/") and k not in METRIC_MAP
+                    and not k.startswith("rollout_corr/rollout_rs_")}
         assert unmapped <= {"rollout_corr/rollout_is_max", "rollout_corr/rollout_is_min",
                             "rollout_corr/rollout_is_seq_fraction_high",
                             "rollout_corr/rollout_is_seq_fraction_low"}, (name, unmapped)
+
+
+@pytest.mark.verl
+def test_rejected_sequence_fraction_is_benchs_masked_frac(verl_out):
+    """verl's rollout_rs_seq_masked_fraction (stored as masked_frac) is the share of sequences trm and
+    grpo-geo-mask reject in bench's loss on the same tensors (an empty sequence is kept by both);
+    the per-mode `..._seq_max_k2_seq_masked_fraction` counts otherwise and stays under verl's name."""
+    from runners.algos import AlgoConfig, LossInputs, get_loss
+
+    x, _, v = verl_out
+    pi, mu, m = x["pi"].double(), x["mu"].double(), x["mask"].double()
+    for algo in ("trm", "grpo-geo-mask"):
+        logged = v["cases"][algo]["logged"]
+        _, metrics = get_loss(algo)(LossInputs(pi.clone().requires_grad_(True), pi, mu, m,
+                                               torch.ones(len(pi), dtype=torch.float64)), AlgoConfig(max_len=T))
+        assert map_metrics(logged)["masked_frac"] == pytest.approx(metrics["masked_frac"]), algo
+    assert 0 < metrics["masked_frac"] < 1
 
 
 @pytest.mark.verl
