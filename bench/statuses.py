@@ -98,6 +98,16 @@ BUILD_STATUSES = {
 BUILD_RUNNING, BUILD_COMPLETE, BUILD_FAILED = BUILD_STATUSES
 
 
+def last_sign(heartbeat_at, updated_at):
+    """A run's last sign of life: its heartbeat, else its last update; None where it has neither
+    (a missing value may come as None, NaN or NaT: none equals itself)."""
+    def present(x) -> bool:
+        return x is not None and x == x
+
+    sign = heartbeat_at if present(heartbeat_at) else updated_at
+    return sign if present(sign) else None
+
+
 def live_status(status: str | None, last_sign: datetime | None, now: datetime | None = None) -> str | None:
     """The status a reader shows: `interrupted` for a run still `running` in the store whose last
     sign of life (`last_sign`: its heartbeat, else its last update; naive UTC) is more than

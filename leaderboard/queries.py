@@ -118,8 +118,8 @@ ROUTER_TAIL = ("router_flip_frac", "router_token_flip_frac")   # MoE runs' step 
 def live(status: str, heartbeat_at, updated_at) -> str:
     """The status shown: `interrupted` for a `running` run whose process went silent
     (bench/statuses.py `live_status`; its heartbeat, else its last update)."""
-    sign = heartbeat_at if heartbeat_at is not None and heartbeat_at == heartbeat_at else updated_at
-    return statuses.live_status(status, None if sign is None or sign != sign else pd.Timestamp(sign).to_pydatetime())
+    sign = statuses.last_sign(heartbeat_at, updated_at)
+    return statuses.live_status(status, None if sign is None else pd.Timestamp(sign).to_pydatetime())
 
 
 def runs_frame(engine: Engine, build_id: str | None = None) -> pd.DataFrame:

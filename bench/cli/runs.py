@@ -178,7 +178,7 @@ def _run_info(store, run_id: str) -> dict:
     from sqlalchemy import select
 
     from bench.fingerprint import fingerprint
-    from bench.statuses import live_status
+    from bench.statuses import last_sign, live_status
     from bench.store import Eval, Run, RunStep, RunVerification, session
 
     with session(store) as s:
@@ -190,7 +190,7 @@ def _run_info(store, run_id: str) -> dict:
                           .order_by(Eval.step)).all()
         checks = s.scalars(select(RunVerification).where(RunVerification.run_id == run_id)
                            .order_by(RunVerification.created_at.desc(), RunVerification.id.desc())).all()
-        sign = r.heartbeat_at or r.updated_at          # its last sign of life
+        sign = last_sign(r.heartbeat_at, r.updated_at)
         status = live_status(r.status, sign)
         return {"id": r.id, "build": r.build_id, "algo": r.algo, "rollout_dtype": r.rollout_dtype,
                 "train_dtype": r.train_dtype, "staleness": r.staleness, "trainer": r.trainer, "engine": r.engine,

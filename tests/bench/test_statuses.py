@@ -37,3 +37,5 @@ def test_a_running_run_silent_past_the_limit_reads_interrupted():
     assert statuses.live_status("running", just - timedelta(seconds=1), now) == "interrupted"
     assert statuses.live_status("converged", now - timedelta(days=3), now) == "converged"  # ended: as stored
     assert statuses.live_status("running", None, now) == "running"                    # nothing to judge by
+    assert statuses.last_sign(just, now) == just and statuses.last_sign(None, now) == now
+    assert statuses.last_sign(float("nan"), now) == now and statuses.last_sign(None, None) is None
