@@ -47,6 +47,10 @@ import dataclasses
 from bench.knobs import knobs_where
 from bench.runconfig import RunConfig
 
+# A leaderboard cell's key, defined here once: the leaderboard groups runs by these columns
+# (leaderboard/cells.py) and the sweep finds a cell's runs by them (runners/sweep.py `cell_runs`;
+# the model is the build's, config_fp this module's fingerprint of runs.config).
+CELL_KEY = ("model", "build", "algo", "precision", "trainer", "engine", "staleness", "config_fp")
 CONFIG_EXTRAS = ("preset", "verl")      # the stored config's keys besides RunConfig's
 NOT_SETTINGS = (*CONFIG_EXTRAS, *(f.name for role in ("cell", "resource") for f in knobs_where(RunConfig, "fingerprint",
                                                                                                role)))

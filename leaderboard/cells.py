@@ -32,11 +32,12 @@ from collections import Counter
 
 import pandas as pd
 
+from bench import fingerprint as fingerprints
 from bench.fingerprint import fingerprint
 from bench import statuses
 from bench.stats import clopper_pearson_lower, logit_t_interval, t_interval
 
-CELL_KEY = ["model", "build", "algo", "precision", "trainer", "engine", "staleness", "config_fp"]
+CELL_KEY = list(fingerprints.CELL_KEY)      # defined once, in bench/fingerprint.py
 LEVEL = 0.95
 INTERVAL = "95% Student-t interval over seeds on the logit scale (σ(mean logit ± t(0.975, n−1)·s/√n))"
 T_INTERVAL = "95% Student-t interval over seeds on the accuracies (mean ± t(0.975, n−1)·s/√n; may leave [0, 1])"
