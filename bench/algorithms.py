@@ -70,6 +70,8 @@ class AlgoConfig:
                              fingerprint="when-set")
     opsm_old_delta: float = knob(1e-4, help="opsm-old: drop a sequence with A < 0 whose mean_t(log π_old − "
                                  "log π_θ) exceeds this (slime's --opsm-delta).", ge=0, fingerprint="when-set")
+    sc_tis_hi: float = knob(2.0, help="sc: the vocabulary IS weights w_v = π_θ(v)/μ(v) truncated at this (vime's "
+                            "TIS upper bound in its lab settings).", gt=0, fingerprint="when-set")
 
 
 ALGO_KNOBS = frozenset(f.name for f in fields(AlgoConfig))
@@ -86,6 +88,7 @@ class Algorithm:
     thresholds: tuple[str, ...] = ()     # AlgoConfig knobs it reads
     source: str = "FP16 paper"      # who ships this rule (docs/algorithms.md has the file and commit)
     mean_over: str = "sequences"    # what the loss averages over: "sequences" (all B) or "nonempty" (≥ 1 token)
+    needs_distribution: bool = False    # reads μ's whole distribution at every position (the built-in engine's)
 
     @property
     def ppo_clip(self) -> bool:
@@ -136,6 +139,10 @@ SPECS: dict[str, Algorithm] = {a.name: a for a in (
     Algorithm("opsm-old", "Off-policy sequence masking (slime): PPO-clip, drop a sequence with A < 0 and "
               "mean_t log(π_old/π_θ) > 1e-4", anchor="π_old", kind="mask", thresholds=("opsm_old_delta", *PPO),
               source="slime/Miles"),
+    Algorithm("sc", "Score Centering: REINFORCE with the score centred by its expectation under μ's whole "
+              "distribution, −A·[sg(w_a) log π_θ(a) − Σ_v sg(μ_v w_v) log π_θ(v)], w = min(π_θ/μ, 2)",
+              unit="token", kind="weight", thresholds=("sc_tis_hi",), source="vime (arXiv 2609.20807)",
+              needs_distribution=True),
 )}
 
 ALGORITHMS = tuple(SPECS)

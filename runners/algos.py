@@ -44,6 +44,11 @@ class LossInputs:
     logp_rollout: torch.Tensor   # log μ_θ'(y_t), sampling params, rollout engine, detached
     mask: torch.Tensor           # 1 on response tokens
     advantages: torch.Tensor
+    # Score Centering only (SPECS[...].needs_distribution): μ's whole log-distribution at every response
+    # position [B, T, V] (the built-in engine's record) and, from the training forward,
+    # center_t = Σ_v sg(μ_v · w_v) · log π_θ(v) [B, T] with grad (runners/logprobs.py)
+    logq: torch.Tensor | None = None
+    center: torch.Tensor | None = None
 
 
 LossFn = Callable[[LossInputs, AlgoConfig], tuple[torch.Tensor, dict[str, float]]]
@@ -365,3 +370,29 @@ def opsm_old(x: LossInputs, cfg: AlgoConfig):
     """slime's OPSM, anchored on π_old: drop i when A_i < 0 and mean_t log(π_old/π_θ) > δ; with one
     update per batch π_θ = π_old at the update and nothing is dropped (the rule bites from the second)."""
     return _opsm(x, cfg, x.logp_old, cfg.opsm_old_delta)
+
+
+# ------------------------------------------------------------------ Score Centering
+
+def sc_weights(logp: torch.Tensor, logq: torch.Tensor, hi: float) -> torch.Tensor:
+    """w = min(p/q, hi) from log-probabilities (p = π_θ, q = μ; detached), 0/0-safe: where q = 0 the
+    weight is hi (it multiplies q = 0 in the centering sum, and μ never sampled such a token)."""
+    lw = (logp.detach() - logq).clamp(max=math.log(hi))
+    return torch.where(torch.isfinite(logq), lw.exp(), torch.full_like(lw, hi))
+
+
+@register_loss("sc")
+def score_centering(x: LossInputs, cfg: AlgoConfig):
+    """Score Centering (arXiv 2609.20807; vime's score_centering_correction with its TIS weights):
+    L = mean_i [ −A_i · Σ_t ( sg(w_t) · log π_θ(y_t) − center_t ) ] / L_max,
+    w_t = min(π_θ(y_t)/μ(y_t), hi), center_t = Σ_v sg(μ_v · min(π_θ(v)/μ(v), hi)) · log π_θ(v): the
+    gradient is A · (w_a ∇log π_θ(a) − Σ_v μ_v w_v ∇log π_θ(v)), the score centred by its expectation
+    under μ, exact over μ's whole vocabulary (the built-in engine records it)."""
+    if x.center is None:
+        raise ConfigError("sc needs μ's whole distribution at every position: the built-in rollout engine "
+                          "records it (--engine torch); vLLM returns the sampled token's log-prob only")
+    w = sc_weights(x.logp, x.logp_rollout, cfg.sc_tis_hi)
+    per_token = w * x.logp - x.center
+    loss = -(x.advantages * _seq_sum(per_token, x.mask)).mean() / cfg.max_len
+    return loss, {"truncated_frac": _frac(x.logp.detach() - x.logp_rollout > math.log(cfg.sc_tis_hi), x.mask),
+                  **ratio_stats((x.logp.detach() - x.logp_rollout)[x.mask.bool()], "is_weight")}

@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from .algos import sc_weights
+
 LOGIT_CHUNK_ELEMENTS = 2 ** 26          # values of one chunk's logits (fp32: 256 MiB)
 
 
@@ -161,3 +163,39 @@ def response_log_softmax(model, ids, attn, pos) -> torch.Tensor:
     body, head = parts
     h = body(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
     return torch.log_softmax(head(h.gather(1, pos.unsqueeze(-1).expand(-1, -1, h.shape[-1]))).float(), dim=-1)
+
+
+def _chunk_logprobs_centered(head, h: torch.Tensor, tok: torch.Tensor, logq: torch.Tensor,
+                             hi: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_chunk_logprobs` (the same bits) and Score Centering's term at each position,
+    center = Σ_v sg(q_v · min(p_v/q_v, hi)) · log p_v, p = softmax(head(h)) in fp32, q = exp(logq)
+    [N, c, V] (μ's recorded distribution), both over the whole vocabulary of the chunk's rows."""
+    lp = torch.log_softmax(head(h).float(), dim=-1)
+    q = logq.to(lp.device, lp.dtype).exp()
+    c = (q * sc_weights(lp, logq.to(lp.device, lp.dtype), hi)).detach()
+    return lp.gather(-1, tok.unsqueeze(-1)).squeeze(-1), (c * lp).sum(-1)
+
+
+def response_logprobs_centered(model, ids, attn, tok, pos, logq: torch.Tensor, hi: float,
+                               max_logit_elements: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log π(y_t), center_t) of the response tokens [N, T], with grad: log π exactly as
+    `response_logprobs` computes it (same chunks of positions, same bits) and Score Centering's
+    Σ_v sg(μ_v w_v) log π(v) from the same fp32 log-softmax (`_chunk_logprobs_centered`), each chunk
+    recomputed in backward. `logq` [N, T, V]: μ's log-distribution at each response position."""
+    parts = split_head(model)
+    if parts is None:
+        logits = model(input_ids=ids, attention_mask=attn).logits
+        logits = logits.gather(1, pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+        return _chunk_logprobs_centered(lambda x: x, logits, tok, logq, hi)
+    body, head = parts
+    h = body(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
+    h = h.gather(1, pos.unsqueeze(-1).expand(-1, -1, h.shape[-1]))
+    n, t = tok.shape
+    chunk = max(1, (max_logit_elements or LOGIT_CHUNK_ELEMENTS) // max(1, n * logq.shape[-1]))
+    recompute = torch.is_grad_enabled() and h.requires_grad
+    out = []
+    for t0 in range(0, t, chunk):
+        args = (head, h[:, t0:t0 + chunk], tok[:, t0:t0 + chunk], logq[:, t0:t0 + chunk], hi)
+        out.append(checkpoint(_chunk_logprobs_centered, *args, use_reentrant=False) if recompute
+                   else _chunk_logprobs_centered(*args))
+    return torch.cat([a for a, _ in out], dim=1), torch.cat([b for _, b in out], dim=1)

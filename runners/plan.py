@@ -133,6 +133,31 @@ def check_vllm_moe(ref: ModelRef, engine: str) -> None:
                        "after a weight push; train it with --engine torch (builds and `bench mismatch` may use vllm)")
 
 
+DISTRIBUTION_BYTES_MAX = 4 * 2 ** 30      # μ's recorded distributions of one step's batch, fp32
+
+
+def check_distribution(algo: str, engine: str, cfg: RunConfig, ref: ModelRef) -> None:
+    """An algorithm that reads μ's whole distribution (Score Centering) needs the built-in engine,
+    which records it, and one step's record — B·G rows × max_tokens × the vocabulary, fp32 — within
+    DISTRIBUTION_BYTES_MAX (4 GiB); refused otherwise, naming the size."""
+    from bench.algorithms import SPECS
+    from transformers import AutoConfig
+
+    if not SPECS[algo].needs_distribution:
+        return
+    if engine != "torch":
+        raise RunError(f"{algo} reads μ's whole distribution at every position, which only the built-in engine "
+                       "records (--engine torch); vLLM returns the sampled token's log-prob")
+    config = AutoConfig.from_pretrained(ref.path)
+    vocab = (getattr(config, "text_config", None) or config).vocab_size
+    size = cfg.prompts_per_step * cfg.samples_per_prompt * cfg.max_tokens * vocab * 4
+    if size > DISTRIBUTION_BYTES_MAX:
+        raise RunError(f"{algo} would hold μ's distributions of a step, {cfg.prompts_per_step}×"
+                       f"{cfg.samples_per_prompt} rows × {cfg.max_tokens} tokens × {vocab} vocabulary in fp32 = "
+                       f"{size / 2 ** 30:.1f} GiB, over {DISTRIBUTION_BYTES_MAX / 2 ** 30:.0f} GiB: lower "
+                       "--prompts-per-step, --samples-per-prompt or --max-tokens")
+
+
 def check_formats_on(precision: Precision, device: str) -> None:
     for d in {precision.rollout, precision.train}:
         if not device_supports(d, device):
@@ -160,6 +185,7 @@ def plan_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: s
         if cfg.router_replay:
             check_router_replay(ref, engine)
         check_vllm_moe(ref, engine)
+        check_distribution(algo, engine, cfg, ref)
         if s.scalar(select(BuildProblem.problem_id).where(BuildProblem.build_id == build.id,
                                                           BuildProblem.kept.is_(True)).limit(1)) is None:
             raise RunError(f"build {build.id} kept no problems; rebuild with another --band or model")

@@ -28,7 +28,7 @@ from bench.routes import routed
 
 from . import microbatches
 from .algos import LossInputs, sequences_in_mean
-from .logprobs import pack, response_logprobs, response_logprobs_entropy
+from .logprobs import pack, response_logprobs, response_logprobs_centered, response_logprobs_entropy
 from .loss_scaler import LossScaler
 from .presets import RunConfig
 
@@ -171,13 +171,16 @@ class TrainingEngine:
         if logp is None:
             self.sync_compute()
         scale = self.scaler.scale
+        centered = x.logq is not None            # Score Centering: the forward also gives its centering term
         if len(parts) == 1 and not fill_old:
             didx = idx.to(self.device)
-            if logp is None:
+            center = None
+            if logp is None or centered:
                 self.passes += 1
                 with routed(self.routes, idx, batch.ids.shape[1]):
-                    logp = response_logprobs(self.compute, *(t[didx] for t in batch.tensors))
-            mb = LossInputs(logp, x.logp_old[didx], x.logp_rollout[didx], x.mask[didx], x.advantages[didx])
+                    logp, center = self._forward(batch.tensors, didx, x.logq)
+            mb = LossInputs(logp, x.logp_old[didx], x.logp_rollout[didx], x.mask[didx], x.advantages[didx],
+                            center=center)
             loss, metrics = self.loss_fn(mb, self.cfg.algo)
             finite = bool(torch.isfinite(loss))
             if finite:
@@ -193,12 +196,14 @@ class TrainingEngine:
             t = m.shape[1]
             self.passes += 1
             with torch.set_grad_enabled(finite), routed(self.routes, part, ids.shape[1]):
-                lp = response_logprobs(self.compute, ids, attn, tok, pos)
+                lp, center = self._forward((ids, attn, tok, pos), None, None if x.logq is None else
+                                           x.logq[didx.to(x.logq.device), :t])
             if fill_old:
                 x.logp_old[didx, :t] = lp.detach() * m
             if not finite:              # the step is skipped; the rest only completes π_old for the metrics
                 continue
-            mb = LossInputs(lp, x.logp_old[didx, :t], x.logp_rollout[didx, :t], m, x.advantages[didx])
+            mb = LossInputs(lp, x.logp_old[didx, :t], x.logp_rollout[didx, :t], m, x.advantages[didx],
+                            center=center)
             share = sequences_in_mean(self.algo, m) / n_seq if n_seq else 0.0
             loss, _ = self.loss_fn(mb, self.cfg.algo)
             total += loss.item() * share
@@ -209,7 +214,7 @@ class TrainingEngine:
                 continue
             (loss * (share * scale)).backward()
             self._collect_grads(first=not pieces)
-            pieces.append((part, lp.detach()))
+            pieces.append((part, lp.detach(), None if center is None else center.detach()))
         if not finite:
             for p in self.master.parameters():
                 p.grad = None
@@ -221,12 +226,26 @@ class TrainingEngine:
         where = {r: k for k, r in enumerate(rows)}
         didx = idx.to(self.device)
         full = torch.zeros(x.mask[didx].shape, dtype=pieces[0][1].dtype, device=self.device)
-        for part, lp in pieces:
-            full[torch.tensor([where[r] for r in part], device=self.device), :lp.shape[1]] = lp
+        full_center = torch.zeros_like(full) if centered else None
+        for part, lp, center in pieces:
+            at = torch.tensor([where[r] for r in part], device=self.device)
+            full[at, :lp.shape[1]] = lp
+            if centered:
+                full_center[at, :lp.shape[1]] = center
         with torch.no_grad():
             loss, metrics = self.loss_fn(LossInputs(full, x.logp_old[didx], x.logp_rollout[didx], x.mask[didx],
-                                                    x.advantages[didx]), self.cfg.algo)
+                                                    x.advantages[didx], center=full_center), self.cfg.algo)
         return loss.item(), metrics, True
+
+    def _forward(self, tensors, rows: torch.Tensor | None, logq: torch.Tensor | None):
+        """(log π of the response tokens, Score Centering's term or None) of `tensors` (ids, attn, tok,
+        pos; their `rows` when given) by the compute copy; `logq` [n, T, V]: μ's recorded
+        log-distribution of those rows (Score Centering), else the plain forward."""
+        ids, attn, tok, pos = (t if rows is None else t[rows] for t in tensors)
+        if logq is None:
+            return response_logprobs(self.compute, ids, attn, tok, pos), None
+        q = (logq if rows is None else logq[rows.to(logq.device)]).to(self.device)
+        return response_logprobs_centered(self.compute, ids, attn, tok, pos, q, self.cfg.algo.sc_tis_hi)
 
     def _collect_grads(self, first: bool) -> None:
         """Move the compute copy's gradients into the master's, summed in fp32 (still scaled)."""

@@ -49,7 +49,8 @@ from bench.routes import TrainRoutes, pad_routes, routed
 from bench.problems import Problem, SourceSpec, load_problems
 
 from bench import stop as stop_rules
-from . import ledger
+from bench.algorithms import SPECS
+from . import ledger, rollouts
 from .algos import LossInputs, get_loss, leave_one_out_advantages
 from .eval_seeds import BENCHMARK_EVAL, SPLIT_EVAL, eval_seed
 from .logprobs import response_logprobs
@@ -266,18 +267,12 @@ class NativeTrainer:
             out.append(perm[i])
         return out
 
-    def _rollouts(self, idx: list[int], sp: Sampling):
-        """G responses to each prompt of `idx` from the rollout engine: the samples (per prompt),
-        the packed batch on the device, and μ of the sampled tokens [N, T] on the CPU."""
-        g = self.cfg.samples_per_prompt
-        samples = self.engine.generate([self.prompts[i] for i in idx], g, sp)
-        flat = [s for row in samples for s in row]
-        batch = Batch.pack([self.prompt_ids[i] for i in idx for _ in range(g)], [s.token_ids for s in flat],
-                           self.tok.pad_token_id, self.device)
-        logp_mu = torch.zeros(batch.mask.shape)
-        for i, s in enumerate(flat):
-            logp_mu[i, :len(s.logprobs)] = torch.tensor(s.logprobs)
-        return samples, batch, logp_mu
+    def _rollouts(self, idx: list[int], sp: Sampling, for_loss: bool = True):
+        """G responses to each prompt of `idx` from the rollout engine: runners/rollouts.py `draw`
+        (μ's distributions too when they feed the loss and the algorithm reads them)."""
+        return rollouts.draw(self.engine, [self.prompts[i] for i in idx], [self.prompt_ids[i] for i in idx],
+                             self.cfg.samples_per_prompt, sp, self.tok.pad_token_id, self.device,
+                             distributions=for_loss and SPECS[self.algo].needs_distribution)
 
     def _score(self, problems: list[Problem], samples) -> torch.Tensor:
         texts = [s.text for row in samples for s in row]
@@ -322,7 +317,7 @@ class NativeTrainer:
         t0 = time.time()
         idx = self._step_prompts(self.step)
         sp = Sampling(cfg.temperature, cfg.top_p, cfg.max_tokens, seed=cfg.seed * 1_000_003 + self.step)
-        samples, batch, logp_rollout = self._rollouts(idx, sp)
+        samples, batch, logp_rollout, logq = self._rollouts(idx, sp)
         t1 = time.time()
         rewards = self._score([self.split[i] for i in idx], samples)
         flat = [s for row in samples for s in row]
@@ -335,7 +330,7 @@ class NativeTrainer:
         old = pi_old(learner, self.stale, batch, cfg.updates_per_batch, learner.microbatched(batch))
         first, logp_old, fill_old, logp_cur = old.first, old.logp_old, old.fill_old, old.logp_cur
         adv = leave_one_out_advantages(rewards.view(-1, g)).view(-1).to(dev)
-        x = LossInputs(None, logp_old, logp_rollout, mask, adv)  # type: ignore[arg-type]
+        x = LossInputs(None, logp_old, logp_rollout, mask, adv, logq=logq)  # type: ignore[arg-type]
         if routes is not None:
             routes.recording = fill_old          # the π_old forwards are done, but where the update makes them
         synchronize(dev)
@@ -464,7 +459,7 @@ class NativeTrainer:
         that is neither fp32 nor the training format, by a temporary twin copy in that format."""
         cfg = self.cfg
         sp = Sampling(cfg.temperature, cfg.top_p, cfg.max_tokens, seed=30_000_001 + cfg.seed)
-        _, batch, logp_mu = self._rollouts(self._step_prompts(0), sp)
+        _, batch, logp_mu, _ = self._rollouts(self._step_prompts(0), sp, for_loss=False)
         self.learner.sync_compute()
         result = step0_gate(self.learner, self.engine, self.precision, batch, logp_mu)
         ledger.record_calibration(self.store, self.run_id, result)

@@ -164,6 +164,7 @@ NOT_ON_VERL = {
             "sign and the current policy's drift, which verl's rollout_rs cannot express)",
     "opsm-old": "verl 0.9.1 has no off-policy sequence masking (slime's OPSM: a rule on the advantage's sign "
                 "and π_θ's drift from π_old, which verl's rollout_rs cannot express)",
+    "sc": "verl 0.9.1 has no Score Centering, and its vLLM rollouts return no whole distribution to centre by",
 }
 
 

@@ -16,7 +16,15 @@ def pg_inputs(adv=(1.0, -1.0)):
     logp = torch.tensor([[LN(.5), LN(.5)], [LN(.25), -7.0]], dtype=torch.float64, requires_grad=True)
     roll = torch.tensor([[LN(.25), LN(.5)], [LN(1 / 16), -1.0]], dtype=torch.float64)
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]], dtype=torch.float64)
-    return LossInputs(logp, logp.detach().clone(), roll, mask, torch.tensor(adv, dtype=torch.float64))
+    return LossInputs(logp, logp.detach().clone(), roll, mask, torch.tensor(adv, dtype=torch.float64),
+                      center=ZERO_CENTER(logp))
+
+
+def ZERO_CENTER(logp):
+    """Score Centering's term Σ_v sg(μ_v w_v) log π_θ(v) where its gradient is 0 (μ = π_θ on the whole
+    vocabulary: Σ_v p_v ∇log p_v = ∇Σ_v p_v = 0), as a constant; the other losses ignore it.
+    tests/runners/test_corrections.py checks the term itself."""
+    return torch.zeros_like(logp.detach())
 
 
 def grad_of(name, x, cfg=CFG):
@@ -139,7 +147,7 @@ def test_fully_masked_batch_is_finite_zero(name):
 def test_length_one_responses(name):
     logp = torch.tensor([[LN(.5)], [LN(.2)]], dtype=torch.float64, requires_grad=True)
     x = LossInputs(logp, logp.detach().clone(), logp.detach().clone(), torch.ones(2, 1, dtype=torch.float64),
-                   torch.tensor([1.0, -1.0], dtype=torch.float64))
+                   torch.tensor([1.0, -1.0], dtype=torch.float64), center=ZERO_CENTER(logp))
     loss, g, _ = grad_of(name, x)
     # on-policy with no mismatch every estimator is plain REINFORCE: gradient −A/(B·norm),
     # norm = L for the Dr.GRPO-normalised losses and T = 1 for GSPO's per-sequence mean

@@ -31,7 +31,9 @@ def inputs(*, rho=None, r=None, mu=None, old_ratio=None, adv=(1.0, -1.0)):
         roll = old - t(rho).log()
     else:
         roll = logp.detach() - t(r).log()
-    return LossInputs(logp, old, roll, t(MASK), t(adv))
+    # Score Centering's Σ_v sg(μ_v w_v) log π_θ(v): its gradient is 0 where μ = π_θ on the whole vocabulary
+    # (the on-policy test below); a constant stands in, and the tests at the end check the term itself
+    return LossInputs(logp, old, roll, t(MASK), t(adv), center=torch.zeros_like(logp.detach()))
 
 
 def run(name, x, cfg=CFG):
@@ -233,3 +235,114 @@ def test_a_correction_on_policy_without_mismatch_is_the_plain_policy_gradient(na
     _, g, m = run(name, inputs(rho=[[1, 1], [1, 1]]))
     assert close(g, [[-1 / 8, -1 / 8], [1 / 8, 0]]), name
     assert m.get("masked_frac", 0) == 0
+
+
+# ------------------------------------------------------------------ Score Centering
+
+def centered(logits, logq, hi):
+    """(log π of token 0, the centering term) of one position, the training forward's own function."""
+    from runners.logprobs import _chunk_logprobs_centered
+
+    return _chunk_logprobs_centered(lambda h: h, logits, torch.zeros(logits.shape[:2], dtype=torch.long), logq, hi)
+
+
+def test_sc_centering_term_by_hand():
+    """p = softmax(0, ln 2, ln 3) = (1/6, 2/6, 3/6), μ uniform: w = p/q = (.5, 1, 1.5). Untruncated
+    (hi 2) the weights give back p, center = Σ p log p = −H(p), and its gradient in the logits
+    c − p·Σc is 0; truncated at 1.2 it is c − 0.9·p = (1/60, 1/30, −1/20)."""
+    q = t([[[1 / 3] * 3]]).log()
+    z = t([[[0.0, LN(2), LN(3)]]]).requires_grad_(True)
+    p = torch.tensor([1 / 6, 2 / 6, 3 / 6], dtype=torch.float64)
+    lp, center = centered(z.float(), q.float(), 2.0)
+    assert lp.item() == pytest.approx(LN(1 / 6), rel=1e-6)
+    assert center.item() == pytest.approx((p * p.log()).sum().item(), rel=1e-6)
+    center64 = centered(z, q, 2.0)[1]
+    (g,) = torch.autograd.grad(center64.sum(), z)                      # the forward's log-softmax is fp32
+    assert torch.allclose(g, torch.zeros_like(g), atol=1e-7)
+    (g,) = torch.autograd.grad(centered(z, q, 1.2)[1].sum(), z)
+    assert torch.allclose(g[0, 0], t([1 / 60, 1 / 30, -1 / 20]), atol=1e-7)
+
+
+def test_sc_loss_and_gradient_by_hand():
+    """L = mean_i [−A_i Σ_t (sg(w_t) log π_θ,t − center_t)] / L with w_t = min(π_θ/μ, 2): r = [[4, 1],
+    [0.5]] gives w = [[2, 1], [0.5]]; the center enters with its own gradient (here a leaf)."""
+    x = inputs(r=[[4, 1], [0.5, 1]])
+    x.center = t([[0.1, 0.2], [0.3, 9.0]]).requires_grad_(True)
+    loss, metrics = get_loss("sc")(x, CFG)
+    loss.backward()
+    want = (-(2 * LN(.5) - 0.1 + 1 * LN(.5) - 0.2) + (0.5 * LN(.25) - 0.3)) / 2 / 4
+    assert loss.item() == pytest.approx(want)
+    assert close(x.logp.grad, [[-2 / 8, -1 / 8], [0.5 / 8, 0]])
+    assert close(x.center.grad, [[1 / 8, 1 / 8], [-1 / 8, 0]])
+    assert metrics["truncated_frac"] == pytest.approx(1 / 3)
+
+
+def test_sc_gradient_is_the_score_centred_under_mu():
+    """Through the training forward's term: the gradient in the logits of one position is
+    −A · (w_a (e_a − p) − Σ_v q_v w_v (e_v − p)) / (B·L), the score of the sampled token minus its
+    μ-weighted expectation (vime's derivation), here for B = 1, L = 4, A = 1, a = token 0."""
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(1, 1, 5, generator=g, dtype=torch.float64).requires_grad_(True)
+    logq = torch.log_softmax(torch.randn(1, 1, 5, generator=g, dtype=torch.float64), -1)
+    lp, center = centered(z, logq, 2.0)
+    x = LossInputs(lp, lp.detach(), logq[..., 0], torch.ones(1, 1, dtype=torch.float64),
+                   torch.ones(1, dtype=torch.float64), center=center)
+    loss, _ = get_loss("sc")(x, CFG)
+    (grad,) = torch.autograd.grad(loss, z)
+    p, q = torch.softmax(z.detach(), -1)[0, 0], logq.exp()[0, 0]
+    w = (p / q).clamp(max=2.0)
+    e = torch.eye(5, dtype=torch.float64)
+    want = -(w[0] * (e[0] - p) - sum(q[v] * w[v] * (e[v] - p) for v in range(5))) / 4
+    assert torch.allclose(grad[0, 0], want, atol=1e-7)                  # the forward's log-softmax is fp32
+
+
+def vime_score_centering(log_probs, rollout_log_probs_topk, topk_ids, sampled_log_prob, sampled_rollout_log_prob,
+                         advantages, tis_clip=2.0, tis_clip_low=0.0):
+    """vllm-project/vime 2b83ea2, vime/utils/score_centering.py, score_centering_correction with its
+    TIS weights (vime/utils/ppo_utils.py, importance_weights): the head H = the recorded top-k of μ,
+    the tail modelled as α·p. Per position: log_probs [V] (the trainer's, with grad)."""
+    p = log_probs.exp()
+    f = lambda ratio: ratio.clamp(tis_clip_low, tis_clip)                  # noqa: E731 (the TIS weight)
+    lp_h, q_h = log_probs[topk_ids], rollout_log_probs_topk.exp()
+    p_h = p[topk_ids].detach()
+    P_H, Q_H = p_h.sum(), q_h.sum()
+    rho_tail = (1 - Q_H).clamp(min=1e-6) / (1 - P_H).clamp(min=1e-6)
+    alpha = rho_tail * f(1 / rho_tail)
+    w_a = f((sampled_log_prob.detach() - sampled_rollout_log_prob).exp())
+    centering = ((q_h * f(p_h / q_h) - alpha * p_h).detach() * lp_h).sum()
+    return -advantages * (w_a * sampled_log_prob - centering)
+
+
+def test_sc_gradient_is_vimes_with_the_whole_vocabulary_as_its_head():
+    """vime keeps μ's top-128 and models the tail; with every token in the head its gradient is bench's
+    exact one (its loss value differs by α·Σ_v p_v log p_v, whose gradient is 0)."""
+    g = torch.Generator().manual_seed(4)
+    V = 7
+    z = torch.randn(V, generator=g, dtype=torch.float64).requires_grad_(True)
+    logq = torch.log_softmax(torch.randn(V, generator=g, dtype=torch.float64) * 2, -1)
+    a, adv = 2, -0.75
+    lp = torch.log_softmax(z, -1)
+    theirs = vime_score_centering(lp, logq, torch.arange(V), lp[a], logq[a], adv)
+    (g_theirs,) = torch.autograd.grad(theirs, z)
+    lp_b, center = centered(z.view(1, 1, V), logq.view(1, 1, V), 2.0)
+    lp_b = torch.log_softmax(z, -1)[a].view(1, 1)          # the sampled token's log-prob, token a
+    x = LossInputs(lp_b, lp_b.detach(), logq[a].view(1, 1), torch.ones(1, 1, dtype=torch.float64),
+                   torch.tensor([adv], dtype=torch.float64), center=center)
+    loss, _ = get_loss("sc")(x, AlgoConfig(max_len=1))
+    (g_ours,) = torch.autograd.grad(loss, z)
+    assert torch.allclose(g_ours, g_theirs, atol=1e-7)                   # bench's forward: fp32 log-softmax
+
+
+def test_sc_is_refused_where_mu_has_no_whole_distribution_or_it_would_not_fit():
+    from bench.errors import BenchError
+    from bench.models import resolve_model
+    from runners.plan import check_distribution
+    from runners.presets import get_preset
+
+    ref = resolve_model("tiny-math")
+    check_distribution("sc", "torch", get_preset("tiny"), ref)             # 16·8 rows × 64 × its vocabulary: fits
+    check_distribution("grpo", "vllm", get_preset("tiny"), ref)            # reads μ's sampled tokens only
+    with pytest.raises(BenchError, match="only the built-in engine records"):
+        check_distribution("sc", "vllm", get_preset("tiny"), ref)
+    with pytest.raises(BenchError, match=r"GiB, over 4 GiB: lower --prompts-per-step"):
+        check_distribution("sc", "torch", get_preset("tiny", prompts_per_step=100_000), ref)

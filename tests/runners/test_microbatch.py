@@ -14,7 +14,9 @@ import pytest
 import torch
 
 from bench.models import load_model, resolve_model
+from bench.algorithms import SPECS
 from runners.algos import REGISTRY, LossInputs, get_loss
+from runners.logprobs import response_log_softmax
 from runners.presets import get_preset
 from runners.train_engine import Batch, TrainingEngine
 
@@ -50,13 +52,21 @@ def engine(tiny, algo: str, budget: int | None, fmt: str = "fp32", ckpt: bool = 
 
 
 def inputs(eng: TrainingEngine, batch: Batch, seed: int = 1) -> LossInputs:
-    """π_old from the engine, μ a little off it (IS weights near 1, some clipped), ±1 advantages."""
+    """π_old from the engine, μ a little off it (IS weights near 1, some clipped), ±1 advantages;
+    for Score Centering μ's whole distribution too: the engine's own, a little off, renormalised,
+    and μ of the sampled tokens read from it."""
     g = torch.Generator().manual_seed(seed)
     eng.sync_compute()
     old = eng.logprobs(batch)
     roll = (old + 0.05 * torch.randn(old.shape, generator=g, dtype=old.dtype)) * batch.mask
     adv = (torch.randint(0, 2, (old.shape[0],), generator=g) * 2 - 1).to(batch.mask.dtype)
-    return LossInputs(None, old, roll, batch.mask, adv)  # type: ignore[arg-type]
+    logq = None
+    if SPECS[eng.algo].needs_distribution:
+        with torch.no_grad():
+            full = response_log_softmax(eng.compute, batch.ids, batch.attn, batch.pos)
+        logq = torch.log_softmax(full + 0.05 * torch.randn(full.shape, generator=g), dim=-1)
+        roll = logq.gather(-1, batch.tok.unsqueeze(-1)).squeeze(-1).to(old.dtype) * batch.mask
+    return LossInputs(None, old, roll, batch.mask, adv, logq=logq)  # type: ignore[arg-type]
 
 
 def grads(eng: TrainingEngine, x: LossInputs, idx: torch.Tensor, batch: Batch, **kw):

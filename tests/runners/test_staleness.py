@@ -126,11 +126,11 @@ class Recorder(NativeTrainer):
     def _params(self):
         return {n: p.detach().clone() for n, p in self.learner.master.named_parameters()}
 
-    def _rollouts(self, idx, sp):
+    def _rollouts(self, idx, sp, for_loss=True):
         engine_weights = {n: p.detach().float().clone() for n, p in self.engine.model.named_parameters()}
-        samples, batch, mu = super()._rollouts(idx, sp)
+        samples, batch, mu, logq = super()._rollouts(idx, sp, for_loss)
         self.seen.append({"step": self.step, "engine": engine_weights, "batch": batch, "mu": mu.clone()})
-        return samples, batch, mu
+        return samples, batch, mu, logq
 
     def train_step(self):
         metrics = super().train_step()

@@ -122,7 +122,7 @@ def test_each_correction_maps_onto_verls_keys_or_is_refused_by_name():
     assert (c2["actor_rollout_ref.actor.clip_ratio_low"], c2["actor_rollout_ref.actor.clip_ratio_high"]) == ("0.2",
                                                                                                           "0.28")
     refused = [a for a in ALGO_GROUPS["corrections"] if a in NOT_ON_VERL]
-    assert refused == ["pg-icepop", "dppo-tv", "dppo-kl", "ipo", "opsm", "opsm-old"]
+    assert refused == ["pg-icepop", "dppo-tv", "dppo-kl", "ipo", "opsm", "opsm-old", "sc"]
     for a in refused:
         with pytest.raises(VerlError, match=f"^{a} runs on the native trainer only .*verl 0.9.1"):
             check_verl_cell(a, get_preset("paper"))

@@ -1,0 +1,53 @@
+"""One training step's rollouts: G responses to each prompt from the rollout engine, packed for
+the training engine, with μ's log-probability of every sampled token and, for an algorithm that
+reads it (Score Centering: bench/algorithms.py `needs_distribution`), μ's whole log-distribution
+at every response position, which the built-in engine records while it samples."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from bench.engines import Sampling
+from bench.errors import ConfigError
+
+from .train_engine import Batch
+
+
+@contextmanager
+def recording_distributions(engine, on: bool):
+    """The built-in engine records μ's distributions while the block samples, when `on`; never for
+    the evaluations (their distributions would be split × m × T × V values)."""
+    if not on:
+        yield
+        return
+    if not hasattr(engine, "record_distributions"):
+        raise ConfigError(f"this algorithm reads μ's whole distribution at every position, which the "
+                          f"{getattr(engine, 'name', 'rollout')} engine does not return: use --engine torch")
+    engine.record_distributions = True
+    try:
+        yield
+    finally:
+        engine.record_distributions = False
+
+
+def draw(engine, prompts: list[str], prompt_ids: list[list[int]], g: int, sp: Sampling, pad: int, device,
+         distributions: bool = False):
+    """(samples per prompt, the packed batch on `device`, μ of the sampled tokens [N, T] on the CPU,
+    μ's log-distributions [N, T, V] on `device` or None): N = len(prompts)·g rows, prompt-major;
+    the distributions are 0 past each response's end (where the batch's mask is 0)."""
+    with recording_distributions(engine, distributions):
+        samples = engine.generate(prompts, g, sp)
+    flat = [s for row in samples for s in row]
+    batch = Batch.pack([p for p in prompt_ids for _ in range(g)], [s.token_ids for s in flat], pad, device)
+    logp_mu = torch.zeros(batch.mask.shape)
+    for i, s in enumerate(flat):
+        logp_mu[i, :len(s.logprobs)] = torch.tensor(s.logprobs)
+    logq = None
+    if distributions:
+        logq = torch.zeros((*batch.mask.shape, flat[0].distributions.shape[-1]))
+        for i, s in enumerate(flat):
+            logq[i, :len(s.token_ids)] = s.distributions
+        logq = logq.to(device)
+    return samples, batch, logp_mu, logq
