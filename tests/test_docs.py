@@ -388,3 +388,22 @@ def test_the_demo_trains_what_the_pages_say(page: str):
     assert cells == ["fp16", "mxfp4→fp16"], cells      # the controls the pages describe
     errors = _demo_page_errors((ROOT / page).read_text(), cells, mismatch)
     assert not errors, f"{page}: {errors}"
+
+
+def test_adding_an_algorithm_works_as_the_page_says(monkeypatch):
+    """docs/adding-an-algorithm.md's three blocks, run: its row joins the table, its loss registers
+    under that name, and its by-hand test passes against the helpers of tests/runners/test_corrections.py."""
+    import runners.algos as algos
+    from bench.algorithms import SPECS, Algorithm
+
+    blocks = re.findall(r"```python\n(.*?)```", (DOCS / "adding-an-algorithm.md").read_text(), re.S)
+    row, loss, test = blocks
+    spec = eval(row, {"Algorithm": Algorithm})
+    monkeypatch.setitem(SPECS, spec.name, spec)
+    monkeypatch.setattr(algos, "REGISTRY", dict(algos.REGISTRY))
+    exec(loss, dict(vars(algos)))
+    assert spec.name in algos.REGISTRY and spec.name not in ("pg-seq-tis", "grpo-token-tis")
+    helpers = _load(ROOT / "tests" / "runners" / "test_corrections.py", "_corrections_helpers")
+    ns = dict(vars(helpers))
+    exec(test, ns)
+    ns[re.search(r"def (test_\w+)", test).group(1)]()
