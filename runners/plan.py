@@ -192,6 +192,22 @@ def plan_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: s
         return RunPlan(algo, precision, cfg, build.id, m.id, ref, engine, device, preset, ckpt_root)
 
 
+def preset_for(ref: ModelRef, device: str) -> str:
+    """The preset a run takes when none is given: tiny for the embedded tiny-math models, small for
+    another model on a CPU (a small real model: smollm2-135m, gemma3-270m), paper on a GPU."""
+    if ref.embedded:
+        return "tiny"
+    return "paper" if str(device).startswith("cuda") else "small"
+
+
+def default_preset(store, build_id: str | None, model: str | None, device: str) -> str:
+    """`preset_for` the model of the build a run would train on (given, or the latest complete one
+    of `model`); RunError where there is no such build."""
+    with session(store) as s:
+        _, _, ref = resolve_inputs(s, build_id, model)
+    return preset_for(ref, device)
+
+
 def check_preset_fits(preset: str, ref: ModelRef) -> None:
     """The tiny preset (lr 1e-3, 64 tokens, the synthetic-hard benchmark) was made for the embedded
     tiny-math models: on any other model it is refused, never applied silently."""

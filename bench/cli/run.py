@@ -69,6 +69,16 @@ def _preset_values() -> dict[str, dict]:
     return {name: preset_knobs(name) for name in PRESETS}
 
 
+def _chosen_preset(preset: Optional[Preset], db, build_id, model, device: str, trainer: str) -> Preset:
+    """The preset given, else the one the build's model takes on this device (runners/plan.py
+    `preset_for`: verl runs on GPUs); the knobs' own bounds were checked before the store is read."""
+    if preset is not None:
+        return preset
+    from runners.plan import default_preset
+
+    return Preset(default_preset(_store(db), build_id, model, "cuda" if trainer == "verl" else device))
+
+
 def _run_config(preset: Preset, benchmark: Optional[str], knobs: dict):
     """The preset with the given knobs (None: not given, the preset's value stays), every knob
     checked against its bounds: a ConfigError (exit 2) before anything is written."""
@@ -107,9 +117,11 @@ _TRAINER = typer.Option(Trainer.native, help="native (one process a run), or ver
 _VERL_PYTHON = typer.Option("python", help="With --trainer verl: the interpreter of the environment that has verl.")
 _GPUS = typer.Option(1, min=1, help="With --trainer verl: GPUs per node.")
 _NODES = typer.Option(1, min=1, help="With --trainer verl: nodes.")
-_PRESET = typer.Option(Preset.tiny, help="The run settings every option below starts from: tiny (the embedded "
+_PRESET = typer.Option(None, help="The run settings every option below starts from: tiny (the embedded "
                        "tiny-math models; refused for any other), small (a small real model on a CPU: smollm2-135m, "
-                       "gemma3-270m), paper (the paper's recipe, for a GPU).")
+                       "gemma3-270m), paper (the paper's recipe, for a GPU). Default: by the build's model and the "
+                       "device, tiny for tiny-math, small for another model on a CPU, paper on a GPU (or verl).",
+                       show_default=False)
 _BENCHMARK = typer.Option(None, help="Problem source in place of the preset's benchmark (paper: the packaged "
                           "AIME24, offline): a .jsonl such as the paper's aime24.jsonl, a packaged name or a hub id.")
 _SEEDS = typer.Option(None, help="Run each cell once per seed: N for seeds 0..N-1, or a list such as 0,3,5; "
@@ -160,12 +172,14 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
         return
     # every input checked here, before the store is opened or a bar drawn
     _check_algo(algo)
-    cfg = _run_config(preset, benchmark, knobs)
+    _run_config(preset or Preset.tiny, benchmark, knobs)       # the knobs' bounds, before the store is read
     precision = Precision.parse(dtype)
     overrides = {"benchmark": benchmark, **knobs}
     trainer, engine = trainer.value, engine.value
     if trainer == "native" and not (resume and device is None):
         device = resolve_device(device)
+    preset = _chosen_preset(preset, db, build_id, model, device, trainer) if not resume else Preset.tiny
+    cfg = _run_config(preset, benchmark, knobs)                 # (a resumed run keeps its stored settings)
     if seeds is not None:
         _seeded_run(algo, dtype, build_id, model, engine, trainer, preset.value, overrides, seeds, resume,
                     checkpoint_dir, as_json, db, device, decide_early=not all_seeds)
@@ -367,13 +381,15 @@ def sweep(algo: str = typer.Option("paper", help="Comma-separated algorithms, or
                                                                    if a.strip()]
     staleness = knobs.pop("staleness")
     k_list = None if staleness is None else parse_staleness(staleness)
-    _run_config(preset, benchmark, {**knobs, "staleness": None if k_list is None else max(k_list)})
+    _run_config(preset or Preset.tiny, benchmark, {**knobs, "staleness": None if k_list is None else max(k_list)})
     pairs = parse_list(dtype)
     seed_list = None if seeds is None else parse_seeds(seeds)
     if seed_list is not None and knobs.get("seed") is not None:
         raise ConfigError("give --seed or --seeds, not both")
     if seed_list is not None and trainer == "verl":
         raise ConfigError("--seeds runs the native trainer only: the verl launcher passes no seed to verl yet")
+    device = resolve_device(device) if trainer == "native" else "cpu"
+    preset = _chosen_preset(preset, db, build_id, None, device, trainer)
     verl = None
     if trainer == "verl":
         from runners.verl_launch import VerlTarget, check_verl_cell
@@ -389,7 +405,6 @@ def sweep(algo: str = typer.Option("paper", help="Comma-separated algorithms, or
             for k in k_list or [None]:
                 check_verl_cell(a, _run_config(preset, benchmark, {**knobs, "staleness": k}))
         verl = VerlTarget(verl_python, gpus, nodes)
-    device = resolve_device(device) if trainer == "native" else "cpu"
     store = _store(db)
     overrides = {"benchmark": benchmark, **knobs}
     results = run_grid(store, algos, pairs, build_id, engine, preset.value,

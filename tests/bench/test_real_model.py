@@ -45,8 +45,8 @@ def test_smollm2_builds_and_trains_one_step(tmp_path):
     assert run["provenance"]["model_source"]["sha256"] == build["model_source"]["sha256"]
     assert run["provenance"]["prompt"] == build["prompt"]
     assert run["last_step"]["kl_k3"] >= 0 and run["calibration"] is not None
-    # the tiny preset is never applied to it silently
+    # the tiny preset is never applied to it (without --preset it takes small on a CPU: test_verl_runner.py)
     env = {**os.environ, "BENCH_HOME": str(home)}
     r = subprocess.run([sys.executable, "-m", "bench.cli", "run", "--model", "smollm2-135m", "--algo", "grpo",
-                        "--db", url], env=env, capture_output=True, text=True, timeout=300)
+                        "--preset", "tiny", "--db", url], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "--preset small" in " ".join(r.stderr.split()), r.stderr

@@ -403,9 +403,30 @@ def test_verl_refuses_the_tiny_preset_for_a_real_model(tmp_path):
         s.add(Build(id="b1", model_id=m.id, source="math", engine="vllm", dtype="bf16", k=8, lo=0.2, hi=0.8, seed=0,
                     settings_hash="h", status="complete", n_problems=1, n_kept=1))
     r = CliRunner().invoke(app, ["run", "--trainer", "verl", "--algo", "grpo", "--dtype", "bf16", "--dry-run",
-                                 "--db", url])
+                                 "--preset", "tiny", "--db", url])
     text = " ".join(r.output.split())
     assert r.exit_code == 2 and "preset 'tiny' is made for the embedded tiny-math models" in text, r.output
     assert not (tmp_path / "bench_home" / "verl").exists()            # no run directory either
     with session(open_store(url)) as s:
         assert s.scalars(select(Run)).all() == []
+
+
+def test_the_preset_follows_the_model_and_the_device(tmp_path):
+    """No --preset: tiny for the embedded tiny-math models, small for another model on a CPU, paper
+    on a GPU (and so for verl)."""
+    from bench.store import Model
+    from conftest import add_model_and_build
+    from runners.plan import default_preset
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    store = open_store(url)
+    with session(store) as s:
+        add_model_and_build(s, "b0")
+        m = Model(name="my-org/my-1b", path=str(tmp_path / "my-1b"), weights_hash="h2")
+        s.add(m)
+        s.flush()
+        s.add(Build(id="b1", model_id=m.id, source="math", engine="vllm", dtype="bf16", k=8, lo=0.2, hi=0.8, seed=0,
+                    settings_hash="h", status="complete", n_problems=1, n_kept=1))
+    assert [default_preset(store, "b0", None, d) for d in ("cpu", "cuda:0")] == ["tiny", "tiny"]
+    assert [default_preset(store, "b1", None, d) for d in ("cpu", "cuda", "cuda:1")] == ["small", "paper", "paper"]
+    assert default_preset(store, None, "my-org/my-1b", "cpu") == "small"
