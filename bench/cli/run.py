@@ -178,23 +178,24 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
     trainer, engine = trainer.value, engine.value
     if trainer == "native" and not (resume and device is None):
         device = resolve_device(device)
-    preset = _chosen_preset(preset, db, build_id, model, device, trainer) if not resume else Preset.tiny
-    cfg = _run_config(preset, benchmark, knobs)                 # (a resumed run keeps its stored settings)
     if seeds is not None:
-        _seeded_run(algo, dtype, build_id, model, engine, trainer, preset.value, overrides, seeds, resume,
+        _seeded_run(algo, dtype, build_id, model, engine, trainer, preset, overrides, seeds, resume,
                     checkpoint_dir, as_json, db, device, decide_early=not all_seeds)
         return
     if resume and _resume_verl(resume, db, as_json):
         return
     if trainer == "verl":
-        _verl_run(algo, dtype, build_id, model, preset.value, overrides, db, verl_python, dry_run, gpus, nodes,
+        _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, dry_run, gpus, nodes,
                   as_json)
         return
     if not algo and not resume:
         fail("give --algo (see `bench run --algo list`) or --resume RUN_ID")
     store = _store(db)
-    plan = None if resume else plan_run(store, algo, precision, cfg, build_id, model, engine, device, preset.value,
-                                        checkpoint_dir)           # every input checked before the bar is drawn
+    plan = None
+    if not resume:                     # (a resumed run keeps its stored settings)
+        preset = _chosen_preset(preset, db, build_id, model, device, trainer)
+        plan = plan_run(store, algo, precision, _run_config(preset, benchmark, knobs), build_id, model, engine,
+                        device, preset.value, checkpoint_dir)     # every input checked before the bar is drawn
     with _step_progress(_run_progress) as cb:
         run_id = resume_run(store, resume, progress=cb, device=device) if resume else run_plan(store, plan, cb)
     _print_run_end(run_id, store, as_json)
@@ -233,8 +234,9 @@ def _seeded_run(algo, dtype, build_id, model, engine, trainer, preset, overrides
         fail("--seeds runs the native trainer only: the verl launcher passes no seed to verl yet")
     if not algo:
         fail("give --algo (see `bench run --algo list`)")
-    store = _store(db)
     seed_list = parse_seeds(seeds)
+    preset = _chosen_preset(preset, db, build_id, model, device, trainer).value
+    store = _store(db)
     pairs = [Precision.parse(dtype)]
     if model and not build_id:
         from bench.store import session
@@ -312,6 +314,7 @@ def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, 
     if unused:
         console.print("[yellow]warning:[/] verl does not take " + ", ".join(f"--{flag_of(k)}" for k in unused)
                       + " (native trainer settings); the run ignores them", highlight=False, soft_wrap=True)
+    preset = _chosen_preset(preset, db, build_id, model, "cuda", "verl").value
     cfg = get_preset(preset, **overrides)
     check_verl_cell(algo, cfg)
     store = _store(db)
