@@ -314,9 +314,9 @@ def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, 
     if unused:
         console.print("[yellow]warning:[/] verl does not take " + ", ".join(f"--{flag_of(k)}" for k in unused)
                       + " (native trainer settings); the run ignores them", highlight=False, soft_wrap=True)
+    check_verl_cell(algo, get_preset((preset or Preset.paper).value, **overrides))   # before the store is read
     preset = _chosen_preset(preset, db, build_id, model, "cuda", "verl").value
     cfg = get_preset(preset, **overrides)
-    check_verl_cell(algo, cfg)
     store = _store(db)
     p = Precision.parse(dtype)
     job, version = prepare_verl_run(store, algo, p, cfg, build_id, model, VerlTarget(verl_python, gpus, nodes),
@@ -392,7 +392,6 @@ def sweep(algo: str = typer.Option("paper", help="Comma-separated algorithms, or
     if seed_list is not None and trainer == "verl":
         raise ConfigError("--seeds runs the native trainer only: the verl launcher passes no seed to verl yet")
     device = resolve_device(device) if trainer == "native" else "cpu"
-    preset = _chosen_preset(preset, db, build_id, None, device, trainer)
     verl = None
     if trainer == "verl":
         from runners.verl_launch import VerlTarget, check_verl_cell
@@ -406,8 +405,9 @@ def sweep(algo: str = typer.Option("paper", help="Comma-separated algorithms, or
                               highlight=False, soft_wrap=True)
         for a in algos:                    # before the store is opened (run_grid plans the cells again)
             for k in k_list or [None]:
-                check_verl_cell(a, _run_config(preset, benchmark, {**knobs, "staleness": k}))
+                check_verl_cell(a, _run_config(preset or Preset.paper, benchmark, {**knobs, "staleness": k}))
         verl = VerlTarget(verl_python, gpus, nodes)
+    preset = _chosen_preset(preset, db, build_id, None, device, trainer)
     store = _store(db)
     overrides = {"benchmark": benchmark, **knobs}
     results = run_grid(store, algos, pairs, build_id, engine, preset.value,
