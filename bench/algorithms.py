@@ -60,7 +60,7 @@ class AlgoConfig:
     dppo_c: float = knob(10.0, help="dppo-tv, dppo-kl: truncate the IS weight π_θ/μ at this (Stable-RL's "
                          "clip_ratio_c).", gt=0, fingerprint="when-set")
     cispo_eps_hi: float = knob(5.0, help="cispo: the IS weight π_θ/π_old truncated above at this (TRL's "
-                               "epsilon_high for cispo).", gt=0, fingerprint="when-set")
+                               "epsilon_high for cispo).", gt=0, fingerprint="when-set", verl=True)
     ipo_eps: float = knob(0.1, help="ipo: mask a token when |π_θ − μ| (probabilities) exceeds this (prime-rl's "
                           "default).", gt=0, le=1, fingerprint="when-set")
     ipo_kl_coef: float = knob(1e-3, help="ipo: the coefficient of the Σ_t (log π_θ/μ)² penalty.", ge=0,
@@ -89,11 +89,6 @@ class Algorithm:
     source: str = "FP16 paper"      # who ships this rule (docs/algorithms.md has the file and commit)
     mean_over: str = "sequences"    # what the loss averages over: "sequences" (all B) or "nonempty" (≥ 1 token)
     needs_distribution: bool = False    # reads μ's whole distribution at every position (the built-in engine's)
-
-    @property
-    def ppo_clip(self) -> bool:
-        """Whether it is built on the clipped GRPO surrogate (min(r_t A, clip(r_t) A))."""
-        return set(PPO) <= set(self.thresholds)
 
 
 SPECS: dict[str, Algorithm] = {a.name: a for a in (

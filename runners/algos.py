@@ -168,7 +168,7 @@ def grpo(x: LossInputs, cfg: AlgoConfig):
 def grpo_token_tis(x: LossInputs, cfg: AlgoConfig):
     """L = mean_i [ −Σ_t sg(min(ρ_t, C)) · min(r_t A_i, clip(r_t, …) A_i) ] / L_max."""
     obj, clipped = _ppo_token_objective(x, cfg)
-    lrho = (x.logp_old - x.logp_rollout).clamp(-SAFETY_BOUND, SAFETY_BOUND).detach()
+    lrho = _token_log_rho(x)
     rho = lrho.exp()
     loss = -_seq_sum(rho.clamp(max=cfg.C) * obj, x.mask).mean() / cfg.max_len
     return loss, {"clip_frac": _frac(clipped, x.mask), "truncated_frac": _frac(rho > cfg.C, x.mask),

@@ -15,6 +15,8 @@ tokens over Qwen's 151,936-token vocabulary 55 positions per chunk instead of 40
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch.utils.checkpoint import checkpoint
 
@@ -92,39 +94,59 @@ def _chunk_logprobs(head, h: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(head(h).float(), dim=-1).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
 
 
-def response_logprobs(model, ids, attn, tok, pos, max_logit_elements: int | None = None,
-                      chunk: int | None = None) -> torch.Tensor:
-    """log π(y_t) of the response tokens [N, T] (ids/attn [N, W]; tok, pos [N, T] from `pack`):
-    the body's hidden states at the response positions, then `lm_head` and fp32 log-softmax
-    over `chunk` positions at a time (default: as many as keep one chunk's logits within
-    `max_logit_elements`, LOGIT_CHUNK_ELEMENTS unless given). Equal to
-    `full_response_logprobs` (same bits per chunk on CPU), with or without grad."""
+def _vocab(model) -> int:
+    cfg = model.config
+    return getattr(cfg, "vocab_size", None) or getattr(getattr(cfg, "text_config", None), "vocab_size")
+
+
+def _over_chunks(fn, model, ids, attn, tok, pos, *per_position, max_logit_elements: int | None = None,
+                 chunk: int | None = None) -> list:
+    """`fn(head, h, tok, *per_position)` over chunks of the response positions, one output per chunk:
+    the body's hidden states at the response positions ([N, T, H]), then `chunk` positions at a time
+    (default: as many as keep one chunk's logits within `max_logit_elements`, LOGIT_CHUNK_ELEMENTS
+    unless given), each chunk recomputed in backward when grad flows (torch.utils.checkpoint), a
+    single chunk not. A model whose head cannot be split off: one chunk of its whole logits, the
+    identity as the head. `per_position` tensors [N, T, ...] are cut into the same chunks."""
     parts = split_head(model)
     if parts is None:
-        return full_response_logprobs(model, ids, attn, tok, pos)
+        logits = model(input_ids=ids, attention_mask=attn).logits
+        return [fn(lambda x: x, logits.gather(1, pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1])), tok,
+                   *per_position)]
     body, head = parts
     h = body(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
     h = h.gather(1, pos.unsqueeze(-1).expand(-1, -1, h.shape[-1]))          # [N, T, H]
     n, t = tok.shape
     if chunk is None:
-        vocab = getattr(model.config, "vocab_size", None) or getattr(getattr(model.config, "text_config", None),
-                                                                     "vocab_size")
-        chunk = max(1, (max_logit_elements or LOGIT_CHUNK_ELEMENTS) // max(1, n * vocab))
+        chunk = max(1, (max_logit_elements or LOGIT_CHUNK_ELEMENTS) // max(1, n * _vocab(model)))
     if chunk >= t:
-        return _chunk_logprobs(head, h, tok)
+        return [fn(head, h, tok, *per_position)]
     recompute = torch.is_grad_enabled() and h.requires_grad
     out = []
     for t0 in range(0, t, chunk):
-        hc, tc = h[:, t0:t0 + chunk], tok[:, t0:t0 + chunk]
-        out.append(checkpoint(_chunk_logprobs, head, hc, tc, use_reentrant=False) if recompute
-                   else _chunk_logprobs(head, hc, tc))
-    return torch.cat(out, dim=1)
+        args = (head, h[:, t0:t0 + chunk], tok[:, t0:t0 + chunk], *(x[:, t0:t0 + chunk] for x in per_position))
+        out.append(checkpoint(fn, *args, use_reentrant=False) if recompute else fn(*args))
+    return out
+
+
+def response_logprobs(model, ids, attn, tok, pos, max_logit_elements: int | None = None,
+                      chunk: int | None = None) -> torch.Tensor:
+    """log π(y_t) of the response tokens [N, T] (ids/attn [N, W]; tok, pos [N, T] from `pack`):
+    `lm_head` and fp32 log-softmax a chunk of positions at a time (`_over_chunks`). Equal to
+    `full_response_logprobs` (same bits per chunk on CPU), with or without grad."""
+    if split_head(model) is None:
+        return full_response_logprobs(model, ids, attn, tok, pos)
+    return torch.cat(_over_chunks(_chunk_logprobs, model, ids, attn, tok, pos, max_logit_elements=max_logit_elements,
+                                  chunk=chunk), dim=1)
 
 
 def _chunk_logprobs_entropy(head, h: torch.Tensor, tok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`_chunk_logprobs` (the same bits) and the entropy −Σ_v p_v log p_v of each position."""
     lp = torch.log_softmax(head(h).float(), dim=-1)
     return lp.gather(-1, tok.unsqueeze(-1)).squeeze(-1), -(lp.exp() * lp).sum(-1)
+
+
+def _cat_pairs(out: list) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.cat([a for a, _ in out], dim=1), torch.cat([b for _, b in out], dim=1)
 
 
 @torch.no_grad()
@@ -134,20 +156,8 @@ def response_logprobs_entropy(model, ids, attn, tok, pos,
     `response_logprobs` computes it (same chunks, same bits) and the entropy H_t of the whole
     distribution at each position, from the same fp32 log-softmax (the calibration gate's
     reference forward, bench/calibration.py)."""
-    parts = split_head(model)
-    if parts is None:
-        logits = model(input_ids=ids, attention_mask=attn).logits
-        logits = logits.gather(1, pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-        return _chunk_logprobs_entropy(lambda x: x, logits, tok)
-    body, head = parts
-    h = body(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
-    h = h.gather(1, pos.unsqueeze(-1).expand(-1, -1, h.shape[-1]))
-    n, t = tok.shape
-    vocab = getattr(model.config, "vocab_size", None) or getattr(getattr(model.config, "text_config", None),
-                                                                 "vocab_size")
-    chunk = max(1, (max_logit_elements or LOGIT_CHUNK_ELEMENTS) // max(1, n * vocab))
-    out = [_chunk_logprobs_entropy(head, h[:, t0:t0 + chunk], tok[:, t0:t0 + chunk]) for t0 in range(0, t, chunk)]
-    return torch.cat([a for a, _ in out], dim=1), torch.cat([b for _, b in out], dim=1)
+    return _cat_pairs(_over_chunks(_chunk_logprobs_entropy, model, ids, attn, tok, pos,
+                                   max_logit_elements=max_logit_elements))
 
 
 @torch.no_grad()
@@ -182,20 +192,5 @@ def response_logprobs_centered(model, ids, attn, tok, pos, logq: torch.Tensor, h
     `response_logprobs` computes it (same chunks of positions, same bits) and Score Centering's
     Σ_v sg(μ_v w_v) log π(v) from the same fp32 log-softmax (`_chunk_logprobs_centered`), each chunk
     recomputed in backward. `logq` [N, T, V]: μ's log-distribution at each response position."""
-    parts = split_head(model)
-    if parts is None:
-        logits = model(input_ids=ids, attention_mask=attn).logits
-        logits = logits.gather(1, pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-        return _chunk_logprobs_centered(lambda x: x, logits, tok, logq, hi)
-    body, head = parts
-    h = body(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
-    h = h.gather(1, pos.unsqueeze(-1).expand(-1, -1, h.shape[-1]))
-    n, t = tok.shape
-    chunk = max(1, (max_logit_elements or LOGIT_CHUNK_ELEMENTS) // max(1, n * logq.shape[-1]))
-    recompute = torch.is_grad_enabled() and h.requires_grad
-    out = []
-    for t0 in range(0, t, chunk):
-        args = (head, h[:, t0:t0 + chunk], tok[:, t0:t0 + chunk], logq[:, t0:t0 + chunk], hi)
-        out.append(checkpoint(_chunk_logprobs_centered, *args, use_reentrant=False) if recompute
-                   else _chunk_logprobs_centered(*args))
-    return torch.cat([a for a, _ in out], dim=1), torch.cat([b for _, b in out], dim=1)
+    return _cat_pairs(_over_chunks(partial(_chunk_logprobs_centered, hi=hi), model, ids, attn, tok, pos, logq,
+                                   max_logit_elements=max_logit_elements))

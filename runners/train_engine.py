@@ -221,21 +221,25 @@ class TrainingEngine:
             self.compute.zero_grad(set_to_none=True)
             return total, {}, False
         self._unscale()
-        # the whole mini-batch's loss and metrics, from the parts' detached log-probs
-        rows = idx.tolist()
-        where = {r: k for k, r in enumerate(rows)}
+        loss, metrics = self._whole_loss(x, idx, pieces)
+        return loss, metrics, True
+
+    @torch.no_grad()
+    def _whole_loss(self, x: LossInputs, idx: torch.Tensor, pieces: list) -> tuple[float, dict]:
+        """The whole mini-batch's loss and metrics, from its parts' detached log-probs (and Score
+        Centering's terms): `pieces` [(rows of the part, log-probs, center or None)]."""
+        where = {r: k for k, r in enumerate(idx.tolist())}
         didx = idx.to(self.device)
         full = torch.zeros(x.mask[didx].shape, dtype=pieces[0][1].dtype, device=self.device)
-        full_center = torch.zeros_like(full) if centered else None
+        full_center = torch.zeros_like(full) if pieces[0][2] is not None else None
         for part, lp, center in pieces:
             at = torch.tensor([where[r] for r in part], device=self.device)
             full[at, :lp.shape[1]] = lp
-            if centered:
+            if full_center is not None:
                 full_center[at, :lp.shape[1]] = center
-        with torch.no_grad():
-            loss, metrics = self.loss_fn(LossInputs(full, x.logp_old[didx], x.logp_rollout[didx], x.mask[didx],
-                                                    x.advantages[didx], center=full_center), self.cfg.algo)
-        return loss.item(), metrics, True
+        loss, metrics = self.loss_fn(LossInputs(full, x.logp_old[didx], x.logp_rollout[didx], x.mask[didx],
+                                                x.advantages[didx], center=full_center), self.cfg.algo)
+        return loss.item(), metrics
 
     def _forward(self, tensors, rows: torch.Tensor | None, logq: torch.Tensor | None):
         """(log π of the response tokens, Score Centering's term or None) of `tensors` (ids, attn, tok,

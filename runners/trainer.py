@@ -105,7 +105,7 @@ STALE, REUSE_UPDATE, FILLED_BY_UPDATE, EXTRA_FORWARD = "stale", "reuse-update", 
 
 
 def pi_old(learner: TrainingEngine, stale: WeightQueue, batch: Batch, updates_per_batch: int,
-           microbatched: bool) -> PiOld:
+           microbatched: bool, reuse: bool = True) -> PiOld:
     """π_old, the training engine's log-probs of the sampled tokens at the sampling weights θ',
     in the cheapest way the step allows (the compute copy synced to the master first):
 
@@ -118,10 +118,12 @@ def pi_old(learner: TrainingEngine, stale: WeightQueue, batch: Batch, updates_pe
        time: `logp_old` starts at 0 and the update fills it in (`fill_old`).
     4. EXTRA_FORWARD (on-policy, several updates per batch): θ moves between the updates, so
        π_old is one forward before the first (`learner.logprobs`).
+    `reuse` False (Score Centering, whose update's forward also computes its centering term): no
+    forward with grad ahead of the update; case 2 becomes case 3.
     Every forward counts in `learner.passes`."""
     mask = batch.mask
     first = None
-    if updates_per_batch == 1 and not microbatched:
+    if updates_per_batch == 1 and not microbatched and reuse:
         learner.passes += 1
         with routed(learner.routes):             # MoE: the forward records (or replays) the step's routes
             first = response_logprobs(learner.compute, *batch.tensors)
@@ -327,7 +329,8 @@ class NativeTrainer:
         learner.sync_compute()
         k_eff = self.stale.effective
         routes = learner.routes = self._train_routes(batch, flat) if not k_eff else None
-        old = pi_old(learner, self.stale, batch, cfg.updates_per_batch, learner.microbatched(batch))
+        old = pi_old(learner, self.stale, batch, cfg.updates_per_batch, learner.microbatched(batch),
+                     reuse=not SPECS[self.algo].needs_distribution)
         first, logp_old, fill_old, logp_cur = old.first, old.logp_old, old.fill_old, old.logp_cur
         adv = leave_one_out_advantages(rewards.view(-1, g)).view(-1).to(dev)
         x = LossInputs(None, logp_old, logp_rollout, mask, adv, logq=logq)  # type: ignore[arg-type]

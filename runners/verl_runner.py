@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from bench.algorithms import SPECS, AlgoConfig
+from bench.algorithms import PPO, SPECS, AlgoConfig
 from bench.errors import BenchError
 from bench.models import INSTRUCTION
 from bench.precision import Precision
@@ -312,7 +312,7 @@ def algo_overrides(algo: str, max_len: int, C: float = 3.0, algo_cfg: AlgoConfig
         raise VerlError(f"unknown algorithm {algo!r}; choose one of {', '.join(table)}")
     common = ["algorithm.adv_estimator=rloo", "actor_rollout_ref.actor.use_kl_loss=False",
               "actor_rollout_ref.actor.ppo_epochs=1", "actor_rollout_ref.rollout.calculate_log_probs=True"]
-    if SPECS[algo].ppo_clip or algo == "cispo-two-sided":
+    if set(PPO) <= set(SPECS[algo].thresholds):      # it reads ε_lo, ε_hi: verl's clip ratios (PPO, CISPO)
         common += [f"actor_rollout_ref.actor.clip_ratio_low={a.eps_lo:g}",
                    f"actor_rollout_ref.actor.clip_ratio_high={a.eps_hi:g}",
                    "actor_rollout_ref.actor.clip_ratio_c=1e9"]           # no dual-clip, as bench's loss

@@ -376,6 +376,7 @@ def sweep(algo: str = typer.Option("paper", help="Comma-separated algorithms, or
     from bench.errors import ConfigError
     from bench.precision import parse_list
     from bench.algorithms import ALGO_GROUPS
+    from bench.engines import resolve_engine
     from runners.algos import check_algo
     from runners.sweep import parse_seeds, parse_staleness, run_grid
 
@@ -407,6 +408,14 @@ def sweep(algo: str = typer.Option("paper", help="Comma-separated algorithms, or
             for k in k_list or [None]:
                 check_verl_cell(a, _run_config(preset or Preset.paper, benchmark, {**knobs, "staleness": k}))
         verl = VerlTarget(verl_python, gpus, nodes)
+    elif algo in ALGO_GROUPS and resolve_engine(engine) != "torch":   # Score Centering needs the built-in engine
+        from bench.algorithms import SPECS
+
+        for a in [a for a in algos if SPECS[a].needs_distribution]:
+            algos.remove(a)
+            console.print(f"[yellow]note:[/] --algo {algo} with --engine {engine} leaves out {a}: it reads μ's whole "
+                          "distribution, which only the built-in engine records (--engine torch)", highlight=False,
+                          soft_wrap=True)
     preset = _chosen_preset(preset, db, build_id, None, device, trainer)
     store = _store(db)
     overrides = {"benchmark": benchmark, **knobs}

@@ -52,11 +52,14 @@ else:
     st.subheader("Rescues")
     st.dataframe(rescuers[["algo", "what", "precision", "passes", "peak_mean", "steps_to_pass_median"]],
                  hide_index=True)
-missing = sorted(set(ALGORITHMS) - set(table[table.n_seeds > 0].algo))
+missing = [a for a in ALGORITHMS if (table[table.algo == a].n_seeds == 0).any()]     # at some failing pair
 if missing:
     parsed = [Precision.parse(p) for p in dict.fromkeys(table.precision)]
     pairs = fill_command.dtype_list([(p.rollout, p.train) for p in parsed])
-    st.caption("Not run yet at every failing pair: " + ", ".join(missing) + ". One sweep runs them (add the "
-               "settings of the cells shown; the Precision grid's command carries them):")
-    st.code(f"bench sweep --algo {','.join(a for a in ALGORITHMS if a in missing)} --dtype '{pairs}' "
-            f"--build {build}", language="bash", wrap_lines=True)
+    where = "" if view.empty else (("" if trainer == "native" else f" --trainer {trainer}")
+                                   + f" --engine {view.engine.iloc[0]}")
+    st.caption("Not run yet at every failing pair: " + ", ".join(missing) + ". One sweep runs them, skipping the "
+               "cells already finished (add the settings of the cells shown; the Precision grid's command carries "
+               "them):")
+    st.code(f"bench sweep --algo {','.join(missing)} --dtype '{pairs}' --build {build}{where}", language="bash",
+            wrap_lines=True)

@@ -290,4 +290,5 @@ def test_rescue_table_by_hand(tmp_path, monkeypatch):
     (code,) = at.code
     algos = code.value.split("--algo ")[1].split()[0].split(",")
     assert "--dtype 'rollout=mxfp4,train=fp16'" in code.value and len(algos) == len(ALGORITHMS) - 3
+    assert code.value.endswith("--build b0 --engine torch")
     assert not {"icepop", "trm", "pg-seq-is"} & set(algos)

@@ -340,9 +340,28 @@ def test_sc_is_refused_where_mu_has_no_whole_distribution_or_it_would_not_fit():
     from runners.presets import get_preset
 
     ref = resolve_model("tiny-math")
-    check_distribution("sc", "torch", get_preset("tiny"), ref)             # 16·8 rows × 64 × its vocabulary: fits
+    check_distribution("sc", "torch", get_preset("tiny"), ref)             # 64·8 rows × 64 × 85: 11 MiB
     check_distribution("grpo", "vllm", get_preset("tiny"), ref)            # reads μ's sampled tokens only
     with pytest.raises(BenchError, match="only the built-in engine records"):
         check_distribution("sc", "vllm", get_preset("tiny"), ref)
     with pytest.raises(BenchError, match=r"GiB, over 4 GiB: lower --prompts-per-step"):
         check_distribution("sc", "torch", get_preset("tiny", prompts_per_step=100_000), ref)
+
+
+def test_bands_keep_something_and_groups_leave_out_what_the_engine_cannot_run(tmp_path):
+    """--icepop-lo above --icepop-hi keeps nothing: refused; `bench sweep --algo corrections --engine vllm`
+    leaves Score Centering out and says why (then stops here: the store has no build)."""
+    from typer.testing import CliRunner
+
+    from bench.cli import app
+    from bench.errors import ConfigError
+    from runners.presets import get_preset
+
+    with pytest.raises(ConfigError, match="--icepop-lo 6 is above --icepop-hi 5"):
+        get_preset("tiny", icepop_lo=6.0)
+    with pytest.raises(ConfigError, match="--geo-lo"):
+        get_preset("tiny", geo_lo=1.01)
+    r = CliRunner().invoke(app, ["sweep", "--algo", "corrections", "--engine", "vllm", "--dtype", "fp16",
+                                 "--db", f"sqlite:///{tmp_path / 's.db'}"])
+    text = " ".join(r.output.split())
+    assert r.exit_code == 2 and "leaves out sc: it reads μ's whole distribution" in text and "no build" in text

@@ -133,7 +133,7 @@ def test_cell_runs_tells_cells_apart_by_every_column_of_the_cell_key(tmp_path):
     from bench.fingerprint import CELL_KEY, fingerprint
     from bench.precision import Precision
     from bench.statuses import FINISHED
-    from bench.store import Build, Run, open_store, session
+    from bench.store import Build, Model, Run, open_store, session
     from conftest import add_model_and_build
     from runners.presets import get_preset
     from runners.sweep import cell_runs
@@ -141,18 +141,22 @@ def test_cell_runs_tells_cells_apart_by_every_column_of_the_cell_key(tmp_path):
     cfg = {"preset": "tiny", **asdict(get_preset("tiny"))}
     base = dict(build_id="b0", algo="grpo", rollout_dtype="fp16", train_dtype="fp16", trainer="native",
                 engine="torch", staleness=0, config=cfg, status="converged", seed=0)
-    differs = {"model": {"build_id": "b1"}, "build": {"build_id": "b1"}, "algo": {"algo": "gspo"},
+    differs = {"model": {"build_id": "m2"}, "build": {"build_id": "b1"}, "algo": {"algo": "gspo"},
                "precision": {"rollout_dtype": "bf16"}, "trainer": {"trainer": "verl"}, "engine": {"engine": "vllm"},
                "staleness": {"staleness": 2}, "config_fp": {"config": {**cfg, "lr": 1e-2}}}
     assert set(differs) == set(CELL_KEY)
     store = open_store(f"sqlite:///{tmp_path / 's.db'}")
     with session(store) as s:
         model_id = add_model_and_build(s)
-        s.add(Build(id="b1", model_id=model_id, source="synthetic", engine="torch", dtype="fp32", k=8, lo=0.2, hi=0.8,
-                    seed=0, settings_hash="h2", status="complete", n_problems=10, n_kept=5))
+        other = Model(name="tiny-math-moe", path="/y", weights_hash="h3")
+        s.add(other)
+        s.flush()
+        for bid, mid in (("b1", model_id), ("m2", other.id)):       # another build of the model; another model's
+            s.add(Build(id=bid, model_id=mid, source="synthetic", engine="torch", dtype="fp32", k=8, lo=0.2, hi=0.8,
+                        seed=0, settings_hash="h2", status="complete", n_problems=10, n_kept=5))
         s.add(Run(id="same", model_id=model_id, **base))
         for key, change in differs.items():
-            s.add(Run(id=key, model_id=model_id, **{**base, **change}))
+            s.add(Run(id=key, model_id=other.id if key == "model" else model_id, **{**base, **change}))
     with session(store) as s:
         found = cell_runs(s, "b0", "grpo", Precision("fp16", "fp16"), "native", 0, "torch", fingerprint(cfg), FINISHED)
         assert [r.id for r in found] == ["same"]
