@@ -1,7 +1,8 @@
 """A static leaderboard: the report's numbers as HTML pages any static host serves (`bench publish`).
 
     SITE/index.html          the ranking (cells over seeds, as `bench report`), the precision grid
-                             per algorithm, the verdicts' evidence and verification level, who signed,
+                             per algorithm, the corrections' rescue table (leaderboard/corrections.py),
+                             the verdicts' evidence and verification level, who signed,
                              then — apart, never ranked — the paper's reference rows
     SITE/runs/RUN.html       one run: verdict, deciding rule and step, deciding window, verification,
                              signer, the split-accuracy / reward / KL curves and its mismatch
@@ -123,6 +124,37 @@ def _grids(cells: pd.DataFrame) -> str:
     return "".join(out)
 
 
+def _corrections(cells: pd.DataFrame) -> str:
+    """The rescue table (leaderboard/corrections.py) of every build, trainer, engine and settings that
+    has a failing pair: one row per algorithm, one column per failing pair."""
+    from .corrections import describe, rescue_frame
+
+    out = []
+    flat = cells[cells.staleness == 0] if "staleness" in cells else cells
+    for (build, trainer, engine, fp), g in flat.groupby(["build", "trainer", "engine", "config_fp"], sort=False):
+        table = rescue_frame(g)
+        if table.empty:
+            continue
+        pairs = list(dict.fromkeys(table.precision))
+        rows = []
+        for algo, a in table.groupby("algo", sort=False):
+            tds = []
+            for pair in pairs:
+                c = a[a.precision == pair].iloc[0]
+                if not c.n_seeds:
+                    tds.append('<td data-field="rescue"></td>')
+                    continue
+                fill, ink = VERDICT_COLOURS.get(c.sanity, VERDICT_COLOURS["NO VERDICT"])
+                tds.append(f'<td data-field="rescue" data-value="{_esc(c.sanity)}" style="background:{fill};'
+                           f'color:{ink}">{VERDICT_MARKS.get(c.sanity, "")} {_esc(c.passes)} '
+                           f'{_esc(_number(c.peak_mean))}</td>')
+            rows.append(f"<tr><th>{_esc(algo)}</th><td>{_esc(describe(algo))}</td>{''.join(tds)}</tr>")
+        head = "<tr><th>algorithm</th><th>anchor, unit, kind</th>" + "".join(f"<th>{_esc(p)}</th>" for p in pairs)
+        out.append(f"<h3>build {_esc(build)} · {_esc(trainer)} · {_esc(engine)} · cfg {_esc(str(fp)[:6])}</h3>"
+                   f"<table class=rescue>{head}</tr>{''.join(rows)}</table>")
+    return "".join(out) or "<p class=note>No paper algorithm's cell FAILs yet: nothing to rescue.</p>"
+
+
 def _reference(hit: list[dict]) -> str:
     if not hit:
         return "<p class=note>No published row matches these cells.</p>"
@@ -221,6 +253,9 @@ def write_site(url: str, out_dir: Path, title: str = "bench leaderboard",
             "(claimed, partly re-run, deciding window re-run, fully re-run) — a verdict is verified only from its "
             "deciding window up; signed by: whose ed25519 signature the results repository's keyring accepted.</p>"
             f"<h2>Ranking</h2>{_ranking(cells, signers)}<h2>Precision grid</h2>{_grids(cells)}"
+            "<h2>Corrections</h2><p class=note>Each pair where a paper algorithm's cell FAILs, and every algorithm "
+            "there: the verdict over its seeds (✓ PASS on every seed: a rescue), k/N and the mean peak split "
+            f"accuracy.</p>{_corrections(cells)}"
             "<h2>Reference — the paper's published results (never ranked)</h2><p class=note>Qi et al. 2025, "
             "DeepSeek-R1-Distill-Qwen-1.5B on its 1,460-problem split: another model, another split, thousands "
             f"of steps.</p>{_reference(hit)}")

@@ -284,6 +284,13 @@ def test_rescue_table_by_hand(tmp_path, monkeypatch):
     assert (row.loc["icepop", "passes"], row.loc["trm", "sanity"], row.loc["pg-seq-is", "sanity"]) == ("2/2", "FAIL",
                                                                                                         "FAIL")
     assert row.loc["grpo", "n_seeds"] == 0 and not isinstance(row.loc["grpo", "sanity"], str)
+    from leaderboard.site import write_site
+
+    write_site(url, tmp_path / "site")
+    page = (tmp_path / "site" / "index.html").read_text()
+    corrections = page.split("<h2>Corrections</h2>")[1].split("<h2>")[0]
+    assert corrections.count('data-field="rescue" data-value="PASS"') == 1 and "✓ 2/2 0.965" in corrections
+    assert corrections.count("<tr><th>") == len(ALGORITHMS) + 1                    # and the head
     monkeypatch.setenv("BENCH_DB_URL", url)
     at = app_page("pages/corrections.py")
     assert any("icepop" in str(df.value.algo.tolist()) for df in at.dataframe)
