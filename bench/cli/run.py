@@ -100,6 +100,23 @@ def _list_algorithms(specs) -> None:
     out.print(t)
 
 
+def _check_thresholds(algos: list[str], knobs: dict) -> None:
+    """Refuse a correction's threshold given for an algorithm that does not read it: its value would
+    split that algorithm's cell (the settings fingerprint) without changing its arithmetic."""
+    from bench.algorithms import ALGO_KNOBS, SPECS
+    from bench.errors import ConfigError
+
+    for name, value in knobs.items():
+        if value is None or name not in ALGO_KNOBS:
+            continue
+        readers = [a for a, spec in SPECS.items() if name in spec.thresholds]
+        idle = [a for a in algos if a not in readers]
+        if idle:
+            raise ConfigError(f"--{name.replace('_', '-')} is a threshold of {', '.join(readers)}; "
+                              f"{', '.join(idle)} do{'es' if len(idle) == 1 else ''} not read it (it would only make "
+                              f"a cell of its own): sweep {', '.join(readers)} with it apart")
+
+
 def _check_algo(algo: Optional[str]) -> None:
     if algo:
         from runners.algos import check_algo
@@ -173,6 +190,8 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
     # every input checked here, before the store is opened or a bar drawn
     _check_algo(algo)
     _run_config(preset or Preset.tiny, benchmark, knobs)       # the knobs' bounds, before the store is read
+    if algo:
+        _check_thresholds([algo], knobs)
     precision = Precision.parse(dtype)
     overrides = {"benchmark": benchmark, **knobs}
     trainer, engine = trainer.value, engine.value
@@ -383,6 +402,7 @@ def sweep(algo: str = typer.Option("paper", help="Comma-separated algorithms, or
     trainer, engine = trainer.value, engine.value
     algos = list(ALGO_GROUPS[algo]) if algo in ALGO_GROUPS else [check_algo(a.strip()) for a in algo.split(",")
                                                                    if a.strip()]
+    _check_thresholds(algos, knobs)
     staleness = knobs.pop("staleness")
     k_list = None if staleness is None else parse_staleness(staleness)
     _run_config(preset or Preset.tiny, benchmark, {**knobs, "staleness": None if k_list is None else max(k_list)})

@@ -365,3 +365,17 @@ def test_bands_keep_something_and_groups_leave_out_what_the_engine_cannot_run(tm
                                  "--db", f"sqlite:///{tmp_path / 's.db'}"])
     text = " ".join(r.output.split())
     assert r.exit_code == 2 and "leaves out sc: it reads μ's whole distribution" in text and "no build" in text
+
+
+def test_a_threshold_is_refused_for_an_algorithm_that_does_not_read_it(tmp_path):
+    from typer.testing import CliRunner
+
+    from bench.cli import app
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    for args in (["run", "--algo", "grpo", "--icepop-hi", "2"],
+                 ["sweep", "--algo", "icepop,grpo", "--dtype", "fp16", "--icepop-hi", "2"]):
+        r = CliRunner().invoke(app, [*args, "--db", url])
+        text = " ".join(r.output.split())
+        assert r.exit_code == 2 and "--icepop-hi is a threshold of icepop; grpo does not read it" in text, r.output
+    assert not (tmp_path / "s.db").exists()                 # refused before the store is opened
