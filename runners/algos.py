@@ -16,8 +16,8 @@ only, r = π_θ/π_old carries the staleness, and w = r·ρ both.
 Every loss but GSPO is the mean over sequences of a per-sequence surrogate whose token sum is
 divided by the fixed max response length L (Dr.GRPO's "seq-mean-token-sum-norm"); GSPO keeps
 its plain mean over sequences. A masked token or sequence therefore contributes zero and the
-divisor does not move; frameworks that renormalise over the kept tokens (SkyRL's masks, verl's
-rejection path under token-mean) weigh the kept ones up instead (docs/algorithms.md).
+divisor does not move; a framework that renormalises over the kept tokens (verl's rejection path
+under token-mean) weighs the kept ones up instead (docs/algorithms.md).
 Sequence log-ratios are clamped to ±20 before exp (bench.mismatch.SAFETY_BOUND, as verl's): a
 weight of e^20 is already a diverged run, and inf would poison the batch.
 """

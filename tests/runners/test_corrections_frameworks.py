@@ -16,6 +16,8 @@ transcribed here as the framework writes it (names as in its source), one functi
 | cispo | huggingface/trl @ f2cd577 | trl/trainer/grpo_trainer.py : _compute_loss (loss_type "cispo") |
 | opsm | huggingface/trl @ f2cd577 | trl/trainer/grpo_trainer.py : get_off_policy_mask, _compute_loss ("dapo") |
 | opsm-old | THUDM/slime @ 624b824 | slime/utils/ppo_utils.py : compute_opsm_mask, compute_policy_loss |
+| icepop | OpenRLHF/OpenRLHF @ 3c3be62 | openrlhf/models/loss.py : PolicyLoss.forward ("icepop") |
+| grpo-geo-mask | NovaSky-AI/SkyRL @ a956457 | skyrl/backends/skyrl_train/utils/off_policy_correction_utils.py |
 
 bench divides every loss by B·L (the mean over sequences of a token sum over the fixed max length
 L); prime-rl and TRL divide the batch's token sum by its number of response tokens N, so their
@@ -222,3 +224,49 @@ def test_the_inputs_decide_both_ways_where_it_matters(x):
     drift = ((x["logp_mu"] - x["logp"]) * x["mask"]).sum(-1) / x["mask"].sum(-1)
     assert ((drift > 0.5) & (x["adv"] < 0)).any() and ((drift > 0.5) & (x["adv"] > 0)).any()
     assert math.isfinite(float(drift.sum()))
+
+
+# ------------------------------------------------------------------ OpenRLHF, SkyRL
+
+def openrlhf_icepop(log_probs, old_log_probs, rollout_log_probs, advantages, low=0.5, high=5.0, eps_low=0.2,
+                    eps_high=0.28):
+    """OpenRLHF/OpenRLHF 3c3be62, openrlhf/models/loss.py, PolicyLoss.forward with
+    is_correction_type "icepop": ρ = π_old/μ per token (no clamp), ρ·1{low ≤ ρ ≤ high} (inclusive,
+    detached) times the PPO-clipped per-token loss."""
+    ratio = torch.exp(torch.clamp(log_probs - old_log_probs, -20, 20))
+    loss = -torch.min(ratio * advantages, ratio.clamp(1 - eps_low, 1 + eps_high) * advantages)
+    vllm_is = torch.exp(old_log_probs - rollout_log_probs).detach()
+    vllm_is = vllm_is * ((vllm_is >= low) & (vllm_is <= high))
+    return vllm_is * loss
+
+
+def test_icepop_is_openrlhfs(x):
+    """OpenRLHF's token mean over the step's response tokens: bench's loss times B·L/N."""
+    m = assert_same(x, "icepop", lambda lp: openrlhf_icepop(lp, x["logp_old"], x["logp_mu"], adv(x)),
+                    x["mask"].sum())
+    assert 0 < m["masked_frac"] < 0.5
+
+
+def skyrl_sequence_mask(old_log_probs, rollout_logprobs, loss_mask, geo_mask_low=0.99, geo_mask_high=1.01):
+    """NovaSky-AI/SkyRL a956457, skyrl/backends/skyrl_train/utils/off_policy_correction_utils.py,
+    compute_sequence_mask with sequence_mask_metric "geometric": the geometric mean of π_old/μ."""
+    n = loss_mask.sum(-1, keepdim=True).clamp(min=1)
+    g = torch.exp(torch.clamp(((old_log_probs - rollout_logprobs) * loss_mask).sum(-1, keepdim=True) / n, -20, 20))
+    return (~(g > geo_mask_high) & ~(g < geo_mask_low)).double()
+
+
+def test_skyrls_geometric_mask_is_grpo_geo_mask_with_its_bounds_inverted(x):
+    """SkyRL bounds the geometric mean of ρ = π_old/μ, verl (and bench) that of μ/π_old: SkyRL's
+    [0.99, 1.01] is bench's --geo-lo 1/1.01 --geo-hi 1/0.99. SkyRL multiplies the mask into the loss
+    mask but divides by the mini-batch's original tokens (baked into the advantages), so its loss is
+    bench's times B·L/N."""
+    x = {**x, "logp_mu": x["logp_old"] - 0.04 * torch.randn(x["logp_old"].shape, generator=torch.Generator()
+                                                                .manual_seed(5), dtype=torch.float64)}
+    cfg = AlgoConfig(max_len=L, geo_lo=1 / 1.01, geo_hi=1 / 0.99)
+
+    def per_token(lp):
+        return ppo_clip_per_token(lp, x["logp_old"], adv(x)) * skyrl_sequence_mask(x["logp_old"], x["logp_mu"],
+                                                                                   x["mask"])
+
+    m = assert_same(x, "grpo-geo-mask", per_token, x["mask"].sum(), cfg)
+    assert 0.1 < m["masked_frac"] < 0.9
