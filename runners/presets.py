@@ -81,14 +81,15 @@ def check_run_config(cfg: RunConfig) -> RunConfig:
             f"top_p={cfg.top_p:g}): otherwise μ is the log-probability of the processed distribution while π is "
             "the raw softmax, and every mismatch metric and importance weight measures that difference instead "
             "of precision (benchmarks keep their own sampling)")
+    if cfg.router_replay and (cfg.staleness or cfg.gradient_checkpointing):
+        raise ConfigError("--router-replay needs --staleness 0 and no --gradient-checkpointing: the routes replayed "
+                          "are the rollout's at the current weights, and a recomputed layer would route on its own")
+    check(cfg)                         # each knob in its bounds first, then the rules between them
     for lo, hi in (("icepop_lo", "icepop_hi"), ("pg_icepop_lo", "pg_icepop_hi"), ("geo_lo", "geo_hi")):
         if getattr(cfg.algo, lo) > getattr(cfg.algo, hi):
             raise ConfigError(f"--{lo.replace('_', '-')} {getattr(cfg.algo, lo):g} is above --{hi.replace('_', '-')} "
                               f"{getattr(cfg.algo, hi):g}: the band would keep nothing")
-    if cfg.router_replay and (cfg.staleness or cfg.gradient_checkpointing):
-        raise ConfigError("--router-replay needs --staleness 0 and no --gradient-checkpointing: the routes replayed "
-                          "are the rollout's at the current weights, and a recomputed layer would route on its own")
-    return check(cfg)
+    return cfg
 
 
 def get_preset(name: str, benchmark: str | None = None, **overrides) -> RunConfig:

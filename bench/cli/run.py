@@ -402,10 +402,10 @@ def sweep(algo: str = typer.Option("paper", help="Comma-separated algorithms, or
     trainer, engine = trainer.value, engine.value
     algos = list(ALGO_GROUPS[algo]) if algo in ALGO_GROUPS else [check_algo(a.strip()) for a in algo.split(",")
                                                                    if a.strip()]
-    _check_thresholds(algos, knobs)
     staleness = knobs.pop("staleness")
     k_list = None if staleness is None else parse_staleness(staleness)
     _run_config(preset or Preset.tiny, benchmark, {**knobs, "staleness": None if k_list is None else max(k_list)})
+    _check_thresholds(algos, knobs)
     pairs = parse_list(dtype)
     seed_list = None if seeds is None else parse_seeds(seeds)
     if seed_list is not None and knobs.get("seed") is not None:
