@@ -273,13 +273,17 @@ def grpo_geo_mask(x: LossInputs, cfg: AlgoConfig):
                   **ratio_stats(-k1, "is_weight")}
 
 
+def _pg_token(x: LossInputs, cfg: AlgoConfig, weight: torch.Tensor) -> torch.Tensor:
+    """mean over sequences of −A · Σ_t sg(weight_t) · logp_t / L (a weight per token; _pg_seq's per sequence)."""
+    return -_seq_sum(weight.detach() * x.advantages.unsqueeze(-1) * x.logp, x.mask).mean() / cfg.max_len
+
+
 def _dppo(x: LossInputs, cfg: AlgoConfig, invalid: torch.Tensor):
     """DPPO's loss given the trust region's invalid tokens M̄_t:
     L = mean_i [ −A_i · Σ_t sg(min(π_θ/μ, C)) · (1 − M̄_t) · log π_θ(y_t) ] / L_max."""
     lw = (x.logp - x.logp_rollout).clamp(-SAFETY_BOUND, SAFETY_BOUND).detach()
     w = lw.exp().clamp(max=cfg.dppo_c)
-    a = x.advantages.unsqueeze(-1)
-    loss = -_seq_sum(w * (~invalid) * a * x.logp, x.mask).mean() / cfg.max_len
+    loss = _pg_token(x, cfg, w * (~invalid))
     return loss, {"masked_frac": _frac(invalid, x.mask), "truncated_frac": _frac(lw.exp() > cfg.dppo_c, x.mask),
                   **ratio_stats(lw[x.mask.bool()], "is_weight")}
 
@@ -319,8 +323,7 @@ def _cispo(x: LossInputs, cfg: AlgoConfig, lo: float | None, hi: float):
     """L = mean_i [ −A_i · Σ_t sg(clamp(r_t, lo, hi)) · log π_θ(y_t) ] / L_max, r_t = π_θ/π_old."""
     r = (x.logp - x.logp_old).clamp(-SAFETY_BOUND, SAFETY_BOUND).detach().exp()
     w = r.clamp(min=lo, max=hi)
-    loss = -_seq_sum(w * x.advantages.unsqueeze(-1) * x.logp, x.mask).mean() / cfg.max_len
-    return loss, {"clip_frac": _frac(w != r, x.mask)}
+    return _pg_token(x, cfg, w), {"clip_frac": _frac(w != r, x.mask)}
 
 
 @register_loss("cispo")

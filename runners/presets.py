@@ -7,7 +7,7 @@ from dataclasses import fields, replace
 
 from bench import configdiff
 from bench.errors import ConfigError, did_you_mean
-from bench.knobs import check
+from bench.knobs import check, flag_of
 from bench.algorithms import ALGO_KNOBS, AlgoConfig
 from bench.runconfig import Benchmark, RunConfig
 from bench.stop import StopConfig
@@ -87,7 +87,7 @@ def check_run_config(cfg: RunConfig) -> RunConfig:
     check(cfg)                         # each knob in its bounds first, then the rules between them
     for lo, hi in (("icepop_lo", "icepop_hi"), ("pg_icepop_lo", "pg_icepop_hi"), ("geo_lo", "geo_hi")):
         if getattr(cfg.algo, lo) > getattr(cfg.algo, hi):
-            raise ConfigError(f"--{lo.replace('_', '-')} {getattr(cfg.algo, lo):g} is above --{hi.replace('_', '-')} "
+            raise ConfigError(f"--{flag_of(lo)} {getattr(cfg.algo, lo):g} is above --{flag_of(hi)} "
                               f"{getattr(cfg.algo, hi):g}: the band would keep nothing")
     return cfg
 

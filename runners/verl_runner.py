@@ -143,11 +143,10 @@ VERL_ROUTER_REPLAY = (
 
 
 VERL_SEQ_MIS = (
-    "pg-seq-mis runs on the native trainer only (--trainer native): in bypass mode verl 0.9.1 computes the IcePop "
-    "sequence mask on each micro-batch of the actor's update, and when the mask drops every sequence of a "
-    "micro-batch (a sequence IS weight outside [1e-9, C]: at bench's micro-batch of one sequence, any such "
-    "sequence) compute_is_metrics divides by zero computing the effective sample size, and the run dies mid-way "
-    "(ZeroDivisionError); a larger micro-batch only makes it rarer")
+    "in bypass mode verl 0.9.1 computes the IcePop sequence mask on each micro-batch of the actor's update, and "
+    "when the mask drops every sequence of a micro-batch (a sequence IS weight outside [1e-9, C]: at bench's "
+    "micro-batch of one sequence, any such sequence) compute_is_metrics divides by zero computing the effective "
+    "sample size, and the run dies mid-way (ZeroDivisionError); a larger micro-batch only makes it rarer")
 
 
 _DPPO_ANCHOR = ("verl 0.9.1's dppo_tv/dppo_kl losses anchor their trust region on old_log_prob, which is π_old "
@@ -176,9 +175,7 @@ def check_algorithm(algo: str) -> None:
     """Refuse an algorithm verl 0.9.1 cannot run to its end or has no rule for, saying why
     (NOT_ON_VERL; bench run --trainer native runs every one)."""
     if algo in NOT_ON_VERL:
-        why = NOT_ON_VERL[algo]
-        raise VerlError(why if why.startswith(algo) else f"{algo} runs on the native trainer only "
-                        f"(--trainer native): {why}")
+        raise VerlError(f"{algo} runs on the native trainer only (--trainer native): {NOT_ON_VERL[algo]}")
 
 
 def check_router_replay(replay: bool) -> None:

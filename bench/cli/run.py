@@ -69,14 +69,31 @@ def _preset_values() -> dict[str, dict]:
     return {name: preset_knobs(name) for name in PRESETS}
 
 
-def _chosen_preset(preset: Optional[Preset], db, build_id, model, device: str, trainer: str) -> Preset:
+def _chosen_preset(preset: Optional[Preset], store, build_id, model, device: str, trainer: str) -> Preset:
     """The preset given, else the one the build's model takes on this device (runners/plan.py
     `preset_for`: verl runs on GPUs); the knobs' own bounds were checked before the store is read."""
     if preset is not None:
         return preset
     from runners.plan import default_preset
 
-    return Preset(default_preset(_store(db), build_id, model, "cuda" if trainer == "verl" else device))
+    return Preset(default_preset(store, build_id, model, "cuda" if trainer == "verl" else device))
+
+
+def _not_runnable(trainer: str, engine: str) -> dict[str, str]:
+    """{algorithm: why} of those the trainer and rollout engine cannot run: verl's refusals
+    (runners/verl_runner.py NOT_ON_VERL), or on another engine than the built-in one those that read
+    μ's whole distribution (Score Centering)."""
+    if trainer == "verl":
+        from runners.verl_runner import NOT_ON_VERL
+
+        return NOT_ON_VERL
+    from bench.algorithms import SPECS
+    from bench.engines import resolve_engine
+
+    if resolve_engine(engine) == "torch":
+        return {}
+    return {a: "it reads μ's whole distribution, which only the built-in engine records (--engine torch)"
+            for a, spec in SPECS.items() if spec.needs_distribution}
 
 
 def _run_config(preset: Preset, benchmark: Optional[str], knobs: dict):
@@ -105,6 +122,7 @@ def _check_thresholds(algos: list[str], knobs: dict) -> None:
     split that algorithm's cell (the settings fingerprint) without changing its arithmetic."""
     from bench.algorithms import ALGO_KNOBS, SPECS
     from bench.errors import ConfigError
+    from bench.knobs import flag_of
 
     for name, value in knobs.items():
         if value is None or name not in ALGO_KNOBS:
@@ -112,7 +130,7 @@ def _check_thresholds(algos: list[str], knobs: dict) -> None:
         readers = [a for a, spec in SPECS.items() if name in spec.thresholds]
         idle = [a for a in algos if a not in readers]
         if idle:
-            raise ConfigError(f"--{name.replace('_', '-')} is a threshold of {', '.join(readers)}; "
+            raise ConfigError(f"--{flag_of(name)} is a threshold of {', '.join(readers)}; "
                               f"{', '.join(idle)} do{'es' if len(idle) == 1 else ''} not read it (it would only make "
                               f"a cell of its own): sweep {', '.join(readers)} with it apart")
 
@@ -212,7 +230,7 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
     store = _store(db)
     plan = None
     if not resume:                     # (a resumed run keeps its stored settings)
-        preset = _chosen_preset(preset, db, build_id, model, device, trainer)
+        preset = _chosen_preset(preset, store, build_id, model, device, trainer)
         plan = plan_run(store, algo, precision, _run_config(preset, benchmark, knobs), build_id, model, engine,
                         device, preset.value, checkpoint_dir)     # every input checked before the bar is drawn
     with _step_progress(_run_progress) as cb:
@@ -254,8 +272,8 @@ def _seeded_run(algo, dtype, build_id, model, engine, trainer, preset, overrides
     if not algo:
         fail("give --algo (see `bench run --algo list`)")
     seed_list = parse_seeds(seeds)
-    preset = _chosen_preset(preset, db, build_id, model, device, trainer).value
     store = _store(db)
+    preset = _chosen_preset(preset, store, build_id, model, device, trainer).value
     pairs = [Precision.parse(dtype)]
     if model and not build_id:
         from bench.store import session
@@ -334,9 +352,9 @@ def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, 
         console.print("[yellow]warning:[/] verl does not take " + ", ".join(f"--{flag_of(k)}" for k in unused)
                       + " (native trainer settings); the run ignores them", highlight=False, soft_wrap=True)
     check_verl_cell(algo, get_preset((preset or Preset.paper).value, **overrides))   # before the store is read
-    preset = _chosen_preset(preset, db, build_id, model, "cuda", "verl").value
-    cfg = get_preset(preset, **overrides)
     store = _store(db)
+    preset = _chosen_preset(preset, store, build_id, model, "cuda", "verl").value
+    cfg = get_preset(preset, **overrides)
     p = Precision.parse(dtype)
     job, version = prepare_verl_run(store, algo, p, cfg, build_id, model, VerlTarget(verl_python, gpus, nodes),
                                     dry_run, preset)
@@ -395,7 +413,6 @@ def sweep(algo: str = typer.Option("paper", help="Comma-separated algorithms, or
     from bench.errors import ConfigError
     from bench.precision import parse_list
     from bench.algorithms import ALGO_GROUPS
-    from bench.engines import resolve_engine
     from runners.algos import check_algo
     from runners.sweep import parse_seeds, parse_staleness, run_grid
 
@@ -413,31 +430,22 @@ def sweep(algo: str = typer.Option("paper", help="Comma-separated algorithms, or
     if seed_list is not None and trainer == "verl":
         raise ConfigError("--seeds runs the native trainer only: the verl launcher passes no seed to verl yet")
     device = resolve_device(device) if trainer == "native" else "cpu"
+    if algo in ALGO_GROUPS:                # a group: the algorithms this trainer and engine can run
+        left = _not_runnable(trainer, engine)
+        for a in [a for a in algos if a in left]:
+            algos.remove(a)
+            console.print(f"[yellow]note:[/] --algo {algo} with --trainer {trainer} --engine {engine} leaves out "
+                          f"{a}: {left[a]}", highlight=False, soft_wrap=True)
     verl = None
     if trainer == "verl":
         from runners.verl_launch import VerlTarget, check_verl_cell
-        from runners.verl_runner import NOT_ON_VERL
 
-        if algo in ALGO_GROUPS:            # a group: the algorithms verl has a rule for and runs to its end
-            left = [a for a in algos if a in NOT_ON_VERL]
-            algos = [a for a in algos if a not in NOT_ON_VERL]
-            for a in left:
-                console.print(f"[yellow]note:[/] --algo {algo} with --trainer verl leaves out {a}: {NOT_ON_VERL[a]}",
-                              highlight=False, soft_wrap=True)
         for a in algos:                    # before the store is opened (run_grid plans the cells again)
             for k in k_list or [None]:
                 check_verl_cell(a, _run_config(preset or Preset.paper, benchmark, {**knobs, "staleness": k}))
         verl = VerlTarget(verl_python, gpus, nodes)
-    elif algo in ALGO_GROUPS and resolve_engine(engine) != "torch":   # Score Centering needs the built-in engine
-        from bench.algorithms import SPECS
-
-        for a in [a for a in algos if SPECS[a].needs_distribution]:
-            algos.remove(a)
-            console.print(f"[yellow]note:[/] --algo {algo} with --engine {engine} leaves out {a}: it reads μ's whole "
-                          "distribution, which only the built-in engine records (--engine torch)", highlight=False,
-                          soft_wrap=True)
-    preset = _chosen_preset(preset, db, build_id, None, device, trainer)
     store = _store(db)
+    preset = _chosen_preset(preset, store, build_id, None, device, trainer)
     overrides = {"benchmark": benchmark, **knobs}
     results = run_grid(store, algos, pairs, build_id, engine, preset.value,
                        {k: v for k, v in overrides.items() if v is not None}, jobs,
