@@ -255,7 +255,7 @@ def trm(x: LossInputs, cfg: AlgoConfig):
     k2_t = ½ ℓ_t² exceeds τ; L = the clipped GRPO surrogate over the kept sequences:
     L = mean_i [ −1{max_t k2_t ≤ τ} · Σ_t min(r_t A_i, clip(r_t, …) A_i) ] / L_max."""
     k2 = 0.5 * _token_log_rho(x) ** 2
-    worst = (k2 * x.mask).amax(-1) if k2.shape[-1] else torch.zeros(k2.shape[0], dtype=k2.dtype)
+    worst = (k2 * x.mask).amax(-1) if k2.shape[-1] else torch.zeros(k2.shape[0], dtype=k2.dtype, device=k2.device)
     keep = worst <= cfg.trm_k2
     loss, clipped = _masked_ppo(x, cfg, keep)
     return loss, {"clip_frac": _frac(clipped, x.mask), "masked_frac": _frac(~keep)}
