@@ -126,6 +126,20 @@ BANDS = {
     "mxfp4": Band(mean_abs=3e-1, k3=2e-1),
 }
 BANDS.update({"bf16+router32": BANDS["bf16"], "fp16+router32": BANDS["fp16"]})   # MoE: the base format's
+# The precision ladder (bench/ladder.py): a rung's band is its carrier's (fp16 for e5, bf16 for e8) scaled
+# with the unit roundoff u = 2^-(K+1), mean |Δ| as u and k3 as u²: e5m10 and e8m7 keep fp16's and
+# bf16's own. Measured on tiny-math, 3 seeds × (16 prompts × 8 responses) against fp32 training (2-core
+# AVX2 EPYC, emulated path, main after 52's stop), worst seed, and the band:
+#   e5m10  mean 1.2e-4  k3 2.5e-7  (band 2e-2, 5e-4)    e8m5  mean 4.0e-3  k3 3.4e-4  (4e-1, 8e-2)
+#   e5m9   mean 2.9e-4  k3 1.9e-6  (4e-2, 2e-3)         e8m4  mean 9.9e-3  k3 2.6e-3  (8e-1, 3.2e-1)
+#   e5m8   mean 5.6e-4  k3 7.4e-6  (8e-2, 8e-3)         e8m3  mean 3.0e-2  k3 3.1e-2  (1.6, 1.3)
+#   e8m7   mean 1.1e-3  k3 2.3e-5  (1e-1, 5e-3)         e8m2  mean 1.3e-1  k3 1.1e-1  (3.2, 5.1)
+#   e8m6   mean 2.5e-3  k3 1.6e-4  (2e-1, 2e-2)         e8m1  mean 1.0     k3 9.0e-1  (6.4, 20)
+# Below e8m5 the band checks nothing a real model needs (it is far above the rung's own noise), as at
+# fp8 and below: the reference check (twin ratio 0.28-0.84 on these runs, z <= -9.4) is the plumbing test.
+_LADDER = (*((f"e5m{k}", "fp16", 2 ** (10 - k)) for k in (10, 9, 8)),
+           *((f"e8m{k}", "bf16", 2 ** (7 - k)) for k in range(7, 0, -1)))
+BANDS.update({r: Band(mean_abs=BANDS[c].mean_abs * f, k3=BANDS[c].k3 * f * f) for r, c, f in _LADDER})
 
 
 # The reference and processing checks' limits (module docstring), measured with
@@ -147,7 +161,9 @@ BANDS.update({"bf16+router32": BANDS["bf16"], "fp16+router32": BANDS["fp16"]})  
 #                  grows with √n: hence KAPPA_MAX too) and 4.5 at 2 x 4 (3.8 where |κ̂| > 0.1,
 #                  nvfp4); T = 0.7 gives 54-55.
 TWIN_RATIO = {"fp32": 0.0, "fp16": 2.0, "bf16": 2.0, "bf16+head32": 2.0, "fp8": 1.5, "int8": 1.5, "nvfp4": 1.5,
-              "mxfp4": 1.5, "bf16+router32": 2.0, "fp16+router32": 2.0}
+              "mxfp4": 1.5, "bf16+router32": 2.0, "fp16+router32": 2.0,
+              # the ladder: 0.28-0.84 measured (above): c = 2 sits 2.4x above
+              **{f"e5m{k}": 2.0 for k in (10, 9, 8)}, **{f"e8m{k}": 2.0 for k in range(7, 0, -1)}}
 KAPPA_MAX = 0.1
 Z_MIN = 6.0
 Z_REF = 4.0

@@ -51,6 +51,7 @@ import torch
 
 from bench.errors import PrecisionError, did_you_mean
 from bench.grids import FLOAT_GRIDS, float_step
+from bench.ladder import Rung
 from bench.quantizers import FP8E4M3, MXFP4, NVFP4, Int8, Quantizer
 
 
@@ -65,11 +66,13 @@ class Format:
     vllm: dict | None = None                 # vLLM LLM(...) kwargs; None: vLLM cannot run it
     vllm_refusal: str = ""
     in_all: bool = True                      # one of the formats `--dtype all` pairs
+    rung: Rung | None = None                 # a ladder rung: the carrier `dtype` rounded at its bits (bench/ladder.py)
     aliases: tuple[str, ...] = field(default=())
 
     @property
     def plain(self) -> bool:
-        """Nothing but a parameter dtype for every dense layer (`router32` changes MoE routers only)."""
+        """Nothing but a parameter dtype for every dense layer (`router32` changes MoE routers only;
+        a rung rounds what its carrier dtype holds)."""
         return self.quant is None and not self.head32
 
     @property
@@ -126,6 +129,13 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("fp16+router32", torch.float16, router32=True, vllm_refusal=_VLLM_NO_ROUTER32, in_all=False,
            aliases=("fp16-router32",)),
 )}
+_VLLM_NO_RUNG = ("vLLM has no float formats between its dtypes; run ladder rungs with --engine torch "
+                 "(bench/ladder.py emulates them)")
+# the precision ladder (bench/ladder.py): rollout-only, named, never in `all`; e5m10 is fp16's grid, e8m7 bf16's
+LADDER_RUNGS = tuple(Rung(5, k) for k in (10, 9, 8)) + tuple(Rung(8, k) for k in range(7, 0, -1))
+FORMATS.update({r.name: Format(r.name, r.carrier, rung=r, train=False, in_all=False, vllm_refusal=_VLLM_NO_RUNG)
+                for r in LADDER_RUNGS})
+LADDER = ("fp32",) + tuple(r.name for r in LADDER_RUNGS)     # the ladder from the top, fp32 first
 MOE_FORMATS = tuple(n for n, f in FORMATS.items() if f.router32)
 NAMED_FORMATS = tuple(n for n, f in FORMATS.items() if not f.in_all)      # run when named, never in `all`
 ROLLOUT_FORMATS = tuple(n for n, f in FORMATS.items() if f.in_all)
@@ -137,8 +147,9 @@ def canonical(name: str) -> str:
     try:
         return _ALIASES[name.strip().lower()]
     except KeyError:
+        named = tuple(n for n in NAMED_FORMATS if FORMATS[n].rung is None)
         raise PrecisionError(f"unknown dtype {name!r}{did_you_mean(name, _ALIASES)}; choose one of "
-                             f"{', '.join(ROLLOUT_FORMATS + NAMED_FORMATS)}") from None
+                             f"{', '.join(ROLLOUT_FORMATS + named)} or a ladder rung (e5m10…e5m8, e8m7…e8m1)") from None
 
 
 def get(name: str) -> Format:

@@ -5,6 +5,7 @@ tensors, exact: every step is a power of two.
     float_step       spacing of a float grid at |v| (fp32, bf16, fp16, e4m3, e2m1)
     fp32_grid_step   the same by fp32 bit arithmetic, for grids whose smallest step is normal
     e2m1_round       round to nearest even onto e2m1 {0, ±0.5, …, ±6}, saturating
+    round_float      round to nearest even onto any binary float grid with fp32's range or less
     block_amax       max |x| over a power-of-two block (NVFP4's 16, MXFP4's 32)
 """
 
@@ -39,6 +40,40 @@ def fp32_grid_step(v: torch.Tensor, mantissa_bits: int, min_exp: int) -> torch.T
 
 
 FLOAT_GRIDS = {torch.float32: (23, -126), torch.bfloat16: (7, -126), torch.float16: (10, -14)}
+
+
+def float_max(mantissa_bits: int, max_exp: int) -> float:
+    """The largest finite value of a binary float grid: (2 − 2^−m) · 2^max_exp (bf16: m 7,
+    max_exp 127; fp16: 10, 15 → 65504)."""
+    return (2.0 - 2.0 ** -mantissa_bits) * 2.0 ** max_exp
+
+
+def round_float(v: torch.Tensor, mantissa_bits: int, min_exp: int, max_exp: int) -> torch.Tensor:
+    """v (fp32) rounded to nearest, ties to even, onto the binary float grid with `mantissa_bits`
+    (m ≤ 23) stored mantissa bits, normal exponents min_exp … max_exp (min_exp ≥ −126) and
+    subnormals below 2^min_exp (IEEE 754's roundTiesToEven), as fp32 values; ±inf where the
+    rounding overflows past (2 − 2^−m) · 2^max_exp (float_max). The rule is
+        step = 2^(max(⌊log2|v|⌋, min_exp) − m),   r = round_half_even(v / step) · step
+    (float_step), computed as a cast to bf16 is, on v's bits: with d = 23 − m dropped bits,
+        bits(r) = (bits(v) + 2^(d−1) − 1 + bit_d(v)) & ~(2^d − 1)
+    — exact for every normal and fp32-subnormal v (a carry into the exponent is the step to the
+    next binade, or to inf) — and, where the grid's own subnormals start above fp32's
+    (|v| < 2^min_exp, min_exp > −126), round(v / 2^(min_exp − m)) · 2^(min_exp − m) (exact: a
+    power of two). NaN stays NaN. (7, −126, 127) is bf16 and (10, −14, 15) fp16: the same bits as
+    `.to(torch.bfloat16)` and `.to(torch.float16)` (tests/bench/test_ladder.py)."""
+    x = v.float().contiguous()
+    d = 23 - mantissa_bits
+    r = x
+    if d > 0:
+        bits = x.view(torch.int32)
+        r = ((bits + ((1 << (d - 1)) - 1) + ((bits >> d) & 1)) & ~((1 << d) - 1)).view(torch.float32)
+    if min_exp > -126:
+        sub = 2.0 ** (min_exp - mantissa_bits)
+        r = torch.where(x.abs() < 2.0 ** min_exp, torch.round(x / sub) * sub, r)
+    if max_exp < 127 or d == 0:
+        inf = torch.copysign(torch.full_like(r, float("inf")), x)
+        r = torch.where(r.abs() > float_max(mantissa_bits, max_exp), inf, r)
+    return torch.where(torch.isnan(x), x, r)
 
 
 def e2m1_round(v: torch.Tensor) -> torch.Tensor:

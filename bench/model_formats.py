@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import formats, kernels, moe
+from . import formats, kernels, ladder, moe
 from .formats import Format
 from .gemms import W8A8STE
 from .grids import float_step
@@ -184,6 +184,8 @@ class RolloutWeights:
                         self.quant_modules[f"{mod_name}.weight"] = new
         replaced.update(moe.prepare_rollout_experts(model, fmt))
         fmt.cast(model)
+        if fmt.rung is not None:             # a ladder rung: the carrier's values on the rung's grid
+            ladder.attach(model, fmt.rung)
         self.model = model
         self.loaders: dict[str, list] = {}
         self.linear_names: set[str] = set()
@@ -240,6 +242,8 @@ class RolloutWeights:
                                   / self._tracked(name, step))
             if track and name in self.linear_names:
                 self.prev[name] = self._tracked(name, t.detach())
+        if self.fmt.rung is not None:
+            ladder.round_parameters(self.model, self.fmt.rung)
         stats = {}
         if total:
             stats["rollout_weights_moved"] = moved / total
@@ -327,7 +331,8 @@ def apply_rollout_kernels(model: nn.Module, fmt: Format, device) -> dict[str, in
     or 1, "fused_mlp": m, "fused_projections": g}."""
     got = dict(NO_KERNELS)
     if fmt.dtype in (torch.float16, torch.bfloat16):
-        emulate = torch.device(device).type == "cpu" and not kernels.cpu_has_native(fmt.name)
+        # a ladder rung always takes the emulated kernels (bench/ladder.py: its single rounding)
+        emulate = torch.device(device).type == "cpu" and (fmt.rung is not None or not kernels.cpu_has_native(fmt.name))
         attention = int(emulate and kernels.upcast_attention(model))
         got.update({"split_k_linear": split_k_matmuls(model, sixteen_bit=emulate), "upcast_attention": attention,
                     "fused_mlp": kernels.fuse_silu_mul(model) + moe.apply_expert_kernels(model, emulate)})

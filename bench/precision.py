@@ -84,17 +84,21 @@ class Precision:
 
 ALL_PAIRS = tuple(Precision(r, t) for r, t in product(ROLLOUT_FORMATS, TRAIN_FORMATS))
 CLASSIC_PAIRS = tuple(Precision(r, t) for r, t in product(CLASSIC, CLASSIC))
+LADDER_PAIRS = tuple(Precision(r, "fp32") for r in formats.LADDER)    # ladder cells train in fp32
 
 
 def parse_list(text: str) -> list[Precision]:
     """`bf16,fp16` (or `bf16;fp16`) → both same-format pairs; a mixed pair is its two halves
     `rollout=X,train=Y` side by side, in a list separated by `,` or `;` alike
     (`fp16;rollout=fp8,train=fp16`, `fp16,rollout=fp8,train=fp16`); `all` → every pair (35: 7
-    rollout × 5 train formats); `all16` → the paper's nine pairs of fp32, fp16, bf16."""
+    rollout × 5 train formats); `all16` → the paper's nine pairs of fp32, fp16, bf16; `ladder` →
+    every rung of the precision ladder against fp32 training, fp32 first (bench/ladder.py)."""
     if text.strip() == "all":
         return list(ALL_PAIRS)
     if text.strip() == "all16":
         return list(CLASSIC_PAIRS)
+    if text.strip() == "ladder":
+        return list(LADDER_PAIRS)
     tokens = [t.strip() for t in re.split(r"[;,]", text) if t.strip()]
     pairs, i = [], 0
     while i < len(tokens):

@@ -89,4 +89,4 @@ def main() -> None:
 
 
 # the commands register on import, in this order (it is the order `bench --help` lists them)
-from bench.cli import build, run, runs, report, serve, mismatch, compare, check, repo, admin  # noqa: E402,F401
+from bench.cli import build, run, tolerance, runs, report, serve, mismatch, compare, check, repo, admin  # noqa: E402,F401

@@ -35,7 +35,7 @@ def shipped_contract(model: str, engine: str) -> Path | None:
 @knob_options(CheckConfig, defaults=_defaults(), panel="Check settings (CheckConfig)", before="contract")
 def check(model: str = typer.Option("tiny-math", help="'tiny-math', a model directory, or a hub id."),
           dtype: str = typer.Option("all", help="Pairs: fp16, rollout=fp8,train=fp16, a list separated by ';' "
-                                    "(or ',' for plain names), all (35 pairs) or all16."),
+                                    "(or ',' for plain names), all (35 pairs), all16 or ladder (every rung → fp32)."),
           engine: Engine = typer.Option(Engine.torch, help="Rollout engine (auto: vllm when importable, else torch)."),
           source: str = typer.Option("synthetic-hard", help="Problems (any `bench build --source`)."),
           contract: Optional[Path] = typer.Option(None, help="The tolerance contract (TOML; default: the one bench "

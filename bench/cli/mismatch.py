@@ -27,7 +27,7 @@ def _mismatch_defaults() -> dict[str, dict]:
               before="out_dir")
 def mismatch(model: str = typer.Option("tiny-math"), dtype: str = typer.Option("all", help="A pair (fp16, "
              "rollout=fp32,train=bf16), a list of dtypes and pairs separated by ',' or ';', all (35 pairs) or "
-             "all16 (the paper's nine)."),
+             "all16 (the paper's nine) or ladder (every rung of the precision ladder → fp32)."),
              source: str = typer.Option("synthetic-hard", help="Problems (any `bench build --source`)."),
              engine: Engine = typer.Option(Engine.torch, help="Rollout engine (auto: vllm when importable, else "
                                            "torch)."),

@@ -392,7 +392,8 @@ def sweep(algo: str = typer.Option("paper", help="Comma-separated algorithms, or
                                    "paper's seven), corrections (the field's, after them) or all."),
           dtype: str = typer.Option("bf16,fp16,fp32", help="Dtypes (both engines) or pairs (rollout=X,train=Y), "
                                     "separated by ',' or ';' (a pair's own comma binds: fp16;rollout=fp8,train=fp16); "
-                                    "`all` for all 35 pairs, `all16` for the paper's nine."),
+                                    "`all` for all 35 pairs, `all16` for the paper's nine, `ladder` for every rung → "
+                                    "fp32."),
           build_id: Optional[str] = _BUILD,
           engine: Engine = _ENGINE,
           preset: Preset = _PRESET,
