@@ -12,6 +12,7 @@ pages = [
     st.Page(HERE / "grid.py", title="Precision grid", icon=":material/grid_on:"),
     st.Page(HERE / "staleness.py", title="Staleness", icon=":material/history:"),
     st.Page(HERE / "corrections.py", title="Corrections", icon=":material/healing:"),
+    st.Page(HERE / "tolerance.py", title="Tolerance", icon=":material/stairs:"),
     st.Page(HERE / "run.py", title="Run", icon=":material/show_chart:"),
     st.Page(HERE / "compare.py", title="Compare", icon=":material/compare_arrows:"),
     st.Page(HERE / "builds.py", title="Builds", icon=":material/dataset:"),

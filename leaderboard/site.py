@@ -155,6 +155,44 @@ def _corrections(cells: pd.DataFrame) -> str:
     return "".join(out) or "<p class=note>No paper algorithm's cell FAILs yet: nothing to rescue.</p>"
 
 
+def _tolerance(cells: pd.DataFrame) -> str:
+    """The tolerance table (leaderboard/tolerance.py) of every build, engine and settings with ladder
+    cells: one row per algorithm, one column per rung run, and its tolerance."""
+    from bench.formats import LADDER
+
+    from .tolerance import ladder_frame, tolerances
+
+    out = []
+    flat = cells[(cells.staleness == 0) if "staleness" in cells else cells.algo.notna()]
+    flat = flat[flat.trainer == "native"]
+    for (build, engine, fp), g in flat.groupby(["build", "engine", "config_fp"], sort=False):
+        ladder = ladder_frame(g)
+        if ladder.empty:
+            continue
+        rungs = [r for r in LADDER if r in set(ladder.rung)]
+        tol = tolerances(ladder).set_index("algo")
+        rows = []
+        for algo, a in ladder.groupby("algo", sort=False):
+            tds = []
+            for rung in rungs:
+                hit = a[a.rung == rung]
+                if hit.empty:
+                    tds.append('<td data-field="rung"></td>')
+                    continue
+                c = hit.iloc[0]
+                fill, ink = VERDICT_COLOURS.get(c.sanity, VERDICT_COLOURS["NO VERDICT"])
+                tds.append(f'<td data-field="rung" data-value="{_esc(c.sanity)}" style="background:{fill};'
+                           f'color:{ink}">{VERDICT_MARKS.get(c.sanity, "")} {_esc(c.passes)}</td>')
+            t = tol.loc[algo]
+            rows.append(f"<tr><th>{_esc(algo)}</th>{''.join(tds)}<td data-field=tolerance>"
+                        f"{_esc('none' if _missing(t.tolerance) else t.tolerance)}</td><td>{'-' if _missing(t.k3) else f'{t.k3:.2g}'}</td></tr>")
+        head = ("<tr><th>algorithm</th>" + "".join(f"<th>{_esc(r)}</th>" for r in rungs)
+                + "<th>tolerance</th><th>k3 there</th></tr>")
+        out.append(f"<h3>build {_esc(build)} · {_esc(engine)} · cfg {_esc(str(fp)[:6])}</h3>"
+                   f"<table class=rescue>{head}{''.join(rows)}</table>")
+    return "".join(out) or "<p class=note>No cell on the precision ladder yet (<code>bench tolerance</code>).</p>"
+
+
 def _reference(hit: list[dict]) -> str:
     if not hit:
         return "<p class=note>No published row matches these cells.</p>"
@@ -256,6 +294,9 @@ def write_site(url: str, out_dir: Path, title: str = "bench leaderboard",
             "<h2>Corrections</h2><p class=note>Each pair where a paper algorithm's cell FAILs, and every algorithm "
             "there: the verdict over its seeds (✓ PASS on every seed: a rescue), k/N and the mean peak split "
             f"accuracy.</p>{_corrections(cells)}"
+            "<h2>Tolerance</h2><p class=note>Rollouts at each rung of the precision ladder, fp32 training: each "
+            "algorithm's cell per rung over its seeds, and its tolerance (the coarsest rung that PASSes on every "
+            f"seed, with the mean k3 of its runs there).</p>{_tolerance(cells)}"
             "<h2>Reference — the paper's published results (never ranked)</h2><p class=note>Qi et al. 2025, "
             "DeepSeek-R1-Distill-Qwen-1.5B on its 1,460-problem split: another model, another split, thousands "
             f"of steps.</p>{_reference(hit)}")

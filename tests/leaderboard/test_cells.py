@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict
 from datetime import datetime, timedelta
 
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -299,3 +300,46 @@ def test_rescue_table_by_hand(tmp_path, monkeypatch):
     assert "--dtype 'rollout=mxfp4,train=fp16'" in code.value and len(algos) == len(ALGORITHMS) - 3
     assert code.value.endswith("--build b0 --engine torch")
     assert not {"icepop", "trm", "pg-seq-is"} & set(algos)
+
+
+# ------------------------------------------------------------------ the tolerance table (Tolerance page)
+
+def test_tolerance_table_by_hand(tmp_path, monkeypatch):
+    """grpo PASSes at fp32 and e8m5 on both seeds and FAILs at e8m4 on seed 0 (its tolerance: e8m5,
+    next rung e8m4 0/1); pg-seq-is converges nowhere (no tolerance); a bf16 run is off the ladder.
+    The page and the static site render it."""
+    from conftest import app_page
+    from leaderboard.cells import cells_frame
+    from leaderboard.queries import runs_frame
+    from leaderboard.tolerance import ladder_frame, tolerances
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    engine = open_store(url)
+    rows = [("g0", "grpo", "fp32", 0, "converged"), ("g1", "grpo", "e8m5", 0, "converged"),
+            ("g2", "grpo", "e8m5", 1, "converged"), ("g3", "grpo", "e8m4", 0, "futile"),
+            ("p0", "pg-seq-is", "e8m5", 0, "max_steps"), ("b0", "grpo", "bf16", 0, "converged")]
+    with session(engine) as s:
+        model_id = add_model_and_build(s)
+        for i, (rid, algo, rollout, seed, status) in enumerate(rows):
+            s.add(Run(id=rid, model_id=model_id, build_id="b0", algo=algo, rollout_dtype=rollout, train_dtype="fp32",
+                      trainer="native", engine="torch", config={**stored(), "seed": seed}, seed=seed, status=status,
+                      peak_accuracy=0.96, steps_to_target=60 if status == "converged" else None, step=80,
+                      created_at=T0 + timedelta(minutes=i)))
+    ladder = ladder_frame(cells_frame(runs_frame(engine)))
+    assert list(zip(ladder.algo, ladder.rung, ladder.passes)) == [
+        ("grpo", "fp32", "1/1"), ("grpo", "e8m5", "2/2"), ("grpo", "e8m4", "0/1"), ("pg-seq-is", "e8m5", "0/1")]
+    t = tolerances(ladder).set_index("algo")
+    assert (t.loc["grpo", "tolerance"], t.loc["grpo", "passes"], t.loc["grpo", "above"],
+            t.loc["grpo", "above_passes"]) == ("e8m5", "2/2", "e8m4", "0/1")
+    assert pd.isna(t.loc["pg-seq-is", "tolerance"]) and t.loc["pg-seq-is", "above"] == "e8m5"
+    from leaderboard.site import write_site
+
+    write_site(url, tmp_path / "site")
+    page = (tmp_path / "site" / "index.html").read_text()
+    section = page.split("<h2>Tolerance</h2>")[1].split("<h2>")[0]
+    assert section.count('data-field="rung" data-value="PASS"') == 2 and "<td data-field=tolerance>e8m5" in section
+    assert "<td data-field=tolerance>none" in section
+    monkeypatch.setenv("BENCH_DB_URL", url)
+    at = app_page("pages/tolerance.py")
+    assert not at.exception
+    assert any("e8m5" in str(df.value.tolerance.tolist()) for df in at.dataframe)

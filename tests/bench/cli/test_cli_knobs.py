@@ -31,6 +31,7 @@ from conftest import add_model_and_build
 VERBS = {
     "run": (RunConfig, ["run", "--algo", "grpo", "--dtype", "fp32", "--device", "cpu"]),
     "sweep": (RunConfig, ["sweep", "--algo", "grpo", "--dtype", "fp32", "--device", "cpu"]),
+    "tolerance": (RunConfig, ["tolerance", "--algo", "grpo", "--device", "cpu"]),
     "build": (BuildConfig, ["build", "--engine", "torch", "--dtype", "fp32", "--device", "cpu"]),
     "mismatch": (MismatchConfig, ["mismatch", "--dtype", "fp32", "--device", "cpu"]),
     "grade": (GradeConfig, ["grade", "RESPONSES"]),              # a JSONL of one gradable row; no store

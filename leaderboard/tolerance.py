@@ -1,0 +1,57 @@
+"""The tolerance table: on one build, how far down the precision ladder (bench/ladder.py: rollouts
+at each rung, fp32 training) each algorithm's cells still PASS.
+
+A ladder cell is a cell (leaderboard/cells.py) whose training format is fp32 and whose rollout
+format is fp32 or a rung. `ladder_frame` gives one row per (algorithm, rung) run; `tolerances`
+one row per algorithm: its tolerance, the coarsest rung whose cell PASSes on every seed (as
+`bench tolerance` answers it: runners/tolerance.py), the first rung run above it with that cell's
+seeds, and the mismatch it survived there: the per-token k3 of KL[μ‖π] averaged over each run's
+steps (`mean_kl`), the median over the cell's seeds."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from bench.formats import LADDER
+from bench.precision import Precision
+
+COLUMNS = ["algo", "rung", "index", "sanity", "passes", "pass_rate", "peak_mean", "kl_k3_median", "n_seeds"]
+SUMMARY = ["algo", "tolerance", "passes", "k3", "above", "above_passes", "rungs_run"]
+
+
+def rung_of(precision: str) -> str | None:
+    """The ladder rung of a cell's pair (`e8m3→fp32` → e8m3, `fp32` → fp32), None off the ladder."""
+    p = Precision.parse(precision)
+    return p.rollout if p.train == "fp32" and p.rollout in LADDER else None
+
+
+def ladder_frame(cells: pd.DataFrame) -> pd.DataFrame:
+    """The ladder cells, one row each, by algorithm then rung (finest first)."""
+    rows = []
+    for c in cells.itertuples(index=False):
+        rung = rung_of(c.precision)
+        if rung is not None:
+            rows.append({"algo": c.algo, "rung": rung, "index": LADDER.index(rung), "sanity": c.sanity,
+                         "passes": c.passes, "pass_rate": c.pass_rate, "peak_mean": c.peak_mean,
+                         "kl_k3_median": getattr(c, "kl_k3_median", math.nan), "n_seeds": c.n_seeds})
+    return pd.DataFrame(rows, columns=COLUMNS).sort_values(["algo", "index"], kind="stable").reset_index(drop=True)
+
+
+def tolerances(ladder: pd.DataFrame) -> pd.DataFrame:
+    """One row per algorithm of `ladder` (ladder_frame): the coarsest rung whose cell PASSes (None
+    when none does), its seeds and k3 there, and the first rung run above it with its seeds (None
+    when it is the coarsest run)."""
+    rows = []
+    for algo, g in ladder.groupby("algo", sort=False):
+        passed = g[g.sanity == "PASS"]
+        tol = passed.iloc[-1] if not passed.empty else None
+        above = g[g["index"] > (tol["index"] if tol is not None else -1)]
+        nxt = above.iloc[0] if not above.empty else None
+        rows.append({"algo": algo, "tolerance": None if tol is None else tol.rung,
+                     "passes": None if tol is None else tol.passes,
+                     "k3": math.nan if tol is None else tol.kl_k3_median,
+                     "above": None if nxt is None else nxt.rung, "above_passes": None if nxt is None else nxt.passes,
+                     "rungs_run": len(g)})
+    return pd.DataFrame(rows, columns=SUMMARY)
