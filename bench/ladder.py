@@ -107,8 +107,10 @@ def _mutated(func) -> list[int]:
 
 @functools.cache
 def _aliases(func) -> bool:
-    """Whether `func` returns a view of (or the same storage as) an input: such ops pass through."""
-    return func.is_view or any(r.alias_info is not None for r in func._schema.returns)
+    """Whether `func` returns a view of an input without writing it (view, transpose, slice,
+    detach): such ops pass through. An op that writes into its input (add_, copy_) returns it
+    too, but is rounded (`_mutated`)."""
+    return func.is_view or any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
 
 
 class RoundingMode(TorchDispatchMode):

@@ -213,3 +213,25 @@ def test_the_mismatch_grows_down_the_ladder(tiny_math, monkeypatch):
             mu[k, :len(s.logprobs)] = torch.tensor(s.logprobs)
         means.append(prob_diff_stats(mu, pi, m)["prob_abs_diff_mean"])
     assert all(a < b for a, b in zip(means, means[1:])), dict(zip(formats.LADDER, means))
+
+
+def test_ops_that_write_into_a_carrier_tensor_write_the_rounded_result():
+    """In place (mul_, add_ of an fp32 tensor), copy_ from fp32 and a slice assignment: each carrier
+    tensor they write holds e8m3 values, the single rounding of the fp32 result; views pass through
+    (the slice assignment lands in the original)."""
+    r = ladder.Rung(8, 3)
+    g = torch.Generator().manual_seed(0)
+    x0 = r.round(torch.randn(1000, generator=g)).to(torch.bfloat16)
+    y = torch.randn(1000, generator=g)
+    x, z = x0.clone(), x0.clone()
+    w = torch.empty(1000, dtype=torch.bfloat16)
+    v = torch.zeros(10, dtype=torch.bfloat16)
+    with ladder.RoundingMode(r):
+        x.mul_(1.1)
+        z.add_(y)
+        w.copy_(y)
+        v[2:5] = torch.tensor([1.1, 2.2, 3.3])
+    assert torch.equal(x.float(), r.round(x0.float() * 1.1))
+    assert torch.equal(z.float(), r.round(x0.float() + y))
+    assert torch.equal(w.float(), r.round(y))
+    assert v.float().tolist()[:6] == [0.0, 0.0, 1.125, 2.25, 3.25, 0.0]
