@@ -184,8 +184,10 @@ def _tolerance(cells: pd.DataFrame) -> str:
                 tds.append(f'<td data-field="rung" data-value="{_esc(c.sanity)}" style="background:{fill};'
                            f'color:{ink}">{VERDICT_MARKS.get(c.sanity, "")} {_esc(c.passes)}</td>')
             t = tol.loc[algo]
-            rows.append(f"<tr><th>{_esc(algo)}</th>{''.join(tds)}<td data-field=tolerance>"
-                        f"{_esc('none' if _missing(t.tolerance) else t.tolerance)}</td><td>{'-' if _missing(t.k3) else f'{t.k3:.2g}'}</td></tr>")
+            name = "none" if _missing(t.tolerance) else t.tolerance
+            k3 = "-" if _missing(t.k3) else f"{t.k3:.2g}"
+            rows.append(f"<tr><th>{_esc(algo)}</th>{''.join(tds)}<td data-field=tolerance>{_esc(name)}</td>"
+                        f"<td>{k3}</td></tr>")
         head = ("<tr><th>algorithm</th>" + "".join(f"<th>{_esc(r)}</th>" for r in rungs)
                 + "<th>tolerance</th><th>k3 there</th></tr>")
         out.append(f"<h3>build {_esc(build)} · {_esc(engine)} · cfg {_esc(str(fp)[:6])}</h3>"
