@@ -71,8 +71,7 @@ class Format:
 
     @property
     def plain(self) -> bool:
-        """Nothing but a parameter dtype for every dense layer (`router32` changes MoE routers only;
-        a rung rounds what its carrier dtype holds)."""
+        """Nothing but a parameter dtype for every dense layer (`router32` changes MoE routers only)."""
         return self.quant is None and not self.head32
 
     @property
