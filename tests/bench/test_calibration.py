@@ -119,10 +119,17 @@ def test_the_limits_are_the_measured_ones():
     want = {"fp32": (1e-5, 1e-8, 1e-3), "fp16": (2e-2, 5e-4, None), "bf16": (1e-1, 5e-3, None),
             "bf16+head32": (1e-1, 5e-3, None), "fp8": (1.5e-1, 3e-2, None), "int8": (1.5e-1, 4e-2, None),
             "nvfp4": (2e-1, 8e-2, None), "mxfp4": (3e-1, 2e-1, None), "bf16+router32": (1e-1, 5e-3, None),
-            "fp16+router32": (2e-2, 5e-4, None)}
+            "fp16+router32": (2e-2, 5e-4, None),
+            # the precision ladder: the carrier's band scaled by the unit roundoff (mean × f, k3 × f²), measured
+            "e5m10": (0.02, 0.0005, None), "e5m9": (0.04, 0.002, None), "e5m8": (0.08, 0.008, None),
+            "e8m7": (0.1, 0.005, None), "e8m6": (0.2, 0.02, None), "e8m5": (0.4, 0.08, None),
+            "e8m4": (0.8, 0.32, None), "e8m3": (1.6, 1.28, None), "e8m2": (3.2, 5.12, None),
+            "e8m1": (6.4, 20.48, None)}
     assert {k: (b.mean_abs, b.k3, b.max_abs) for k, b in BANDS.items()} == want
     assert TWIN_RATIO == {"fp32": 0.0, "fp16": 2.0, "bf16": 2.0, "bf16+head32": 2.0, "fp8": 1.5, "int8": 1.5,
-                          "nvfp4": 1.5, "mxfp4": 1.5, "bf16+router32": 2.0, "fp16+router32": 2.0}
+                          "nvfp4": 1.5, "mxfp4": 1.5, "bf16+router32": 2.0, "fp16+router32": 2.0,
+                          **dict.fromkeys(["e5m10", "e5m9", "e5m8", "e8m7", "e8m6", "e8m5", "e8m4", "e8m3", "e8m2",
+                                           "e8m1"], 2.0)}
     assert (Z_REF, KAPPA_MAX, Z_MIN) == (4.0, 0.1, 6.0)
     with pytest.raises(AttributeError):                    # a band is a constant
         BANDS["fp16"].k3 = 1.0
