@@ -59,6 +59,13 @@ def _verdict_td(verdict: str) -> str:
             f'font-weight:600">{_esc(verdict)}</td>')
 
 
+def _cell_td(field: str, c, extra: str = "") -> str:
+    """One cell's square in a table: its verdict's colours and mark, k/N seeds passed, then `extra`."""
+    fill, ink = VERDICT_COLOURS.get(c.sanity, VERDICT_COLOURS["NO VERDICT"])
+    return (f'<td data-field="{field}" data-value="{_esc(c.sanity)}" style="background:{fill};color:{ink}">'
+            f'{VERDICT_MARKS.get(c.sanity, "")} {_esc(c.passes)}{extra}</td>')
+
+
 def _number(x, digits=3) -> str | None:
     return None if _missing(x) else f"{x:.{digits}f}"
 
@@ -114,10 +121,7 @@ def _grids(cells: pd.DataFrame) -> str:
                 if hit.empty:
                     tds.append("<td></td>")
                     continue
-                c = hit.iloc[0]
-                fill, ink = VERDICT_COLOURS.get(c.sanity, VERDICT_COLOURS["NO VERDICT"])
-                tds.append(f'<td data-field="grid" data-value="{_esc(c.sanity)}" style="background:{fill};'
-                           f'color:{ink}">{VERDICT_MARKS.get(c.sanity, "")} {_esc(c.passes)}</td>')
+                tds.append(_cell_td("grid", hit.iloc[0]))
             rows.append(f"<tr><th>{_esc(r)}</th>{''.join(tds)}</tr>")
         head = "<tr><th>rollout μ \\ train π</th>" + "".join(f"<th>{_esc(t)}</th>" for t in trains) + "</tr>"
         out.append(f"<h3>{_esc(algo)} · build {_esc(build)}</h3><table class=grid>{head}{''.join(rows)}</table>")
@@ -144,10 +148,7 @@ def _corrections(cells: pd.DataFrame) -> str:
                 if not c.n_seeds:
                     tds.append('<td data-field="rescue"></td>')
                     continue
-                fill, ink = VERDICT_COLOURS.get(c.sanity, VERDICT_COLOURS["NO VERDICT"])
-                tds.append(f'<td data-field="rescue" data-value="{_esc(c.sanity)}" style="background:{fill};'
-                           f'color:{ink}">{VERDICT_MARKS.get(c.sanity, "")} {_esc(c.passes)} '
-                           f'{_esc(_number(c.peak_mean))}</td>')
+                tds.append(_cell_td("rescue", c, f" {_esc(_number(c.peak_mean))}"))
             rows.append(f"<tr><th>{_esc(algo)}</th><td>{_esc(describe(algo))}</td>{''.join(tds)}</tr>")
         head = "<tr><th>algorithm</th><th>anchor, unit, kind</th>" + "".join(f"<th>{_esc(p)}</th>" for p in pairs)
         out.append(f"<h3>build {_esc(build)} · {_esc(trainer)} · {_esc(engine)} · cfg {_esc(str(fp)[:6])}</h3>"
@@ -179,10 +180,7 @@ def _tolerance(cells: pd.DataFrame) -> str:
                 if hit.empty:
                     tds.append('<td data-field="rung"></td>')
                     continue
-                c = hit.iloc[0]
-                fill, ink = VERDICT_COLOURS.get(c.sanity, VERDICT_COLOURS["NO VERDICT"])
-                tds.append(f'<td data-field="rung" data-value="{_esc(c.sanity)}" style="background:{fill};'
-                           f'color:{ink}">{VERDICT_MARKS.get(c.sanity, "")} {_esc(c.passes)}</td>')
+                tds.append(_cell_td("rung", hit.iloc[0]))
             t = tol.loc[algo]
             name = "none" if _missing(t.tolerance) else t.tolerance
             k3 = "-" if _missing(t.k3) else f"{t.k3:.2g}"
