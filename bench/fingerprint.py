@@ -25,7 +25,8 @@ metadata (bench/runconfig.py, `fingerprint`), never typed twice:
   (as the device, which is not in the config either): checkpoint_every, keep_checkpoints,
   threads, rollout_max_batch, gpu_memory_utilization, max_tokens_per_microbatch and
   group_by_length (the same optimizer step up to float rounding), gradient_checkpointing (a
-  recompute).
+  recompute), verl_resources (a verl run's overrides of its parallel sizes, micro-batches and
+  memory: runners/verl_overrides.py; its other overrides, verl_settings, are "when-set").
 
 The rule for a new knob (`WHEN_SET`): a knob added after runs were stored is declared
 `fingerprint="when-set"` and is part of the settings only at a value other than its default

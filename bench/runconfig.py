@@ -112,6 +112,14 @@ class RunConfig:
                                "the experts the rollout engine chose at every position it ran; the router metrics "
                                "still compare what the trainer would have chosen. Built-in engine, staleness 0, no "
                                "gradient checkpointing.", verl=True)
+    verl_settings: tuple[str, ...] = knob(
+        (), help="--trainer verl: the user's verl overrides that may change what the run computes (Hydra "
+        "KEY=VALUE, sorted; runners/verl_overrides.py): part of the cell.", cli=False, fingerprint="when-set",
+        verl=True)
+    verl_resources: tuple[str, ...] = knob(
+        (), help="--trainer verl: the user's verl overrides of where and how fast the run is computed (parallel "
+        "sizes, micro-batches, memory shares; runners/verl_overrides.py): not part of the cell.", cli=False,
+        fingerprint="resource", verl=True)
     algo: AlgoConfig = knob(help="The losses' hyper-parameters (its thresholds are options: --icepop-lo, ...).",
                             cli=False, nested=True, default_factory=AlgoConfig)
     stop: StopConfig = knob(help="When a run ends (its switches and the futility rule's settings are options).",

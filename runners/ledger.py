@@ -67,16 +67,16 @@ def create(s, run_id: str, model_id, build_id: str, algo: str, precision: Precis
 
 
 def skip(store, build_id: str, algo: str, p: Precision, config: dict, engine: str, reason: str,
-         run_id: str | None = None) -> str:
+         run_id: str | None = None, trainer: str = "native") -> str:
     """Mark run `run_id` (one interrupted because its cell was decided) skipped with `reason`, or,
-    without it, add a run row of status `skipped` for a seed never started; returns its id."""
+    without it, add a run row of status `skipped` (of `trainer`) for a seed never started; returns its id."""
     with session(store) as s:
         if run_id is not None:
             run = s.get(Run, run_id)
             run.status, run.stop_reason = SKIPPED, reason
             return run_id
         rid = uuid.uuid4().hex[:12]
-        create(s, rid, s.get(Build, build_id).model_id, build_id, algo, p, "native", engine, config, None, None,
+        create(s, rid, s.get(Build, build_id).model_id, build_id, algo, p, trainer, engine, config, None, None,
                status=SKIPPED, stop_reason=reason)
         return rid
 

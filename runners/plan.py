@@ -17,6 +17,7 @@ from bench import stop as stop_rules
 from bench.device import device_supports, resolve_device
 from bench.engines import resolve_engine
 from bench.errors import BenchError
+from bench.fingerprint import CONFIG_EXTRAS
 from bench.models import ModelRef, resolve_model, with_prompt
 from bench.precision import Precision
 from bench.problems import Problem
@@ -104,9 +105,10 @@ def config_from_dict(c: dict) -> RunConfig:
     """The RunConfig stored with a run (asdict form) back as dataclasses. A run stored before
     `group_by_length` existed ran each mini-batch as one padded batch: it resumes, extends and
     re-verifies that way (False), whatever today's default."""
-    c = {"group_by_length": False, **{k: v for k, v in c.items() if k not in ("preset", "verl")}}
+    c = {"group_by_length": False, **{k: v for k, v in c.items() if k not in CONFIG_EXTRAS}}
     return RunConfig(**{**c, "algo": AlgoConfig(**c["algo"]), "stop": stop_rules.StopConfig(**c["stop"]),
-                        "benchmarks": [Benchmark(**b) for b in c["benchmarks"]]})
+                        "benchmarks": [Benchmark(**b) for b in c["benchmarks"]],
+                        **{k: tuple(c[k]) for k in ("verl_settings", "verl_resources") if k in c}})
 
 
 # ------------------------------------------------------------------ the checks

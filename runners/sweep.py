@@ -7,7 +7,8 @@ staleness axis (`--staleness 0,1,2,4`: runners/staleness.py), once per K as well
 (cell, K, seed) run skipped. A cell's finished runs are those of its K (runs.staleness; without
 the axis, the preset's K, 0), so on-policy and stale runs never stand in for each other.
 With the verl trainer the cells run one after another (runners/verl_launch.py, then
-runners/verl_follow.py): verl takes the whole cluster.
+runners/verl_follow.py): verl takes the whole cluster. Its seeds are verl's (runners/verl_runner.py
+`SEED_KEYS`), decided as the native trainer's are.
 
 A cell passes only when every seed passes, so with seeds its first failing seed decides it
 (`decide_early`, on by default; `SeedDecider`): once a seed of a cell ends in a FAIL status
@@ -357,13 +358,13 @@ class _GridRun:
         """Record a seed not started because its cell was decided (once: an earlier sweep's record stands)."""
         g = self.grid
         with session(self.store) as s:
-            earlier = cell_runs(s, g.build_id, cell.algo, cell.precision, "native", g.k(cell), g.recorded_engine,
+            earlier = cell_runs(s, g.build_id, cell.algo, cell.precision, g.trainer, g.k(cell), g.recorded_engine,
                                 g.fingerprint(cell), (SKIPPED,), cell.seed)
         if earlier:
             return earlier[0].id
         self.log(f"skip {cell.label}: cell decided ({why})")
         return ledger.skip(self.store, g.build_id, cell.algo, cell.precision, g.config(cell), g.recorded_engine,
-                              skip_reason(why))
+                           skip_reason(why), trainer=g.trainer)
 
     def after(self, cell: Cell, rid: str | None, since) -> str | None:
         """Decide the cell on a failing seed (interrupting its running seeds); mark this seed
@@ -378,14 +379,14 @@ class _GridRun:
             return rid
         g = self.grid
         with session(self.store) as s:     # interrupted (or crashed while the cell was being decided)
-            mine = cell_runs(s, g.build_id, cell.algo, cell.precision, "native", g.k(cell), g.recorded_engine,
+            mine = cell_runs(s, g.build_id, cell.algo, cell.precision, g.trainer, g.k(cell), g.recorded_engine,
                              g.fingerprint(cell), (*FINISHED, FAILED, RUNNING), cell.seed, since)
             mine_id, mine_status, at = (mine[0].id, mine[0].status, mine[0].step) if mine else (None, None, None)
         if mine_status in FINISHED:   # it ended before the interruption reached it (its output was cut)
             return mine_id
         if mine_id is not None:
             return ledger.skip(self.store, g.build_id, cell.algo, cell.precision, {}, g.recorded_engine,
-                                  skip_reason(why, at), mine_id)
+                               skip_reason(why, at), mine_id)
         return self.skip(cell, why)
 
 
@@ -400,11 +401,11 @@ def run_grid(store, algos: list[str], pairs: list[Precision], build_id: str | No
     <precision>[ seed N] step …`) and one when it ends. `device`: where native cells train
     (bench/device.py). `staleness`: run every cell (and seed) once per K, skipping the finished
     (cell, K, seed) runs; without it every cell runs at the K of the overrides or the preset,
-    and only its runs at that K count as finished. `decide_early` (with seeds, native): a cell's
+    and only its runs at that K count as finished. `decide_early` (with seeds): a cell's
     first failing seed decides it (module doc)."""
     grid, cells = plan_grid(store, algos, pairs, build_id, engine, preset, overrides, seeds, staleness, device,
                             ckpt_root, verl)
-    decider = SeedDecider(decide_early and seeds is not None and verl is None)
+    decider = SeedDecider(decide_early and seeds is not None)
     todo, results = [], {}
     with session(store) as s:
         for cell in cells:

@@ -15,8 +15,8 @@ from bench.store import bench_home, session
 from .plan import check_preset_fits, resolve_inputs
 from .presets import RunConfig
 from .verl_follow import prepare
-from .verl_runner import (VerlError, check_algorithm, check_router_replay, check_staleness, check_verl_version,
-                          installed_verl_version, missing_launch_modules, validate_cells)
+from .verl_runner import (VerlError, check_algorithm, check_overrides, check_router_replay, check_staleness,
+                          check_verl_version, installed_verl_version, missing_launch_modules, validate_cells)
 
 
 @dataclass(frozen=True)
@@ -30,10 +30,11 @@ class VerlTarget:
 
 def check_verl_cell(algo: str, cfg: RunConfig) -> None:
     """Refuse what verl 0.9.1 cannot run to its end: pg-seq-mis, a staleness K > 0, router
-    replay (runners/verl_runner.py says why for each)."""
+    replay (runners/verl_runner.py says why for each); and a --verl-override of a key the cell sets."""
     check_algorithm(algo)
     check_staleness(cfg.staleness)
     check_router_replay(cfg.router_replay)
+    check_overrides(algo, cfg)
 
 
 def prepare_verl_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: str | None,

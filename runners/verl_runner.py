@@ -41,6 +41,7 @@ names; the KL early warning and the step-1 calibration read `bypass/kl_k3` when 
 from __future__ import annotations
 
 import shlex
+from fnmatch import fnmatchcase
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -52,6 +53,7 @@ from bench.precision import Precision
 from bench.problems import Problem
 
 from .presets import RunConfig
+from .verl_overrides import merge
 
 SUPPORTED_VERL = ("0.9.1",)
 RC = "algorithm.rollout_correction"
@@ -358,9 +360,53 @@ class VerlJob:
     nodes: int = 1
 
 
+# what sets each key of bench's command that is not the algorithm's or the precision's (the cell's
+# keys a --verl-override may not replace: runners/verl_overrides.py); DEFAULTS there are bench's defaults
+_JOB = "the run's own directory and its exported split, reward and logger (bench follows verl's file logger)"
+SEED_KEYS = ("data.seed", "actor_rollout_ref.rollout.seed", "actor_rollout_ref.actor.data_loader_seed",
+             "actor_rollout_ref.actor.fsdp_config.seed")
+OWNERS = {
+    **dict.fromkeys(("data.train_files", "data.val_files", "actor_rollout_ref.model.path",
+                     "reward.custom_reward_function.path", "reward.custom_reward_function.name", "trainer.logger",
+                     "trainer.project_name", "trainer.experiment_name", "trainer.default_local_dir",
+                     "trainer.resume_mode", "actor_rollout_ref.rollout.name"), _JOB),
+    **dict.fromkeys(SEED_KEYS, "--seed / --seeds"),
+    "data.train_batch_size": "--prompts-per-step", "data.max_response_length": "--max-tokens",
+    "actor_rollout_ref.actor.optim.lr": "--lr", "actor_rollout_ref.actor.ppo_mini_batch_size": "--updates-per-batch",
+    "actor_rollout_ref.rollout.n": "--samples-per-prompt", "actor_rollout_ref.rollout.temperature": "--temperature",
+    "actor_rollout_ref.rollout.top_p": "--top-p", "trainer.n_gpus_per_node": "--gpus", "trainer.nnodes": "--nodes",
+    "trainer.test_freq": "--eval-every", "trainer.total_training_steps": "--max-steps",
+    "trainer.save_freq": "--checkpoint-every", "actor_rollout_ref.rollout.val_kwargs.n": "--benchmark (the preset's)",
+    "actor_rollout_ref.rollout.val_kwargs.temperature": "--benchmark (the preset's)",
+    "actor_rollout_ref.rollout.val_kwargs.top_p": "--benchmark (the preset's)",
+    "actor_rollout_ref.rollout.val_kwargs.do_sample": "--benchmark (the preset's)",
+}
+_CELL_PATTERNS = {"algorithm.*": "--algo", "actor_rollout_ref.actor.policy_loss.*": "--algo",
+                  "actor_rollout_ref.actor.clip_ratio*": "--algo", "actor_rollout_ref.actor.loss_*": "--algo",
+                  "actor_rollout_ref.actor.use_kl_loss": "--algo", "actor_rollout_ref.actor.ppo_epochs": "--algo",
+                  "actor_rollout_ref.rollout.calculate_log_probs": "--algo (bench's mismatch metrics need μ)",
+                  "actor_rollout_ref.rollout.dtype": "--dtype", "actor_rollout_ref.rollout.quantization": "--dtype",
+                  "*.mixed_precision.*": "--dtype"}
+
+
+def owner(key: str) -> str | None:
+    """What sets verl key `key` in bench's command for some cell (None: no cell sets it)."""
+    return OWNERS.get(key) or next((why for pat, why in _CELL_PATTERNS.items() if fnmatchcase(key, pat)), None)
+
+
+def check_overrides(algo: str, cfg: RunConfig) -> None:
+    """Refuse a user override (`cfg.verl_settings`, `cfg.verl_resources`) of a key the cell sets
+    (ConfigError naming what sets it), before anything is written: `verl_command` merges them the
+    same way."""
+    merge(algo_overrides(algo, cfg.max_tokens, cfg.algo.C, cfg.algo), [*cfg.verl_settings, *cfg.verl_resources],
+          owner)
+
+
 def verl_command(algo: str, p: Precision, cfg: RunConfig, job: VerlJob, python: str = "python",
                  entry: str = "verl.trainer.main_ppo") -> tuple[list[str], dict]:
-    """The argv and extra environment that launch verl (`python -m entry`) for one cell."""
+    """The argv and extra environment that launch verl (`python -m entry`) for one cell: bench's
+    overrides, the run's seed in each of verl's seeds (`SEED_KEYS`), then the user's own
+    (`cfg.verl_settings`, `cfg.verl_resources`: runners/verl_overrides.py `merge`)."""
     mini = max(1, cfg.prompts_per_step // max(1, cfg.updates_per_batch))
     args = [
         f"data.train_files={job.train_file}",
@@ -388,8 +434,9 @@ def verl_command(algo: str, p: Precision, cfg: RunConfig, job: VerlJob, python: 
                  f"actor_rollout_ref.rollout.val_kwargs.temperature={b.temperature:g}",
                  f"actor_rollout_ref.rollout.val_kwargs.top_p={b.top_p:g}",
                  "actor_rollout_ref.rollout.val_kwargs.do_sample=True"]
-    argv = [python, "-m", entry, *algo_overrides(algo, cfg.max_tokens, cfg.algo.C, cfg.algo),
-            *precision_overrides(p), *args]
+    args += [f"{k}={cfg.seed}" for k in SEED_KEYS]
+    bench = [*algo_overrides(algo, cfg.max_tokens, cfg.algo.C, cfg.algo), *precision_overrides(p), *args]
+    argv = [python, "-m", entry, *merge(bench, [*cfg.verl_settings, *cfg.verl_resources], owner)]
     return argv, {"VERL_FILE_LOGGER_PATH": str(job.metrics_file.resolve())}
 
 

@@ -150,6 +150,12 @@ _ENGINE = typer.Option(Engine.torch, help="Rollout engine (auto: vllm when impor
 _TRAINER = typer.Option(Trainer.native, help="native (one process a run), or verl (launch verl 0.9.1's main_ppo, "
                         "follow its metrics, stop it by bench's rules; a sweep's cells one after another).")
 _VERL_PYTHON = typer.Option("python", help="With --trainer verl: the interpreter of the environment that has verl.")
+_VERL_OVERRIDE = typer.Option(
+    None, "--verl-override", metavar="KEY=VALUE", help="With --trainer verl: one of verl's own Hydra overrides "
+    "(repeat it), passed to main_ppo after bench's: e.g. actor_rollout_ref.rollout.tensor_model_parallel_size=2. "
+    "One of bench's defaults (data.max_prompt_length, the micro-batch sizes) is replaced; a key the cell sets "
+    "(--algo, --dtype, --lr, ...) is refused. Parallel sizes, micro-batches and memory shares are resources; any "
+    "other key is part of the cell (docs/verl.md).", show_default=False)
 _GPUS = typer.Option(1, min=1, help="With --trainer verl: GPUs per node.")
 _NODES = typer.Option(1, min=1, help="With --trainer verl: nodes.")
 _PRESET = typer.Option(None, help="The run settings every option below starts from: tiny (the embedded "
@@ -185,6 +191,7 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
         dry_run: bool = typer.Option(False, help="With --trainer verl: export the split and reward module, "
                                      "print the command, launch nothing."),
         verl_python: str = _VERL_PYTHON,
+        verl_override: Optional[list[str]] = _VERL_OVERRIDE,
         preset: Preset = _PRESET,
         benchmark: Optional[str] = _BENCHMARK,
         seeds: Optional[str] = _SEEDS,
@@ -207,6 +214,11 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
         return
     # every input checked here, before the store is opened or a bar drawn
     _check_algo(algo)
+    if resume and seeds is not None:
+        fail("--seeds starts runs; resume one run with --resume RUN_ID alone")
+    from bench.cli.run_verl import resume_verl, verl_run, with_verl_overrides
+
+    knobs = with_verl_overrides(knobs, verl_override, trainer)
     _run_config(preset or Preset.tiny, benchmark, knobs)       # the knobs' bounds, before the store is read
     if algo:
         _check_thresholds([algo], knobs)
@@ -215,15 +227,17 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
     trainer, engine = trainer.value, engine.value
     if trainer == "native" and not (resume and device is None):
         device = resolve_device(device)
-    if seeds is not None:
-        _seeded_run(algo, dtype, build_id, model, engine, trainer, preset, overrides, seeds, resume,
-                    checkpoint_dir, as_json, db, device, decide_early=not all_seeds)
+    if seeds is not None and trainer == "native":
+        _seeded_run(algo, dtype, build_id, model, engine, preset, overrides, seeds, checkpoint_dir, as_json, db,
+                    device, decide_early=not all_seeds)
         return
-    if resume and _resume_verl(resume, db, as_json):
+    if resume and resume_verl(resume, db, as_json):
         return
     if trainer == "verl":
-        _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, dry_run, gpus, nodes,
-                  as_json)
+        from runners.verl_launch import VerlTarget
+
+        verl_run(algo, dtype, build_id, model, preset, overrides, db, VerlTarget(verl_python, gpus, nodes), dry_run,
+                 as_json, seeds, not all_seeds)
         return
     if not algo and not resume:
         fail("give --algo (see `bench run --algo list`) or --resume RUN_ID")
@@ -256,24 +270,26 @@ def runs_extend(ctx: typer.Context,
     _print_run_end(run_id, store, as_json)
 
 
-def _seeded_run(algo, dtype, build_id, model, engine, trainer, preset, overrides, seeds, resume, checkpoint_dir,
-                as_json, db, device: str = "cpu", decide_early: bool = True) -> None:
-    """`bench run --seeds`: the one cell once per seed, as a one-cell sweep."""
-    from bench.precision import Precision
-    from runners.sweep import parse_seeds, run_grid
-    from runners.plan import resolve_inputs
+def _seed_list(seeds: str, overrides: dict) -> list[int]:
+    from runners.sweep import parse_seeds
 
-    if resume:
-        fail("--seeds starts runs; resume one run with --resume RUN_ID alone")
     if overrides.get("seed") is not None:
         fail("give --seed or --seeds, not both")
-    if trainer != "native":
-        fail("--seeds runs the native trainer only: the verl launcher passes no seed to verl yet")
+    return parse_seeds(seeds)
+
+
+def _seeded_run(algo, dtype, build_id, model, engine, preset, overrides, seeds, checkpoint_dir, as_json, db,
+                device: str = "cpu", decide_early: bool = True, verl=None) -> None:
+    """`bench run --seeds`: the one cell once per seed, as a one-cell sweep (on verl: `verl`, its target)."""
+    from bench.precision import Precision
+    from runners.sweep import run_grid
+    from runners.plan import resolve_inputs
+
     if not algo:
         fail("give --algo (see `bench run --algo list`)")
-    seed_list = parse_seeds(seeds)
+    seed_list = _seed_list(seeds, overrides)
     store = _store(db)
-    preset = _chosen_preset(preset, store, build_id, model, device, trainer).value
+    preset = _chosen_preset(preset, store, build_id, model, device, "native" if verl is None else "verl").value
     pairs = [Precision.parse(dtype)]
     if model and not build_id:
         from bench.store import session
@@ -282,7 +298,7 @@ def _seeded_run(algo, dtype, build_id, model, engine, trainer, preset, overrides
             build_id = resolve_inputs(s, None, model)[0].id
     results = run_grid(store, [algo], pairs, build_id, engine, preset,
                        {k: v for k, v in overrides.items() if v is not None}, 1,
-                       log=_log, seeds=seed_list,
+                       log=_log, seeds=seed_list, verl=verl,
                        ckpt_root=checkpoint_dir, device=device, decide_early=decide_early)
     _print_grid(results, as_json)
 
@@ -310,75 +326,6 @@ def _print_grid(results: list[dict], as_json: bool = False) -> None:
         raise typer.Exit(1)
 
 
-def _resume_verl(run_id, db, as_json) -> bool:
-    """Resume `run_id` if verl ran it (False for a native run)."""
-    from bench.store import Run, session
-    from runners.verl_follow import resume_verl_run
-
-    store = _store(db)
-    with session(store) as s:
-        run = s.get(Run, run_id)
-        if run is None or run.trainer != "verl":
-            return False
-    with _step_progress(_verl_progress) as cb:
-        resume_verl_run(store, run_id, progress=cb)
-    _print_run_end(run_id, store, as_json)
-    return True
-
-
-def verl_knobs() -> set[str]:
-    """The `bench run` settings a verl run takes: the knobs declared `verl=True` (bench/runconfig.py:
-    what the launcher passes on or the follower applies; staleness and router replay are refused
-    there unless off) and --benchmark (the first benchmark's source)."""
-    from bench.knobs import cli_knobs
-    from bench.runconfig import RunConfig
-
-    return {"benchmark"} | {f.name for _, f in cli_knobs(RunConfig) if f.metadata.get("verl")}
-
-
-def _verl_run(algo, dtype, build_id, model, preset, overrides, db, verl_python, dry_run, gpus, nodes,
-              as_json) -> None:
-    from bench.knobs import flag_of
-    from bench.precision import Precision
-    from runners.presets import get_preset
-    from runners.verl_follow import start_verl_run
-    from runners.verl_launch import VerlTarget, check_verl_cell, prepare_verl_run
-    from runners.verl_runner import shell_line
-
-    if not algo:
-        fail("give --algo (see `bench run --algo list`)")
-    unused = [k for k, v in overrides.items() if v is not None and k not in verl_knobs()]
-    if unused:
-        console.print("[yellow]warning:[/] verl does not take " + ", ".join(f"--{flag_of(k)}" for k in unused)
-                      + " (native trainer settings); the run ignores them", highlight=False, soft_wrap=True)
-    check_verl_cell(algo, get_preset((preset or Preset.paper).value, **overrides))   # before the store is read
-    store = _store(db)
-    preset = _chosen_preset(preset, store, build_id, model, "cuda", "verl").value
-    cfg = get_preset(preset, **overrides)
-    p = Precision.parse(dtype)
-    job, version = prepare_verl_run(store, algo, p, cfg, build_id, model, VerlTarget(verl_python, gpus, nodes),
-                                    dry_run, preset)
-    if version is not None:
-        console.print(f"verl {version}: validate_config passed", highlight=False)
-    elif dry_run:
-        console.print(f"verl is not installed for {verl_python}: the command was not validated "
-                      "(pass --verl-python)", highlight=False)
-    if dry_run:
-        out.print(shell_line(job["argv"], job["env"]), highlight=False, markup=False, soft_wrap=True)
-        return
-    console.print(f"verl log: {job['root']}/verl.log", highlight=False)
-    with _step_progress(_verl_progress) as cb:
-        run_id = start_verl_run(store, algo, p, cfg, preset, job, progress=cb)
-    _print_run_end(run_id, store, as_json)
-
-
-def _verl_progress(prog, task):
-    def cb(step, total, data):
-        score = data.get("critic/score/mean")
-        prog.update(task, completed=step, total=total, rate=f"reward {score:.2f}" if isinstance(score, float) else "")
-    return cb
-
-
 _STALENESS_AXIS = typer.Option(
     None, help="Run every cell once per staleness K, e.g. 0,1,2,4,8,16 (one value: an axis of one); finished "
     "(cell, K, seed) runs are skipped. K: roll out with the weights of K training steps ago. Native trainer only.",
@@ -402,6 +349,7 @@ def sweep(algo: str = typer.Option("paper", help="Comma-separated algorithms, or
           device: Optional[str] = _DEVICE,
           trainer: Trainer = _TRAINER,
           verl_python: str = _VERL_PYTHON,
+          verl_override: Optional[list[str]] = _VERL_OVERRIDE,
           gpus: int = _GPUS,
           nodes: int = _NODES,
           seeds: Optional[str] = _SEEDS,
@@ -420,6 +368,9 @@ def sweep(algo: str = typer.Option("paper", help="Comma-separated algorithms, or
     trainer, engine = trainer.value, engine.value
     algos = list(ALGO_GROUPS[algo]) if algo in ALGO_GROUPS else [check_algo(a.strip()) for a in algo.split(",")
                                                                    if a.strip()]
+    from bench.cli.run_verl import with_verl_overrides
+
+    knobs = with_verl_overrides(knobs, verl_override, trainer)
     staleness = knobs.pop("staleness")
     k_list = None if staleness is None else parse_staleness(staleness)
     _run_config(preset or Preset.tiny, benchmark, {**knobs, "staleness": None if k_list is None else max(k_list)})
@@ -428,8 +379,6 @@ def sweep(algo: str = typer.Option("paper", help="Comma-separated algorithms, or
     seed_list = None if seeds is None else parse_seeds(seeds)
     if seed_list is not None and knobs.get("seed") is not None:
         raise ConfigError("give --seed or --seeds, not both")
-    if seed_list is not None and trainer == "verl":
-        raise ConfigError("--seeds runs the native trainer only: the verl launcher passes no seed to verl yet")
     device = resolve_device(device) if trainer == "native" else "cpu"
     if algo in ALGO_GROUPS:                # a group: the algorithms this trainer and engine can run
         left = _not_runnable(trainer, engine)

@@ -91,8 +91,8 @@ def test_seeds_refusals(tmp_path):
     url = f"sqlite:///{tmp_path / 's.db'}"
     for args, needle in ((["run", "--algo", "grpo", "--seeds", "2", "--seed", "1"], "not both"),
                          (["run", "--algo", "grpo", "--seeds", "2", "--resume", "x"], "--resume"),
-                         (["run", "--algo", "grpo", "--seeds", "2", "--trainer", "verl"], "native trainer only"),
-                         (["sweep", "--seeds", "2", "--trainer", "verl"], "native trainer only"),
+                         (["run", "--algo", "grpo", "--seeds", "2", "--trainer", "verl", "--seed", "1"], "not both"),
+                         (["sweep", "--seeds", "2", "--trainer", "verl", "--seed", "1"], "not both"),
                          (["sweep", "--seeds", "x"], "bad --seeds")):
         r = CliRunner().invoke(app, [*args, "--db", url])
         assert r.exit_code == 2 and needle in r.stderr, (args, r.output)

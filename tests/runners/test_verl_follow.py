@@ -141,3 +141,44 @@ def test_reward_module_runs_in_verls_environment(store, verl_python, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     good, bad = json.loads(r.stdout.strip().splitlines()[-1])
     assert good == {"score": 1.0, "acc": True, "pred": "\\frac{1}{2}"} and bad["score"] == 0.0
+
+
+def test_seeds_reach_verl_and_a_failing_seed_decides_the_cell(store, verl_python, tmp_path, monkeypatch):
+    """`bench run --trainer verl --seeds 0,1,2` (a one-cell sweep on verl): each seed is its run's
+    verl seeds (validated by verl's validate_config), the user's overrides are in every command and
+    in each run's config, and seed 1 failing (the fake miscalibrates at data.seed=1) decides the
+    cell: seed 2 is recorded skipped, a verl run, never started."""
+    import functools
+
+    import runners.verl_launch as launch
+    from bench.cli import app
+
+    def fake_prepare(*args, **kw):
+        job = prepare(*args, entry="fake_main_ppo", **kw)
+        job["env"]["PYTHONPATH"] = str(ROOT / "tests" / "verl_side")
+        return job
+
+    monkeypatch.setattr(launch, "prepare", fake_prepare)
+    monkeypatch.setattr(launch, "missing_launch_modules", functools.partial(lambda python: []))
+    monkeypatch.setenv("BENCH_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("FAKE_VERL_BAD_SEED", "1")
+    url = store.url.render_as_string(hide_password=False)
+    r = CliRunner().invoke(app, ["run", "--trainer", "verl", "--algo", "pg-seq-is", "--dtype", "fp16", "--preset",
+                                 "tiny", "--seeds", "0,1,2", "--eval-every", "5", "--max-steps", "300",
+                                 "--checkpoint-every", "5", "--verl-python", verl_python,
+                                 "--verl-override", "data.max_prompt_length=512",
+                                 "--verl-override", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+                                 "--db", url])
+    assert r.exit_code == 1, r.output                          # the cell failed
+    with session(store) as s:
+        runs = sorted(s.scalars(select(Run)).all(), key=lambda run: run.config["seed"])
+        assert [(run.config["seed"], run.trainer, run.status) for run in runs] == [
+            (0, "verl", "converged"), (1, "verl", "miscalibrated"), (2, "verl", "skipped")]
+        for run in runs[:2]:
+            argv = run.config["verl"]["argv"]
+            seed = run.config["seed"]
+            assert f"data.seed={seed}" in argv and f"actor_rollout_ref.rollout.seed={seed}" in argv
+            assert "data.max_prompt_length=512" in argv and "data.max_prompt_length=1024" not in argv
+            assert run.config["verl_settings"] == ["data.max_prompt_length=512"]
+            assert run.config["verl_resources"] == ["actor_rollout_ref.rollout.tensor_model_parallel_size=1"]
+        assert "seed 1 ended miscalibrated" in runs[2].stop_reason

@@ -206,6 +206,26 @@ def test_dry_run_cli(tmp_path):
     r = CliRunner().invoke(app, ["run", "--trainer", "verl", "--algo", "grpo", "--dtype", "bf16", "--dry-run",
                                  "--no-futility", "--threads", "2", "--db", url])
     assert "verl does not take --threads (native trainer settings)" in " ".join(r.stderr.split())
+    # the dry run: one command per seed, each with the seed in verl's seeds and the user's overrides
+    r = CliRunner().invoke(app, ["run", "--trainer", "verl", "--algo", "grpo", "--dtype", "bf16", "--dry-run",
+                                 "--seeds", "0,1", "--verl-override", "data.max_prompt_length=2048",
+                                 "--verl-override", "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+                                 "--db", url])
+    assert r.exit_code == 0, r.output
+    commands = [line.split() for line in r.stdout.splitlines() if "verl.trainer.main_ppo" in line]
+    assert len(commands) == 2
+    for seed, words in enumerate(commands):
+        assert f"data.seed={seed}" in words and f"actor_rollout_ref.rollout.seed={seed}" in words
+        assert "data.max_prompt_length=2048" in words and "data.max_prompt_length=1024" not in words
+        assert words[-1] == "actor_rollout_ref.rollout.tensor_model_parallel_size=2"
+    for args, why in ((["--verl-override", "actor_rollout_ref.actor.optim.lr=1e-6"], "from --lr"),
+                      (["--keep-checkpoints", "5"], "re-runs native runs only"),
+                      (["--trainer", "native", "--verl-override", "a.b=1"], "give --trainer verl")):
+        r = CliRunner().invoke(app, ["run", "--trainer", "verl", "--algo", "grpo", "--dry-run", *args, "--db", url])
+        assert r.exit_code == 2 and why in " ".join(r.output.split()), r.output
+    r = CliRunner().invoke(app, ["sweep", "--trainer", "verl", "--algo", "grpo", "--dtype", "bf16",
+                                 "--keep-checkpoints", "5", "--db", url])
+    assert r.exit_code == 2 and "re-runs native runs only" in " ".join(r.output.split())   # not dropped silently
     r = CliRunner().invoke(app, ["run", "--trainer", "verl", "--algo", "grpo", "--db", url])
     assert r.exit_code == 2 and "verl is not installed" in r.output
     with session(open_store(url)) as s:
@@ -228,6 +248,10 @@ def test_dry_run_is_validated_by_verl(tmp_path, verl_python):
     assert "validate_config passed" in r.stderr and "loss_mode=gspo" in r.stdout
     r = CliRunner().invoke(app, args + ["--prompts-per-step", "2", "--updates-per-batch", "1", "--gpus", "3"])
     assert r.exit_code == 2 and "validate_config rejects" in r.output
+    # verl's own validate_config takes the seeds bench passes and the user's overrides
+    r = CliRunner().invoke(app, args + ["--seeds", "0,1", "--verl-override", "data.max_prompt_length=2048",
+                                        "--verl-override", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"])
+    assert r.exit_code == 0 and r.stderr.count("validate_config passed (seed") == 2, r.output
 
 
 @pytest.fixture(scope="module")

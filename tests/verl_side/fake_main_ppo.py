@@ -5,7 +5,7 @@ main_ppo logs, validation at step 0 and every `trainer.test_freq` steps, checkpo
 `trainer.default_local_dir` every `trainer.save_freq` steps, and on start continues from
 `latest_checkpointed_iteration.txt` (resume_mode=auto). The training reward follows
 0.5 + FAKE_VERL_SLOPE · step; FAKE_VERL_CRASH_AT=N exits with code 3 at step N; the mismatch
-k3 is FAKE_VERL_K3 (default 1.2e-4), logged as verl does: `rollout_corr/*` in decoupled mode,
+k3 is FAKE_VERL_K3 (default 1.2e-4; FAKE_VERL_BAD_SEED=S makes it 1.0 when `data.seed` is S), logged as verl does: `rollout_corr/*` in decoupled mode,
 `actor/rollout_corr/*` in bypass mode (the pg-seq-* cells).
 """
 
@@ -26,6 +26,8 @@ def main(argv: list[str]) -> None:
     crash_at = int(os.environ.get("FAKE_VERL_CRASH_AT", "0"))
     slope = float(os.environ.get("FAKE_VERL_SLOPE", "0.02"))
     k3 = float(os.environ.get("FAKE_VERL_K3", "1.2e-4"))
+    if o.get("data.seed") == os.environ.get("FAKE_VERL_BAD_SEED"):
+        k3 = 1.0
     corr = "actor/rollout_corr" if o.get("algorithm.rollout_correction.bypass_mode") == "True" else "rollout_corr"
     val = f"val-core/aime24/acc/mean@{o['actor_rollout_ref.rollout.val_kwargs.n']}"
     tracking = Tracking(o["trainer.project_name"], o["trainer.experiment_name"], default_backend=["console", "file"])
