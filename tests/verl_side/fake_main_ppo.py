@@ -5,8 +5,9 @@ main_ppo logs, validation at step 0 and every `trainer.test_freq` steps, checkpo
 `trainer.default_local_dir` every `trainer.save_freq` steps, and on start continues from
 `latest_checkpointed_iteration.txt` (resume_mode=auto). The training reward follows
 0.5 + FAKE_VERL_SLOPE · step; FAKE_VERL_CRASH_AT=N exits with code 3 at step N; the mismatch
-k3 is FAKE_VERL_K3 (default 1.2e-4; FAKE_VERL_BAD_SEED=S makes it 1.0 when `data.seed` is S), logged as verl does: `rollout_corr/*` in decoupled mode,
-`actor/rollout_corr/*` in bypass mode (the pg-seq-* cells).
+k3 is FAKE_VERL_K3 (default 1.2e-4; FAKE_VERL_BAD_SEED=S makes it 1.0 when `data.seed` is S),
+logged as verl does: `rollout_corr/*` in decoupled mode, `actor/rollout_corr/*` in bypass mode
+(the pg-seq-* cells).
 """
 
 import os
