@@ -10,7 +10,8 @@ import typer
 
 from bench.cli import DB_OPT, _store, app, out
 from bench.cli.options import DEVICE_METAVAR, Engine, Preset, knob_options, parse_device
-from bench.cli.run import _RUN_PANEL, _log, _preset_values, _run_config
+from bench.cli.run import _RUN_PANEL, _run_config
+from bench.cli.run_common import _log, _preset_values
 from runners.presets import RunConfig
 
 

@@ -2,81 +2,20 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.table import Table
 
-from bench import statuses
-from bench.cli import DB_OPT, _progress, _store, app, console, fail, out, runs_app
+from bench.cli import DB_OPT, _store, app, console, fail, out, runs_app
 from bench.cli.options import DEVICE_METAVAR, Engine, Preset, Trainer, knob_options, parse_device
+from bench.cli.run_common import (_chosen_preset, _log, _preset_values, _print_grid, _print_run_end, _run_progress,
+                                  _seeded_run, _step_progress)
 from runners.presets import RunConfig
 
 
 # ------------------------------------------------------------------ run / sweep
-
-
-# the ends a command reports with exit 1: an error or Ctrl-C, and the calibration gate's plumbing fault
-_EXIT_1 = (statuses.FAILED, statuses.MISCALIBRATED)
-
-
-def _run_progress(prog, task):
-    def cb(step, total, m):
-        acc = m.get("eval/split")
-        prog.update(task, completed=step, total=total,
-                    rate=f"reward {m['reward']:.2f}" + (f" split {acc:.2f}" if acc is not None else "")
-                    + f" kl {m['kl_k1']:.1e}")
-    return cb
-
-
-@contextlib.contextmanager
-def _step_progress(bar_callback):
-    """The step callback for a run: a progress bar updated by `bar_callback(prog, task)`."""
-    with _progress("steps") as prog:
-        yield bar_callback(prog, prog.add_task("steps", total=None, rate=""))
-
-
-def _print_run_end(run_id: str, store, as_json: bool = False) -> None:
-    """The ended run as JSON, or its summary line (exit 1 when it failed: a verl run that
-    failed returns here rather than raising)."""
-    if as_json:
-        from bench.cli.runs import _run_info
-
-        out.print_json(json.dumps(_run_info(store, run_id), default=str))
-        return
-    from rich.markup import escape
-
-    from bench.store import Run, session
-
-    with session(store) as s:
-        r = s.get(Run, run_id)
-        peak = "-" if r.peak_accuracy is None else f"{r.peak_accuracy:.3f}"
-        via = " (verl)" if r.trainer == "verl" else ""
-        out.print(f"run [bold]{r.id}[/]{via} {r.algo} {r.rollout_dtype}/{r.train_dtype}: {r.status} after {r.step} "
-                  f"steps ({r.wall_s:.0f}s); peak split accuracy {peak}; {escape(r.stop_reason or '')}",
-                  highlight=False)
-    if r.status in _EXIT_1:
-        raise typer.Exit(1)
-
-
-def _preset_values() -> dict[str, dict]:
-    """{preset: its knobs}: the defaults each generated option's help names."""
-    from runners.presets import PRESETS, preset_knobs
-
-    return {name: preset_knobs(name) for name in PRESETS}
-
-
-def _chosen_preset(preset: Optional[Preset], store, build_id, model, device: str, trainer: str) -> Preset:
-    """The preset given, else the one the build's model takes on this device (runners/plan.py
-    `preset_for`: verl runs on GPUs); the knobs' own bounds were checked before the store is read."""
-    if preset is not None:
-        return preset
-    from runners.plan import default_preset
-
-    return Preset(default_preset(store, build_id, model, "cuda" if trainer == "verl" else device))
 
 
 def _not_runnable(trainer: str, engine: str) -> dict[str, str]:
@@ -268,62 +207,6 @@ def runs_extend(ctx: typer.Context,
     with _step_progress(_run_progress) as cb:
         extend_run(store, run_id, max_steps, progress=cb, device=device)
     _print_run_end(run_id, store, as_json)
-
-
-def _seed_list(seeds: str, overrides: dict) -> list[int]:
-    from runners.sweep import parse_seeds
-
-    if overrides.get("seed") is not None:
-        fail("give --seed or --seeds, not both")
-    return parse_seeds(seeds)
-
-
-def _seeded_run(algo, dtype, build_id, model, engine, preset, overrides, seeds, checkpoint_dir, as_json, db,
-                device: str = "cpu", decide_early: bool = True, verl=None) -> None:
-    """`bench run --seeds`: the one cell once per seed, as a one-cell sweep (on verl: `verl`, its target)."""
-    from bench.precision import Precision
-    from runners.sweep import run_grid
-    from runners.plan import resolve_inputs
-
-    if not algo:
-        fail("give --algo (see `bench run --algo list`)")
-    seed_list = _seed_list(seeds, overrides)
-    store = _store(db)
-    preset = _chosen_preset(preset, store, build_id, model, device, "native" if verl is None else "verl").value
-    pairs = [Precision.parse(dtype)]
-    if model and not build_id:
-        from bench.store import session
-
-        with session(store) as s:
-            build_id = resolve_inputs(s, None, model)[0].id
-    results = run_grid(store, [algo], pairs, build_id, engine, preset,
-                       {k: v for k, v in overrides.items() if v is not None}, 1,
-                       log=_log, seeds=seed_list, verl=verl,
-                       ckpt_root=checkpoint_dir, device=device, decide_early=decide_early)
-    _print_grid(results, as_json)
-
-
-def _log(msg: str) -> None:
-    """A sweep's log line on stderr, never wrapped (a step line is longer than 80 columns)."""
-    console.print(msg, highlight=False, markup=False, soft_wrap=True)
-
-
-def _print_grid(results: list[dict], as_json: bool = False) -> None:
-    """The grid's table (a seed column when seeded) or its JSON; exit 1 when a cell failed."""
-    if as_json:
-        out.print_json(json.dumps(results, default=str))
-    else:
-        seeded = any("seed" in r for r in results)
-        stale = any("staleness" in r for r in results)
-        t = Table("algo", "precision", *(["K"] if stale else []), *(["seed"] if seeded else []), "status", "peak",
-                  "steps", "run")
-        for r in results:
-            t.add_row(r["algo"], r["precision"], *([str(r.get("staleness", "-"))] if stale else []),
-                      *([str(r.get("seed", "-"))] if seeded else []), r["status"],
-                      f"{r['peak']:.3f}" if r["peak"] is not None else "-", str(r["steps"]), r["run"] or "-")
-        out.print(t)
-    if any(r["status"] in _EXIT_1 for r in results):
-        raise typer.Exit(1)
 
 
 _STALENESS_AXIS = typer.Option(

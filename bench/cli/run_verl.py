@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from bench.cli import _store, console, fail, out
 from bench.cli.options import Preset
-from bench.cli.run import _chosen_preset, _print_run_end, _seed_list, _seeded_run, _step_progress
+from bench.cli.run_common import _chosen_preset, _print_run_end, _seed_list, _seeded_run, _step_progress
 from bench.knobs import cli_knobs, knob_fields
 from runners.presets import RunConfig
 

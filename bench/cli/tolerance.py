@@ -11,7 +11,8 @@ import typer
 from bench.cli import DB_OPT, _store, app, out
 from bench.cli.options import Engine, Preset, knob_options
 from bench.cli.run import (_BENCHMARK, _BUILD, _CHECKPOINT_DIR, _DEVICE, _ENGINE, _PRESET, _RUN_PANEL, _check_algo,
-                           _check_thresholds, _chosen_preset, _log, _preset_values, _run_config)
+                           _check_thresholds, _run_config)
+from bench.cli.run_common import _chosen_preset, _log, _preset_values
 from runners.presets import RunConfig
 
 

@@ -314,12 +314,12 @@ def test_a_bench_error_from_deep_inside_is_one_line_exit_2(monkeypatch, store_wi
 
 
 def test_no_progress_bar_before_the_inputs_are_checked(monkeypatch, store_with_build):
-    import bench.cli.run
+    import bench.cli.run_common
 
     def no_bar(*a, **kw):
         raise AssertionError("progress bar drawn before the inputs were checked")
 
-    monkeypatch.setattr(bench.cli.run, "_progress", no_bar)
+    monkeypatch.setattr(bench.cli.run_common, "_progress", no_bar)
     for args, needle in ((["--build", "nope"], "no build 'nope'"), (["--model", "other"], "no build yet"),
                          (["--max-steps", "-1"], "--max-steps must be >= 0"), (["--dtype", "fp6"], "unknown dtype")):
         r = CliRunner().invoke(app, ["run", "--algo", "grpo", "--device", "cpu", *args, "--db", store_with_build])
