@@ -144,7 +144,7 @@ case "${1:-}" in
       # a newcomer's first minutes: the unit tests only, no vLLM, verl, Chromium or PostgreSQL set-up
       shift
       setup
-      python -m pytest -n "${BENCH_TEST_WORKERS:-2}" --dist loadgroup -m "not (integration or postgres or vllm or browser or verl or ray)" "$@"
+      python -m pytest -n "${BENCH_TEST_WORKERS:-2}" --dist loadgroup -m "not (integration or postgres or vllm or browser or verl or ray or registry)" "$@"
       exit
     fi
     setup
