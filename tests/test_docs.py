@@ -407,3 +407,37 @@ def test_adding_an_algorithm_works_as_the_page_says(monkeypatch):
     ns = dict(vars(helpers))
     exec(test, ns)
     ns[re.search(r"def (test_\w+)", test).group(1)]()
+
+
+# the quickstart's commands, run as written at small sizes (the options a command repeats take the
+# last value, so the sizes are appended): a command a page shows that no longer runs fails here
+_SMALL = {"build": ["--limit", "12", "--k", "4", "--band", "0", "1"], "mismatch": ["--limit", "2", "--n", "2"],
+          "sweep": ["--max-steps", "2", "--eval-every", "2", "--prompts-per-step", "2", "--samples-per-prompt", "2",
+                    "--jobs", "1"], "report": []}
+
+
+def _quickstart_commands() -> list[list[str]]:
+    import shlex
+
+    text = (DOCS / "quickstart.md").read_text().split("## The demo, step by step", 1)[1]
+    block = re.search(r"```\n(.*?)```", text, re.S).group(1).replace("\\\n", " ")
+    return [shlex.split(line.split("#", 1)[0])[1:] for line in block.splitlines() if line.startswith("bench ")]
+
+
+@pytest.mark.integration
+def test_the_quickstarts_commands_run_at_small_sizes(tmp_path, monkeypatch):
+    """docs/quickstart.md's step-by-step demo, each command as the page writes it, in one store:
+    the build, the offline mismatch of every format it names, the two cells and the report that
+    lists them."""
+    from typer.testing import CliRunner
+
+    from bench.cli import app
+
+    monkeypatch.setenv("BENCH_HOME", str(tmp_path))
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    commands = _quickstart_commands()
+    assert [c[0] for c in commands] == ["build", "mismatch", "sweep", "report"], commands
+    for words in commands:
+        r = CliRunner().invoke(app, [*words, *_SMALL[words[0]], "--db", url])
+        assert r.exit_code == 0, (words, r.output)
+    assert "pg-seq-is" in r.stdout and "mxfp4→fp16" in r.stdout and "fp16" in r.stdout, r.stdout
