@@ -11,7 +11,9 @@ square of that grid (the same cell key: leaderboard/cells.py).
   between names; a mixed pair's own comma binds); `all` when every pair of the grid is empty.
 - `--seeds`: N when the grid's seeds are 0..N-1, else their list (`0,3,5`; one seed `5,`).
   The sweep skips every (cell, seed) already finished, so cells that lack some seeds are filled
-  too. The verl trainer takes no `--seeds`: its one seed is `--seed`.
+  too, on either trainer.
+- verl's own settings (`verl_settings`, part of the cell): one `--verl-override KEY=VALUE` each;
+  its resources (`verl_resources`) are the user's cluster's and are left to the user.
 - the settings: the stored run config (`{"preset": name, **asdict(RunConfig)}`) against its
   preset's defaults (kept in the run's provenance, `preset_defaults`): `--preset NAME`, then one
   flag per setting that differs, a stop rule's switch and a correction's threshold among them
@@ -38,8 +40,10 @@ from bench.stop import StopConfig
 
 # top-level keys of a stored run config that are not `bench sweep` setting flags: the preset's name
 # and the verl job (their own options), the seed and K (axes: --seeds, --staleness), the nested
-# configs and benchmark list (below), and RunConfig's two knobs fixed at 1 (temperature, top_p)
-NOT_FLAGS = ("preset", "verl", "seed", "staleness", "benchmarks", "algo", "stop", "temperature", "top_p")
+# configs and benchmark list (below), RunConfig's two knobs fixed at 1 (temperature, top_p) and
+# verl's own overrides (--verl-override, below)
+NOT_FLAGS = ("preset", "verl", "seed", "staleness", "benchmarks", "algo", "stop", "temperature", "top_p",
+             "verl_settings", "verl_resources")
 
 
 def dtype_list(pairs: list[tuple[str, str]], every: list[tuple[str, str]] | None = None) -> str:
@@ -121,13 +125,10 @@ def sweep_command(algo: str, build: str, pairs: list[tuple[str, str]], *, seeds:
     if staleness:
         args += ["--staleness", str(staleness)]
     if seeds:
-        if trainer == "native":
-            args += ["--seeds", seeds_text(seeds)]
-        elif len(set(seeds)) == 1:
-            args += ["--seed", str(seeds[0])]
-        else:
-            notes.append(f"the {trainer} trainer runs one seed per sweep: run it once per seed with --seed")
+        args += ["--seeds", seeds_text(seeds)]
     if config is not None:
+        for o in config.get("verl_settings") or []:
+            args += ["--verl-override", o]
         flags, more = setting_flags(config, defaults)
         args += flags
         notes += more

@@ -4,15 +4,16 @@ with bench's own.
 
 Every key of bench's command is one of two kinds, and every other key a third:
 
-- **the cell's** (refused): keys bench sets from the cell or from one of its options — the
+- **the cell's** (refused): keys bench sets from the cell or from one of its options, or a key
+  above one of them (`actor_rollout_ref.actor.optim={lr:1}` would merge into `--lr`'s) — the
   algorithm's loss keys (`--algo` and its thresholds), the precision keys (`--dtype`), the seed keys
   (`--seed`, `--seeds`), the data, model, reward, logger and checkpoint paths of the run's own
   directory, and those a `bench run` option sets (`--lr` is `actor.optim.lr`, ...:
   `verl_runner.OWNERS`). An override of one would make the run something other than the cell it
   is stored as; the message names what sets it.
 - **bench's defaults** (replaced): `DEFAULTS`, such as `data.max_prompt_length` and the micro-batch
-  sizes. bench's value is only a default: the user's replaces it in place (Hydra refuses a key
-  given twice).
+  sizes. bench's value is only a default: the user's replaces it in place, so the command says
+  each key once (a single `+`, Hydra's "add a key", is dropped there: verl's config has them all).
 - **verl's own** (appended): any other key, `+key=value` for one verl's config does not have. verl
   itself validates them (`validate_config` on `--dry-run` and at launch).
 
@@ -43,7 +44,7 @@ RESOURCE_PATTERNS = (
     "*micro_batch_size*", "*max_token_len*", "*.use_dynamic_bsz",                       # micro-batching
     "*tensor_model_parallel_size", "*data_parallel_size", "*expert_parallel_size",       # parallelism
     "*pipeline_model_parallel_size", "*context_parallel_size", "*ulysses_sequence_parallel_size",
-    "*.fsdp_size", "actor_rollout_ref.actor.strategy", "trainer.balance_batch",
+    "*.fsdp_size", "actor_rollout_ref.actor.strategy",
     "*gpu_memory_utilization", "*_offload", "*.offload_policy", "*.max_num_batched_tokens",   # memory
     "*.max_num_seqs", "*.free_cache_engine", "*.enable_gradient_checkpointing", "*.enable_activation_offload",
     "*.enable_chunked_prefill", "*.enable_prefix_caching", "*.enforce_eager", "*.cudagraph_capture_sizes",  # kernels
@@ -97,7 +98,7 @@ def merge(bench_argv: list[str], user: list[str] | tuple[str, ...], owner) -> li
             raise ConfigError(f"--verl-override {o}: bench sets {k} from {why or 'the cell'}, so the run would not be "
                               "the cell it is stored as; give that instead")
         if k in at:
-            out[at[k]] = o
+            out[at[k]] = o[1:] if o.startswith("+") and not o.startswith("++") else o
         else:
             out.append(o)
     return out

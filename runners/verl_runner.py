@@ -380,18 +380,28 @@ OWNERS = {
     "actor_rollout_ref.rollout.val_kwargs.temperature": "--benchmark (the preset's)",
     "actor_rollout_ref.rollout.val_kwargs.top_p": "--benchmark (the preset's)",
     "actor_rollout_ref.rollout.val_kwargs.do_sample": "--benchmark (the preset's)",
+    "actor_rollout_ref.rollout.response_length": "--max-tokens",
 }
 _CELL_PATTERNS = {"algorithm.*": "--algo", "actor_rollout_ref.actor.policy_loss.*": "--algo",
                   "actor_rollout_ref.actor.clip_ratio*": "--algo", "actor_rollout_ref.actor.loss_*": "--algo",
                   "actor_rollout_ref.actor.use_kl_loss": "--algo", "actor_rollout_ref.actor.ppo_epochs": "--algo",
                   "actor_rollout_ref.rollout.calculate_log_probs": "--algo (bench's mismatch metrics need μ)",
                   "actor_rollout_ref.rollout.dtype": "--dtype", "actor_rollout_ref.rollout.quantization": "--dtype",
-                  "*.mixed_precision.*": "--dtype"}
+                  "actor_rollout_ref.rollout.kv_cache_dtype": "--dtype",
+                  "actor_rollout_ref.actor.fsdp_config.mixed_precision.*": "--dtype",
+                  "actor_rollout_ref.ref.fsdp_config.mixed_precision.*": "--dtype",
+                  "actor_rollout_ref.actor.fsdp_config.model_dtype": "--dtype",
+                  "actor_rollout_ref.ref.fsdp_config.model_dtype": "--dtype"}
 
 
 def owner(key: str) -> str | None:
-    """What sets verl key `key` in bench's command for some cell (None: no cell sets it)."""
-    return OWNERS.get(key) or next((why for pat, why in _CELL_PATTERNS.items() if fnmatchcase(key, pat)), None)
+    """What sets verl key `key`, or a key under it, in bench's command for some cell (None: no cell
+    sets it): `actor_rollout_ref.actor.optim={lr:1}` would set `--lr`'s key as Hydra merges it."""
+    direct = OWNERS.get(key) or next((why for pat, why in _CELL_PATTERNS.items() if fnmatchcase(key, pat)), None)
+    under = key + "."
+    return direct or next((f"{why} (its key {k.rstrip('.*')} is under this one)"
+                           for k, why in [*OWNERS.items(), *_CELL_PATTERNS.items()]
+                           if k.split("*", 1)[0].startswith(under)), None)
 
 
 def check_overrides(algo: str, cfg: RunConfig) -> None:

@@ -157,7 +157,7 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
         fail("--seeds starts runs; resume one run with --resume RUN_ID alone")
     from bench.cli.run_verl import resume_verl, verl_run, with_verl_overrides
 
-    knobs = with_verl_overrides(knobs, verl_override, trainer)
+    knobs = with_verl_overrides(knobs, verl_override, trainer, resume)
     _run_config(preset or Preset.tiny, benchmark, knobs)       # the knobs' bounds, before the store is read
     if algo:
         _check_thresholds([algo], knobs)

@@ -11,11 +11,13 @@ from bench.knobs import cli_knobs, knob_fields
 from runners.presets import RunConfig
 
 
-def with_verl_overrides(knobs: dict, overrides: list[str] | None, trainer: str) -> dict:
+def with_verl_overrides(knobs: dict, overrides: list[str] | None, trainer: str, resume: str | None = None) -> dict:
     """The knobs with --verl-override's settings and resources (runners/verl_overrides.py); the
     overrides are refused without --trainer verl, and --keep-checkpoints with it."""
     from runners.verl_overrides import split_overrides
 
+    if overrides and resume:
+        fail("--verl-override starts a run with your verl settings; a resumed run keeps its stored command")
     if trainer != "verl":
         if overrides:
             fail("--verl-override passes settings to verl: give --trainer verl")

@@ -80,7 +80,11 @@ def sweep_fingerprint(params: dict) -> str:
     from bench.knobs import cli_knobs
     from runners.presets import RunConfig, get_preset
 
+    from runners.verl_overrides import split_overrides
+
     knobs = {f.name: params[f.name] for _, f in cli_knobs(RunConfig) if f.name != "staleness"}
+    if params.get("verl_override"):
+        knobs["verl_settings"], knobs["verl_resources"] = split_overrides(params["verl_override"])
     cfg = get_preset(params["preset"].value, benchmark=params["benchmark"], **knobs)
     return fingerprint(json.loads(json.dumps({"preset": params["preset"].value, **asdict(cfg)})))
 
@@ -185,14 +189,21 @@ def test_setting_flags_reproduce_the_settings_and_name_what_no_flag_gives():
     flags, notes = setting_flags(config, None)
     assert "--prompts-per-step" in flags and "--seed" not in flags and len(notes) == 1
     assert sweep_fingerprint(parse_sweep("bench sweep " + " ".join(flags))) == fingerprint(config)
-    # the verl trainer: its one seed as --seed, and what the cluster adds
+    # the verl trainer: its seeds as on the native trainer, and what the cluster adds
     command, notes = sweep_command("grpo", "b0", [("bf16", "bf16")], seeds=[3], trainer="verl", engine="vllm",
                                    staleness=2)
     assert command == "bench sweep --algo grpo --build b0 --dtype bf16 --trainer verl --engine vllm " \
-                      "--staleness 2 --seed 3" and "--verl-python" in notes[0]
+                      "--staleness 2 --seeds 3," and "--verl-python" in notes[0]
     params = parse_sweep(command)
-    assert (params["trainer"].value, params["engine"].value, params["seed"], params["staleness"]) == \
-        ("verl", "vllm", 3, "2")
+    assert (params["trainer"].value, params["engine"].value, params["seeds"], params["staleness"]) == \
+        ("verl", "vllm", "3,", "2")
+    # verl's own settings are part of the cell: each one an override, the same fingerprint; resources are not
+    tuned = {**config, "verl_settings": ["actor_rollout_ref.actor.optim.weight_decay=0.1"],
+             "verl_resources": ["actor_rollout_ref.rollout.tensor_model_parallel_size=2"]}
+    command, notes = sweep_command("grpo", "b0", [("bf16", "bf16")], trainer="verl", config=tuned, defaults=None)
+    assert "--verl-override actor_rollout_ref.actor.optim.weight_decay=0.1" in command
+    assert "tensor_model_parallel_size" not in command
+    assert sweep_fingerprint(parse_sweep(command)) == fingerprint(tuned) != fingerprint(config)
 
 
 def _grid_store(url: str, config: dict) -> None:

@@ -2,6 +2,7 @@
 resources by the fingerprint rule, merged into bench's command (a default replaced in place, a
 new key appended, a key of the cell refused), and the seed in every one of verl's seeds."""
 
+import re
 from dataclasses import asdict
 from pathlib import Path
 
@@ -45,17 +46,26 @@ def test_keys_and_the_split():
 
 def test_merge_replaces_a_default_appends_a_new_key_and_refuses_the_cells():
     bench = words()
-    merged = merge(bench, ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "+x.y=1"], owner)
+    merged = merge(bench, ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "+x.y=1",
+                           "+data.max_prompt_length=2048"], owner)
     assert len(merged) == len(bench) + 1 and merged[-1] == "+x.y=1"
     i = bench.index("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1")
-    assert merged[i] == "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"      # in place: Hydra takes one
+    assert merged[i] == "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"      # in place: each key once
+    assert merged[bench.index("data.max_prompt_length=1024")] == "data.max_prompt_length=2048"   # verl has it: no +
     for o, why in (("actor_rollout_ref.actor.optim.lr=1e-6", "--lr"), ("trainer.n_gpus_per_node=8", "--gpus"),
                    ("data.seed=3", "--seed / --seeds"), ("actor_rollout_ref.rollout.dtype=float16", "--dtype"),
                    ("+actor_rollout_ref.rollout.quantization=fp8", "--dtype"),      # not in a bf16 cell's command
                    ("algorithm.rollout_correction.rollout_is=token", "--algo"),       # nor in grpo's
                    ("trainer.logger=[console]", "the run's own directory"),
-                   ("actor_rollout_ref.actor.clip_ratio_high=0.5", "--algo")):
-        with pytest.raises(ConfigError, match=f"bench sets {key_of(o)} from {why}"):
+                   ("actor_rollout_ref.actor.clip_ratio_high=0.5", "--algo"),
+                   # a key above one of the cell's: Hydra would merge it into the cell's key
+                   ("actor_rollout_ref.actor.optim={lr:1.0}", "--lr"), ("data={seed:7}", "the run's own directory"),
+                   ("actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp16}", "--dtype"),
+                   ("actor_rollout_ref.actor.fsdp_config={model_dtype:bf16}", "--seed / --seeds (its key"),
+                   ("algorithm={adv_estimator:gae}", "--algo"),
+                   ("actor_rollout_ref.rollout.kv_cache_dtype=fp8", "--dtype"),
+                   ("actor_rollout_ref.rollout.response_length=99", "--max-tokens")):
+        with pytest.raises(ConfigError, match=f"bench sets {re.escape(key_of(o))} from {re.escape(why)}"):
             merge(bench, [o], owner)
 
 

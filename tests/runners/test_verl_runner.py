@@ -220,7 +220,8 @@ def test_dry_run_cli(tmp_path):
         assert words[-1] == "actor_rollout_ref.rollout.tensor_model_parallel_size=2"
     for args, why in ((["--verl-override", "actor_rollout_ref.actor.optim.lr=1e-6"], "from --lr"),
                       (["--keep-checkpoints", "5"], "re-runs native runs only"),
-                      (["--trainer", "native", "--verl-override", "a.b=1"], "give --trainer verl")):
+                      (["--trainer", "native", "--verl-override", "a.b=1"], "give --trainer verl"),
+                      (["--resume", "abc", "--verl-override", "a.b=1"], "a resumed run keeps its stored command")):
         r = CliRunner().invoke(app, ["run", "--trainer", "verl", "--algo", "grpo", "--dry-run", *args, "--db", url])
         assert r.exit_code == 2 and why in " ".join(r.output.split()), r.output
     r = CliRunner().invoke(app, ["sweep", "--trainer", "verl", "--algo", "grpo", "--dtype", "bf16",

@@ -27,7 +27,7 @@ def main(argv: list[str]) -> None:
     crash_at = int(os.environ.get("FAKE_VERL_CRASH_AT", "0"))
     slope = float(os.environ.get("FAKE_VERL_SLOPE", "0.02"))
     k3 = float(os.environ.get("FAKE_VERL_K3", "1.2e-4"))
-    if o.get("data.seed") == os.environ.get("FAKE_VERL_BAD_SEED"):
+    if "FAKE_VERL_BAD_SEED" in os.environ and o.get("data.seed") == os.environ["FAKE_VERL_BAD_SEED"]:
         k3 = 1.0
     corr = "actor/rollout_corr" if o.get("algorithm.rollout_correction.bypass_mode") == "True" else "rollout_corr"
     val = f"val-core/aime24/acc/mean@{o['actor_rollout_ref.rollout.val_kwargs.n']}"
