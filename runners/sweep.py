@@ -335,7 +335,7 @@ class _GridRun:
 
         job, _ = prepare_verl_run(self.store, cell.algo, cell.precision, cfg, self.grid.build_id, None, self.grid.verl,
                                   preset=self.grid.preset)
-        self.log(f"  {cell.label}: verl log {job['root']}/verl.log")
+        self.log(f"  {cell.label}: verl log {job.root}/verl.log")
         return start_verl_run(self.store, cell.algo, cell.precision, cfg, self.grid.preset, job,
                               progress=self.step_log(cell))
 

@@ -23,7 +23,7 @@ import threading
 import time
 from collections import deque
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench import statuses
@@ -32,7 +32,39 @@ from bench.store import Run, session
 from bench import stop as stop_rules
 from . import ledger
 from .presets import PRESETS, RunConfig, preset_defaults
-from .verl_runner import map_metrics
+from .verl_runner import VerlTarget, map_metrics
+
+
+@dataclass
+class VerlLaunch:
+    """One verl run's launch as its run row keeps it (`runs.config["verl"]`) to launch and relaunch
+    verl: the run's id and directory, the command (argv after the interpreter's `-m main_ppo`,
+    env), what it trains (build, model, split size) and where (`target`: interpreter, GPUs, nodes)."""
+
+    run_id: str
+    root: str
+    argv: list[str]
+    env: dict[str, str]
+    build_id: str
+    model_id: int
+    split_size: int
+    target: VerlTarget
+
+    def to_config(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_config(cls, d: dict) -> "VerlLaunch":
+        """A stored run's launch. One stored before the target was a field has none: its interpreter
+        is the command's first word, its GPUs and nodes the command's `trainer.n_gpus_per_node` and
+        `trainer.nnodes`."""
+        d = dict(d)
+        target = d.pop("target", None)
+        if target is None:
+            opts = dict(a.split("=", 1) for a in d["argv"] if a.startswith("trainer.n"))
+            target = {"python": d["argv"][0], "gpus": int(opts.get("trainer.n_gpus_per_node", 1)),
+                      "nodes": int(opts.get("trainer.nnodes", 1))}
+        return cls(**d, target=VerlTarget(**target))
 
 
 class MetricsTail:
@@ -273,10 +305,11 @@ def replay_for_resume(follower: Follower, ckpt_step: int) -> None:
 # ------------------------------------------------------------------ entry points
 
 def prepare(store, algo: str, precision, cfg: RunConfig, build_id: str | None, model: str | None,
-            python: str, root: Path, entry: str = "verl.trainer.main_ppo", gpus: int = 1, nodes: int = 1) -> dict:
+            target: VerlTarget | str, root: Path, entry: str = "verl.trainer.main_ppo") -> VerlLaunch:
     """Export the split (and the first benchmark) to verl's parquet under `root` (one directory
     per run: verl resumes from whatever checkpoints it finds there), copy the reward module and
-    build the command. Returns what a run row keeps to launch and relaunch verl."""
+    build the command for `target` (an interpreter alone: one GPU, one node). Returns what a run
+    row keeps to launch and relaunch verl."""
     import shutil
 
     from bench.problems import SourceSpec, load_problems
@@ -300,41 +333,39 @@ def prepare(store, algo: str, precision, cfg: RunConfig, build_id: str | None, m
     reward = root / "reward.py"
     shutil.copyfile(verl_reward.__file__, reward)
     model_path = str(Path(ref.path).resolve()) if Path(ref.path).exists() else ref.path    # verl runs in root
+    if isinstance(target, str):
+        target = VerlTarget(target)
+    if os.sep in target.python:                 # verl runs in root: a relative interpreter path would break
+        target = VerlTarget(str(Path(target.python).absolute()), target.gpus, target.nodes)
     job = VerlJob(model_path, train, val, reward, root / "metrics.jsonl", "bench", root.name,
-                  checkpoint_dir=root / "checkpoints", gpus=gpus, nodes=nodes)
-    if os.sep in python:                        # verl runs in root: a relative interpreter path would break
-        python = str(Path(python).absolute())
-    argv, env = verl_command(algo, precision, cfg, job, python=python, entry=entry)
-    return {"build_id": build.id, "model_id": model_id, "split_size": len(split), "argv": argv, "env": env,
-            "root": str(root), "run_id": root.name}
+                  checkpoint_dir=root / "checkpoints", gpus=target.gpus, nodes=target.nodes)
+    argv, env = verl_command(algo, precision, cfg, job, python=target.python, entry=entry)
+    return VerlLaunch(root.name, str(root), argv, env, build.id, model_id, len(split), target)
 
 
-def _follow(store, run_id: str, job: dict, follower: Follower, progress=None) -> None:
-    root = Path(job["root"])
+def _follow(store, run_id: str, job: VerlLaunch, follower: Follower, progress=None) -> None:
+    root = Path(job.root)
     ledger.run_to_end(store, run_id, lambda: launch_and_follow(
-        follower, job["argv"], job["env"], root / "metrics.jsonl", root / "verl.log", progress=progress))
+        follower, job.argv, job.env, root / "metrics.jsonl", root / "verl.log", progress=progress))
 
 
-def start_verl_run(store, algo: str, precision, cfg: RunConfig, preset: str, job: dict, progress=None) -> str:
+def start_verl_run(store, algo: str, precision, cfg: RunConfig, preset: str, job: VerlLaunch, progress=None) -> str:
     """Create the run row (trainer "verl", id = the name of the job's directory) and run verl
     to its end; returns the run id."""
-    from dataclasses import asdict
-
     from bench import provenance
 
     from .algos import get_loss
     get_loss(algo)
-    run_id = job["run_id"]
-    opts = dict(a.split("=", 1) for a in job["argv"] if a.startswith("trainer.n"))
+    run_id = job.run_id
     facts = provenance.collect("cpu", split_accuracy_estimator=SPLIT_ESTIMATOR,
-                               verl_env=provenance.package_versions_of(job["argv"][0]),
-                               verl_gpus=f"{opts.get('trainer.n_gpus_per_node')} GPU(s) x "
-                                         f"{opts.get('trainer.nnodes')} node(s)",
+                               verl_env=provenance.package_versions_of(job.target.python),
+                               verl_gpus=f"{job.target.gpus} GPU(s) x {job.target.nodes} node(s)",
                                preset_defaults=preset_defaults(preset) if preset in PRESETS else None)
     with session(store) as s:
-        ledger.create(s, run_id, job["model_id"], job["build_id"], algo, precision, "verl", "vllm",
-                    {"preset": preset, **asdict(cfg), "verl": job}, Path(job["root"]) / "checkpoints", facts)
-    _follow(store, run_id, job, Follower(store, run_id, cfg, job["split_size"]), progress)
+        ledger.create(s, run_id, job.model_id, job.build_id, algo, precision, "verl", "vllm",
+                      {"preset": preset, **asdict(cfg), "verl": job.to_config()}, Path(job.root) / "checkpoints",
+                      facts)
+    _follow(store, run_id, job, Follower(store, run_id, cfg, job.split_size), progress)
     return run_id
 
 
@@ -347,13 +378,14 @@ def resume_verl_run(store, run_id: str, progress=None) -> str:
 
     with session(store) as s:
         run = resumable_run(s, run_id)
-        cfg, job, calibrated = config_from_dict(run.config), run.config["verl"], run.calibration is not None
-    root = Path(job["root"])
+        cfg, calibrated = config_from_dict(run.config), run.calibration is not None
+        job = VerlLaunch.from_config(run.config["verl"])
+    root = Path(job.root)
     old = root / "metrics.jsonl"
     if old.exists():
         n = len(list(root.glob("metrics.*.jsonl")))
         old.rename(root / f"metrics.{n}.jsonl")
-    follower = Follower(store, run_id, cfg, job["split_size"], calibrated=calibrated)
+    follower = Follower(store, run_id, cfg, job.split_size, calibrated=calibrated)
     replay_for_resume(follower, latest_checkpoint(root / "checkpoints"))
     _follow(store, run_id, job, follower, progress)
     return run_id

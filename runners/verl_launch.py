@@ -7,25 +7,16 @@ from __future__ import annotations
 
 import shutil
 import uuid
-from dataclasses import dataclass
 
 from bench.precision import Precision
 from bench.store import bench_home, session
 
 from .plan import check_preset_fits, resolve_inputs
 from .presets import RunConfig
-from .verl_follow import prepare
-from .verl_runner import (VerlError, check_algorithm, check_overrides, check_router_replay, check_staleness,
-                          check_verl_version, installed_verl_version, missing_launch_modules, validate_cells)
-
-
-@dataclass(frozen=True)
-class VerlTarget:
-    """Where verl runs: the interpreter of the environment that has verl, and the cluster's shape."""
-
-    python: str = "python"
-    gpus: int = 1
-    nodes: int = 1
+from .verl_follow import VerlLaunch, prepare
+from .verl_runner import (VerlError, VerlTarget, check_algorithm, check_overrides, check_router_replay,
+                          check_staleness, check_verl_version, installed_verl_version, missing_launch_modules,
+                          validate_cells)
 
 
 def check_verl_cell(algo: str, cfg: RunConfig) -> None:
@@ -39,7 +30,7 @@ def check_verl_cell(algo: str, cfg: RunConfig) -> None:
 
 def prepare_verl_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: str | None,
                      model: str | None, target: VerlTarget, dry_run: bool = False,
-                     preset: str = "paper") -> tuple[dict, str | None]:
+                     preset: str = "paper") -> tuple[VerlLaunch, str | None]:
     """The launch of one verl run, checked: verl 0.9.1 importable by `target.python` with what
     main_ppo needs to train (a dry run without verl skips both), the split and reward module
     exported to the run's directory ($BENCH_HOME/verl/<run id>; a dry run's is shared per cell),
@@ -59,10 +50,9 @@ def prepare_verl_run(store, algo: str, precision: Precision, cfg: RunConfig, bui
                             "train: pip install 'verl[vllm]==0.9.1' there (a GPU machine); --dry-run works without")
     p = precision
     root = bench_home() / "verl" / (f"dry-run/{algo}-{p.rollout}-{p.train}" if dry_run else uuid.uuid4().hex[:12])
-    job = prepare(store, algo, precision, cfg, build_id, model, target.python, root=root, gpus=target.gpus,
-                  nodes=target.nodes)
+    job = prepare(store, algo, precision, cfg, build_id, model, target, root=root)
     if version is not None:
-        (error,) = validate_cells(target.python, [job["argv"][3:]])
+        (error,) = validate_cells(target.python, [job.argv[3:]])
         if error:
             if not dry_run:
                 shutil.rmtree(root, ignore_errors=True)         # nothing half-written

@@ -346,6 +346,15 @@ def precision_overrides(p: Precision) -> list[str]:
                   f"+actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype={VERL_DTYPE[p.train]}"]
 
 
+@dataclass(frozen=True)
+class VerlTarget:
+    """Where verl runs: the interpreter of the environment that has verl, and the cluster's shape."""
+
+    python: str = "python"
+    gpus: int = 1
+    nodes: int = 1
+
+
 @dataclass
 class VerlJob:
     model_path: str

@@ -87,10 +87,10 @@ def verl_run(algo, dtype, build_id, model, preset, overrides, db, target, dry_ru
         job, version = prepare_verl_run(store, algo, p, cfg, build_id, model, target, dry_run, preset)
         _print_validated(version, target.python, seed)
         if dry_run:
-            out.print(shell_line(job["argv"], job["env"]), highlight=False, markup=False, soft_wrap=True)
+            out.print(shell_line(job.argv, job.env), highlight=False, markup=False, soft_wrap=True)
     if dry_run:
         return
-    console.print(f"verl log: {job['root']}/verl.log", highlight=False)
+    console.print(f"verl log: {job.root}/verl.log", highlight=False)
     with _step_progress(_verl_progress) as cb:
         run_id = start_verl_run(store, algo, p, cfg, preset, job, progress=cb)
     _print_run_end(run_id, store, as_json)

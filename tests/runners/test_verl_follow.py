@@ -34,7 +34,7 @@ def store(tmp_path):
 def fake_job(store, verl_python, cfg, tmp_path):
     job = prepare(store, "pg-seq-is", Precision.parse("fp16"), cfg, None, None, verl_python,
                   root=tmp_path / "verl" / "run1", entry="fake_main_ppo")
-    job["env"]["PYTHONPATH"] = str(ROOT / "tests" / "verl_side")
+    job.env["PYTHONPATH"] = str(ROOT / "tests" / "verl_side")
     return job
 
 
@@ -132,11 +132,11 @@ def test_reward_module_runs_in_verls_environment(store, verl_python, tmp_path):
 
     job = prepare(store, "grpo", Precision.parse("bf16"), get_preset("tiny"), None, None, os.path.relpath(verl_python),
                   root=tmp_path / "v")
-    assert job["argv"][0] == verl_python                  # verl runs in its run directory: paths made absolute
+    assert job.argv[0] == verl_python                  # verl runs in its run directory: paths made absolute
     code = ("import importlib.util as u, json; s = u.spec_from_file_location('r', 'REWARD'); "
             "m = u.module_from_spec(s); s.loader.exec_module(m); "
             "print(json.dumps([m.compute_score('split', 'so \\\\boxed{\\\\frac{1}{2}}', '0.5'), "
-            "m.compute_score('split', 'no idea', '0.5')]))").replace("REWARD", str(Path(job["root"]) / "reward.py"))
+            "m.compute_score('split', 'no idea', '0.5')]))").replace("REWARD", str(Path(job.root) / "reward.py"))
     r = subprocess.run([verl_python, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     good, bad = json.loads(r.stdout.strip().splitlines()[-1])
@@ -155,7 +155,7 @@ def test_seeds_reach_verl_and_a_failing_seed_decides_the_cell(store, verl_python
 
     def fake_prepare(*args, **kw):
         job = prepare(*args, entry="fake_main_ppo", **kw)
-        job["env"]["PYTHONPATH"] = str(ROOT / "tests" / "verl_side")
+        job.env["PYTHONPATH"] = str(ROOT / "tests" / "verl_side")
         return job
 
     monkeypatch.setattr(launch, "prepare", fake_prepare)

@@ -455,3 +455,23 @@ def test_the_preset_follows_the_model_and_the_device(tmp_path):
     assert [default_preset(store, "b0", None, d) for d in ("cpu", "cuda:0")] == ["tiny", "tiny"]
     assert [default_preset(store, "b1", None, d) for d in ("cpu", "cuda", "cuda:1")] == ["small", "paper", "paper"]
     assert default_preset(store, None, "my-org/my-1b", "cpu") == "small"
+
+
+def test_a_verl_launch_is_typed_and_an_old_stored_one_still_reads():
+    """runs.config["verl"] is a VerlLaunch (its target a typed field); a run stored before (the dict
+    prepare() returned, no target) reads back with the interpreter, GPUs and nodes of its command."""
+    import json
+
+    from runners.verl_follow import VerlLaunch
+    from runners.verl_runner import VerlTarget
+
+    argv = ["/envs/verl/bin/python", "-m", "verl.trainer.main_ppo", "trainer.n_gpus_per_node=8", "trainer.nnodes=2",
+            "data.seed=0"]
+    launch = VerlLaunch("r1", "/h/verl/r1", argv, {"VERL_FILE_LOGGER_PATH": "/h/verl/r1/metrics.jsonl"}, "b1", 3, 120,
+                        VerlTarget("/envs/verl/bin/python", 8, 2))
+    stored = json.loads(json.dumps(launch.to_config()))                  # as the store keeps it
+    assert stored["target"] == {"python": "/envs/verl/bin/python", "gpus": 8, "nodes": 2}
+    assert VerlLaunch.from_config(stored) == launch
+    old = {k: v for k, v in stored.items() if k != "target"}             # before 2026-12-05
+    assert VerlLaunch.from_config(old) == launch
+    assert VerlLaunch.from_config({**old, "argv": argv[:3]}).target == VerlTarget("/envs/verl/bin/python", 1, 1)
