@@ -1,23 +1,27 @@
-"""Training-step time: bench's native trainer vs TRL's GRPOTrainer on the same tiny model,
-batch (16 prompts × 8 completions), sampling (T=1, top-p 1, ≤ 64 new tokens), fp32, CPU, the
-same grader as reward. Needs `pip install trl`.
+"""Training-step time: bench's native trainer vs TRL's GRPOTrainer on the same model, batch
+(16 prompts × 8 completions), sampling (T=1, top-p 1, the model's build length of new tokens: 64
+for tiny-math, 128 for smollm2-135m), fp32, CPU, the same grader as reward. `--model` takes what
+`bench build --model` takes: a real model trains on its build's problems, prompted with its
+template, with the small preset's micro-batches (2,048 padded tokens) and learning rate. Peak
+memory (max RSS) is printed beside each. Needs `pip install trl`.
 
-    python benchmarks/train_step.py [--steps 5] [--threads 1]
+    python benchmarks/train_step.py [--model tiny-math] [--steps 5] [--threads 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import resource
 import tempfile
 import time
 
 import torch
 
 from bench.grading import Grader
-from bench.models import PLAIN_TEMPLATE, TINY_MATH_DIR, resolve_model
+from bench.models import ModelRef, build_defaults, load_tokenizer, render_prompt, resolve_model
 from bench.precision import Precision
-from bench.problems import Problem
+from bench.problems import Problem, SourceSpec, load_problems
 from bench.provenance import cpu_summary
 from bench.synthetic import synthetic_examples
 from bench.store import open_store
@@ -25,19 +29,24 @@ from runners.presets import get_preset
 from runners.plan import RunPlan
 from runners.trainer import NativeTrainer
 
-B, G, MAX_NEW = 16, 8, 64
+B, G = 16, 8
 
 
 PHASES = ("time_rollout", "time_scoring", "time_update")
 
 
-def ours(problems: list[Problem], steps: int, threads: int) -> tuple[float, dict[str, float]]:
+def peak_gib() -> float:
+    """This process's peak resident memory so far (GiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+
+
+def ours(ref: ModelRef, problems: list[Problem], steps: int, threads: int, max_new: int) -> tuple[float, dict]:
     """Seconds a step, and its phases' (the trainer's own step metrics: rollout; grading and the
     forward; backward, AdamW and the weight sync)."""
-    cfg = get_preset("tiny")
+    cfg = get_preset("tiny" if ref.embedded else "small", max_tokens=max_new)
     cfg.prompts_per_step, cfg.samples_per_prompt, cfg.threads, cfg.benchmarks = B, G, threads, []
     store = open_store(f"sqlite:///{tempfile.mkdtemp()}/b.db")
-    plan = RunPlan("grpo", Precision("fp32", "fp32"), cfg, "bench", "bench", resolve_model("tiny-math"), "torch", "cpu")
+    plan = RunPlan("grpo", Precision("fp32", "fp32"), cfg, "bench", "bench", ref, "torch", "cpu")
     t = NativeTrainer(store, "bench", plan, problems, None)
     t.train_step()                                     # warm-up
     phases = dict.fromkeys(PHASES, 0.0)
@@ -52,16 +61,17 @@ def ours(problems: list[Problem], steps: int, threads: int) -> tuple[float, dict
     return dt, phases
 
 
-def trl(problems: list[Problem], steps: int, threads: int) -> tuple[float, float]:
+def trl(ref: ModelRef, problems: list[Problem], steps: int, threads: int, max_new: int,
+        lr: float) -> tuple[float, float]:
     """Seconds a step, and of it in the model's generate()."""
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     torch.set_num_threads(threads)
-    tok = AutoTokenizer.from_pretrained(TINY_MATH_DIR)
-    model = AutoModelForCausalLM.from_pretrained(TINY_MATH_DIR, dtype=torch.float32)
-    ds = Dataset.from_list([{"prompt": PLAIN_TEMPLATE.format(problem=p.problem), "answer": p.answer} for p in problems])
+    tok = load_tokenizer(ref)
+    model = AutoModelForCausalLM.from_pretrained(ref.path, dtype=torch.float32)
+    ds = Dataset.from_list([{"prompt": render_prompt(ref, tok, p.problem), "answer": p.answer} for p in problems])
     grader = Grader()
 
     def reward(completions, answer, **_):
@@ -88,7 +98,7 @@ def trl(problems: list[Problem], steps: int, threads: int) -> tuple[float, float
             times.append(time.perf_counter() - self.t0)
 
     args = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=B * G, num_generations=G,
-                      max_completion_length=MAX_NEW, learning_rate=5e-4, bf16=False, fp16=False,
+                      max_completion_length=max_new, learning_rate=lr, bf16=False, fp16=False,
                       gradient_checkpointing=False, use_cpu=True, max_steps=steps + 1, logging_steps=1,
                       report_to=[], temperature=1.0, top_p=1.0, top_k=0, beta=0.0, loss_type="dr_grpo",
                       save_strategy="no", dataloader_num_workers=0, seed=0)
@@ -102,18 +112,29 @@ def trl(problems: list[Problem], steps: int, threads: int) -> tuple[float, float
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="tiny-math", help="what `bench build --model` takes")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
     logging.getLogger("math_verify").setLevel(logging.ERROR)
-    problems = [Problem(r["id"], r["problem"], r["answer"]) for r in synthetic_examples("test", 200)]
-    t_ours, phases = ours(problems, a.steps, a.threads)
-    t_trl, t_gen = trl(problems, a.steps, a.threads)
-    print(f"GRPO step, {B} prompts × {G} completions, ≤{MAX_NEW} tokens, fp32, "
+    ref = resolve_model(a.model)
+    defaults = build_defaults(ref)
+    if ref.embedded:                                   # the numbers of benchmarks/README.md: the same problems
+        problems = [Problem(r["id"], r["problem"], r["answer"]) for r in synthetic_examples("test", 200)]
+    else:
+        problems = load_problems(SourceSpec(defaults["source"], limit=200))
+    max_new = defaults["max_tokens"]
+    t_ours, phases = ours(ref, problems, a.steps, a.threads, max_new)
+    ours_peak = peak_gib()
+    t_trl, t_gen = trl(ref, problems, a.steps, a.threads, max_new,
+                       lr=5e-4 if ref.embedded else get_preset("small").lr)
+    print(f"GRPO step, {ref.name}, {B} prompts × {G} completions, ≤{max_new} tokens, fp32, "
           f"{a.threads} thread(s), mean of {a.steps}; {cpu_summary()}")
     print(f"  bench native trainer  {t_ours:6.2f} s/step   rollout {phases['time_rollout']:.2f} s, "
-          f"grading + forward {phases['time_scoring']:.2f} s, backward + AdamW + sync {phases['time_update']:.2f} s")
-    print(f"  TRL GRPOTrainer       {t_trl:6.2f} s/step   generate() {t_gen:.2f} s, the rest {t_trl - t_gen:.2f} s")
+          f"grading + forward {phases['time_scoring']:.2f} s, backward + AdamW + sync {phases['time_update']:.2f} s; "
+          f"peak RSS {ours_peak:.1f} GiB")
+    print(f"  TRL GRPOTrainer       {t_trl:6.2f} s/step   generate() {t_gen:.2f} s, the rest {t_trl - t_gen:.2f} s; "
+          f"peak RSS of the process after it {peak_gib():.1f} GiB")
     print(f"  ratio ours/TRL: {t_ours / t_trl:.2f} (goal <= 0.6, issue 37); outside the rollout: "
           f"{(t_ours - phases['time_rollout']) / (t_trl - t_gen):.2f}")
 
