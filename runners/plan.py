@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from bench.statuses import BUILD_COMPLETE
+from bench.statuses import BUILD_COMPLETE, RESUMABLE
 from bench import stop as stop_rules
 from bench.device import device_supports, resolve_device
 from bench.engines import resolve_engine
@@ -26,6 +26,7 @@ from bench.store.schema import BuildProblem
 
 from .algos import AlgoConfig, check_algo
 from .presets import Benchmark, RunConfig, check_run_config
+from .verl_runner import VerlTarget, check_verl_cell, precision_overrides
 
 
 class RunError(BenchError, ValueError):
@@ -34,8 +35,8 @@ class RunError(BenchError, ValueError):
 
 @dataclass(frozen=True)
 class RunPlan:
-    """A native run ready to train: every field resolved and checked by `plan_run` (a new run)
-    or `plan_of_run` (a stored one)."""
+    """A run ready to train, native or on verl: every field resolved and checked by `plan_run` (a
+    new run) or `plan_of_run` (a stored native one)."""
 
     algo: str
     precision: Precision
@@ -47,6 +48,7 @@ class RunPlan:
     device: str               # resolved: cpu | cuda[:i]
     preset: str = "tiny"
     ckpt_root: Path | None = None     # None: $BENCH_HOME/runs
+    verl: VerlTarget | None = None    # where verl runs it; None: the native trainer
 
 
 # ------------------------------------------------------------------ the inputs
@@ -170,28 +172,45 @@ def check_formats_on(precision: Precision, device: str) -> None:
 
 def plan_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: str | None = None,
              model: str | None = None, engine: str = "torch", device: str = "cpu", preset: str = "tiny",
-             ckpt_root: Path | None = None) -> RunPlan:
+             ckpt_root: Path | None = None, verl: VerlTarget | None = None) -> RunPlan:
     """Resolve and check a new run once, before anything is written: the algorithm, the settings
     (bounds and the rules between them), the engine (`auto` resolved), the device (`auto`
     resolved) and both formats on it, the build (given, or the latest complete one of `model`),
-    router replay and vLLM's MoE limit, and a split that kept problems. Every refusal is one
-    BenchError."""
+    router replay and vLLM's MoE limit, and a split that kept problems. With `verl` (its target),
+    what verl 0.9.1 cannot run (the algorithm, the pair, staleness, router replay, an override of
+    the cell's keys) in place of the native checks: verl rolls out with vLLM on its own GPUs. Every
+    refusal is one BenchError."""
     check_algo(algo)
     check_run_config(cfg)              # samples_per_prompt >= 2 among the bounds (leave-one-out advantages)
-    engine = resolve_engine(engine)
-    device = resolve_device(device)
-    check_formats_on(precision, device)
+    if verl is not None:
+        check_verl_cell(algo, cfg)
+        precision_overrides(precision)          # the pairs verl has no format for
+        engine, device = "vllm", "cuda"         # verl's rollouts are vLLM's, on its own GPUs
+    else:
+        engine, device = resolve_engine(engine), resolve_device(device)
+        check_formats_on(precision, device)
     with session(store) as s:
         build, m, ref = resolve_inputs(s, build_id, model)
         check_preset_fits(preset, ref)
-        if cfg.router_replay:
-            check_router_replay(ref, engine)
-        check_vllm_moe(ref, engine)
-        check_distribution(algo, engine, cfg, ref)
+        if verl is None:
+            if cfg.router_replay:
+                check_router_replay(ref, engine)
+            check_vllm_moe(ref, engine)
+            check_distribution(algo, engine, cfg, ref)
         if s.scalar(select(BuildProblem.problem_id).where(BuildProblem.build_id == build.id,
                                                           BuildProblem.kept.is_(True)).limit(1)) is None:
             raise RunError(f"build {build.id} kept no problems; rebuild with another --band or model")
-        return RunPlan(algo, precision, cfg, build.id, m.id, ref, engine, device, preset, ckpt_root)
+        return RunPlan(algo, precision, cfg, build.id, m.id, ref, engine, device, preset, ckpt_root, verl)
+
+
+def resumable_run(s, run_id: str) -> Run:
+    """The run `run_id` if it can be continued (killed or failed), else RunError."""
+    run = s.get(Run, run_id)
+    if run is None:
+        raise RunError(f"no run {run_id!r}; `bench runs` lists them")
+    if run.status not in RESUMABLE:
+        raise RunError(f"run {run_id} already ended ({run.status}: {run.stop_reason})")
+    return run
 
 
 def preset_for(ref: ModelRef, device: str) -> str:

@@ -18,7 +18,7 @@ from bench.statuses import RESUMABLE
 from bench.store import Run, bench_home, session
 
 from . import ledger
-from .plan import RunError, RunPlan, load_split, plan_of_run, plan_run
+from .plan import RunError, RunPlan, load_split, plan_of_run, plan_run, resumable_run
 from .presets import PRESETS, RunConfig, preset_defaults
 
 
@@ -46,10 +46,16 @@ def start_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: 
     return run_plan(store, plan, progress, rollout_engine)
 
 
-def run_plan(store, plan: RunPlan, progress=None, rollout_engine=None) -> str:
+def run_plan(store, plan: RunPlan, progress=None, rollout_engine=None, log=None) -> str:
     """Create the planned run's row and checkpoint directory, train it to its end; the run id.
     `progress(step, total, metrics)` is called after every step; `rollout_engine`: a running
-    engine of the rollout format to use instead of starting one (tests share one vLLM)."""
+    engine of the rollout format to use instead of starting one (tests share one vLLM). A plan
+    for verl (`plan.verl`) is launched there and followed (runners/verl_launch.py; `log` hears
+    where verl's log is)."""
+    if plan.verl is not None:
+        from .verl_launch import run_verl_plan
+
+        return run_verl_plan(store, plan, progress, log)
     cfg = plan.cfg
     with session(store) as s:
         split = load_split(s, plan.build_id)
@@ -64,16 +70,6 @@ def run_plan(store, plan: RunPlan, progress=None, rollout_engine=None) -> str:
                     {"preset": plan.preset, **asdict(cfg)}, ckpt_dir, facts)
     _train(store, run_id, plan, split, ckpt_dir, progress, rollout_engine)
     return run_id
-
-
-def resumable_run(s, run_id: str) -> Run:
-    """The run `run_id` if it can be continued (killed or failed), else RunError."""
-    run = s.get(Run, run_id)
-    if run is None:
-        raise RunError(f"no run {run_id!r}; `bench runs` lists them")
-    if run.status not in RESUMABLE:
-        raise RunError(f"run {run_id} already ended ({run.status}: {run.stop_reason})")
-    return run
 
 
 def resume_run(store, run_id: str, progress=None, device: str | None = None, replay_stop_rules: bool = False) -> str:

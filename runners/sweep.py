@@ -318,26 +318,15 @@ class _GridRun:
         g = self.grid
         cfg = get_preset(g.preset, **g.args(cell))
         try:
-            if g.verl is not None:
-                return self._verl(cell, cfg)
             plan = plan_run(self.store, cell.algo, cell.precision, cfg, g.build_id, None, g.engine, g.device,
-                            g.preset, g.ckpt_root)
+                            g.preset, g.ckpt_root, g.verl)
             if self.jobs == 1:
-                return run_plan(self.store, plan, progress=self.step_log(cell))
+                return run_plan(self.store, plan, progress=self.step_log(cell),
+                                log=lambda msg: self.log(f"  {cell.label}: {msg}"))
         except Exception as e:  # the failed run is recorded in the store; go on with the grid
             self.log(f"  {cell.label} failed: {failure_text(e)}")
             return None
         return self._in_own_process(cell, plan)
-
-    def _verl(self, cell: Cell, cfg) -> str:
-        from .verl_follow import start_verl_run
-        from .verl_launch import prepare_verl_run
-
-        job, _ = prepare_verl_run(self.store, cell.algo, cell.precision, cfg, self.grid.build_id, None, self.grid.verl,
-                                  preset=self.grid.preset)
-        self.log(f"  {cell.label}: verl log {job.root}/verl.log")
-        return start_verl_run(self.store, cell.algo, cell.precision, cfg, self.grid.preset, job,
-                              progress=self.step_log(cell))
 
     def _in_own_process(self, cell: Cell, plan: RunPlan) -> str | None:
         proc = CellProcess(self.store.url.render_as_string(hide_password=False), plan)

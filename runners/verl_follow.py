@@ -374,7 +374,7 @@ def resume_verl_run(store, run_id: str, progress=None) -> str:
     latest checkpoint); steps logged after that checkpoint are replaced. verl truncates its
     metrics file on start, so the previous one is kept as metrics.<n>.jsonl."""
     from .plan import config_from_dict
-    from .runs import resumable_run
+    from .plan import resumable_run
 
     with session(store) as s:
         run = resumable_run(s, run_id)

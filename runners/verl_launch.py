@@ -1,7 +1,9 @@
-"""verl's pre-flight, for `bench run --trainer verl`, the sweep and Python callers alike: what
-verl 0.9.1 cannot run is refused before anything is written (`check_verl_cell`), then the
-interpreter is checked, the run's directory prepared and verl's own `validate_config` run on
-the command (`prepare_verl_run`). runners/verl_follow.py then launches and follows it."""
+"""verl's pre-flight and launch, for `bench run --trainer verl`, the sweep and Python callers alike:
+what verl 0.9.1 cannot run is refused by `runners.plan.plan_run` before anything is written
+(`check_verl_cell`, re-exported here), then the interpreter is checked, the run's directory
+prepared and verl's own `validate_config` run on the command (`prepare_verl_run`), and
+`run_verl_plan` (which `runners.runs.run_plan` calls for a verl plan) launches it through
+runners/verl_follow.py, which follows it to its end."""
 
 from __future__ import annotations
 
@@ -11,21 +13,13 @@ import uuid
 from bench.precision import Precision
 from bench.store import bench_home, session
 
-from .plan import check_preset_fits, resolve_inputs
+from .plan import RunPlan, check_preset_fits, resolve_inputs
 from .presets import RunConfig
-from .verl_follow import VerlLaunch, prepare
-from .verl_runner import (VerlError, VerlTarget, check_algorithm, check_overrides, check_router_replay,
-                          check_staleness, check_verl_version, installed_verl_version, missing_launch_modules,
-                          validate_cells)
+from .verl_follow import VerlLaunch, prepare, start_verl_run
+from .verl_runner import (VerlError, VerlTarget, check_verl_cell, check_verl_version, installed_verl_version,
+                          missing_launch_modules, validate_cells)
 
-
-def check_verl_cell(algo: str, cfg: RunConfig) -> None:
-    """Refuse what verl 0.9.1 cannot run to its end: pg-seq-mis, a staleness K > 0, router
-    replay (runners/verl_runner.py says why for each); and a --verl-override of a key the cell sets."""
-    check_algorithm(algo)
-    check_staleness(cfg.staleness)
-    check_router_replay(cfg.router_replay)
-    check_overrides(algo, cfg)
+__all__ = ["VerlTarget", "check_verl_cell", "prepare_verl_run", "run_verl_plan"]
 
 
 def prepare_verl_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: str | None,
@@ -58,3 +52,14 @@ def prepare_verl_run(store, algo: str, precision: Precision, cfg: RunConfig, bui
                 shutil.rmtree(root, ignore_errors=True)         # nothing half-written
             raise VerlError(f"verl's validate_config rejects this cell: {error}")
     return job, version
+
+
+def run_verl_plan(store, plan: RunPlan, progress=None, log=None) -> str:
+    """Launch the planned verl run (`prepare_verl_run`: verl's own checks, the run's directory) and
+    follow it to its end; the run id. `log` hears that verl validated the command and where its
+    log is."""
+    job, version = prepare_verl_run(store, plan.algo, plan.precision, plan.cfg, plan.build_id, None, plan.verl,
+                                    preset=plan.preset)
+    if log:
+        log(f"verl {version}: validate_config passed; verl log: {job.root}/verl.log")
+    return start_verl_run(store, plan.algo, plan.precision, plan.cfg, plan.preset, job, progress=progress)

@@ -413,6 +413,15 @@ def owner(key: str) -> str | None:
                            if k.split("*", 1)[0].startswith(under)), None)
 
 
+def check_verl_cell(algo: str, cfg: RunConfig) -> None:
+    """Refuse what verl 0.9.1 cannot run to its end: pg-seq-mis, a staleness K > 0, router
+    replay (runners/verl_runner.py says why for each); and a --verl-override of a key the cell sets."""
+    check_algorithm(algo)
+    check_staleness(cfg.staleness)
+    check_router_replay(cfg.router_replay)
+    check_overrides(algo, cfg)
+
+
 def check_overrides(algo: str, cfg: RunConfig) -> None:
     """Refuse a user override (`cfg.verl_settings`, `cfg.verl_resources`) of a key the cell sets
     (ConfigError naming what sets it), before anything is written: `verl_command` merges them the

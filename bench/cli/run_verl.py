@@ -62,8 +62,9 @@ def verl_run(algo, dtype, build_id, model, preset, overrides, db, target, dry_ru
     with --dry-run each one's command printed."""
     from bench.knobs import flag_of
     from bench.precision import Precision
+    from runners.plan import plan_run
     from runners.presets import get_preset
-    from runners.verl_follow import start_verl_run
+    from runners.runs import run_plan
     from runners.verl_launch import check_verl_cell, prepare_verl_run
     from runners.verl_runner import shell_line
 
@@ -82,18 +83,18 @@ def verl_run(algo, dtype, build_id, model, preset, overrides, db, target, dry_ru
     store = _store(db)
     preset = _chosen_preset(preset, store, build_id, model, "cuda", "verl").value
     p = Precision.parse(dtype)
-    for seed in seed_list or [None]:
-        cfg = get_preset(preset, **{**overrides, **({} if seed is None else {"seed": seed})})
-        job, version = prepare_verl_run(store, algo, p, cfg, build_id, model, target, dry_run, preset)
-        _print_validated(version, target.python, seed)
-        if dry_run:
-            out.print(shell_line(job.argv, job.env), highlight=False, markup=False, soft_wrap=True)
-    if dry_run:
+    if not dry_run:
+        plan = plan_run(store, algo, p, get_preset(preset, **overrides), build_id, model, preset=preset, verl=target)
+        with _step_progress(_verl_progress) as cb:
+            run_id = run_plan(store, plan, cb, log=lambda msg: console.print(msg, highlight=False, soft_wrap=True))
+        _print_run_end(run_id, store, as_json)
         return
-    console.print(f"verl log: {job.root}/verl.log", highlight=False)
-    with _step_progress(_verl_progress) as cb:
-        run_id = start_verl_run(store, algo, p, cfg, preset, job, progress=cb)
-    _print_run_end(run_id, store, as_json)
+    for seed in seed_list or [None]:           # each seed's command, validated by verl where it is installed
+        cfg = get_preset(preset, **{**overrides, **({} if seed is None else {"seed": seed})})
+        plan = plan_run(store, algo, p, cfg, build_id, model, preset=preset, verl=target)
+        job, version = prepare_verl_run(store, algo, p, cfg, plan.build_id, None, target, True, preset)
+        _print_validated(version, target.python, seed)
+        out.print(shell_line(job.argv, job.env), highlight=False, markup=False, soft_wrap=True)
 
 
 def _print_validated(version: str | None, python: str, seed: int | None) -> None:

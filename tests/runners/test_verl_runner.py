@@ -227,6 +227,11 @@ def test_dry_run_cli(tmp_path):
     r = CliRunner().invoke(app, ["sweep", "--trainer", "verl", "--algo", "grpo", "--dtype", "bf16",
                                  "--keep-checkpoints", "5", "--db", url])
     assert r.exit_code == 2 and "re-runs native runs only" in " ".join(r.output.split())   # not dropped silently
+    # a pair verl has no format for is refused by the plan, before a run directory is made
+    r = CliRunner().invoke(app, ["run", "--trainer", "verl", "--algo", "grpo", "--dtype", "rollout=int8,train=bf16",
+                                 "--db", url])
+    assert r.exit_code == 2 and "int8 rollout" in r.output, r.output
+    assert {p.name for p in (tmp_path / "bench_home" / "verl").iterdir()} == {"dry-run"}
     r = CliRunner().invoke(app, ["run", "--trainer", "verl", "--algo", "grpo", "--db", url])
     assert r.exit_code == 2 and "verl is not installed" in r.output
     with session(open_store(url)) as s:
