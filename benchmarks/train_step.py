@@ -97,7 +97,12 @@ def trl(ref: ModelRef, problems: list[Problem], steps: int, threads: int, max_ne
         def on_step_end(self, *a, **k):
             times.append(time.perf_counter() - self.t0)
 
-    args = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=B * G, num_generations=G,
+    # a real model's step in micro-batches of one prompt's G completions, as bench's run in micro-batches
+    # of 2,048 padded tokens: TRL's whole 128-row batch of 49,152-token logits was killed for memory at
+    # 19 GB RSS on a 24 GiB machine (2026-12-05)
+    micro = B * G if ref.embedded else G
+    args = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=micro,
+                      gradient_accumulation_steps=B * G // micro, num_generations=G,
                       max_completion_length=max_new, learning_rate=lr, bf16=False, fp16=False,
                       gradient_checkpointing=False, use_cpu=True, max_steps=steps + 1, logging_steps=1,
                       report_to=[], temperature=1.0, top_p=1.0, top_k=0, beta=0.0, loss_type="dr_grpo",
@@ -125,14 +130,13 @@ def main() -> None:
         problems = load_problems(SourceSpec(defaults["source"], limit=200))
     max_new = defaults["max_tokens"]
     t_ours, phases = ours(ref, problems, a.steps, a.threads, max_new)
-    ours_peak = peak_gib()
-    t_trl, t_gen = trl(ref, problems, a.steps, a.threads, max_new,
-                       lr=5e-4 if ref.embedded else get_preset("small").lr)
     print(f"GRPO step, {ref.name}, {B} prompts × {G} completions, ≤{max_new} tokens, fp32, "
           f"{a.threads} thread(s), mean of {a.steps}; {cpu_summary()}")
     print(f"  bench native trainer  {t_ours:6.2f} s/step   rollout {phases['time_rollout']:.2f} s, "
           f"grading + forward {phases['time_scoring']:.2f} s, backward + AdamW + sync {phases['time_update']:.2f} s; "
-          f"peak RSS {ours_peak:.1f} GiB")
+          f"peak RSS {peak_gib():.1f} GiB", flush=True)         # before TRL's side, which may be killed for memory
+    t_trl, t_gen = trl(ref, problems, a.steps, a.threads, max_new,
+                       lr=5e-4 if ref.embedded else get_preset("small").lr)
     print(f"  TRL GRPOTrainer       {t_trl:6.2f} s/step   generate() {t_gen:.2f} s, the rest {t_trl - t_gen:.2f} s; "
           f"peak RSS of the process after it {peak_gib():.1f} GiB")
     print(f"  ratio ours/TRL: {t_ours / t_trl:.2f} (goal <= 0.6, issue 37); outside the rollout: "
