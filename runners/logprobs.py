@@ -27,6 +27,13 @@ LOGIT_CHUNK_ELEMENTS = 2 ** 26          # values of one chunk's logits (fp32: 25
 
 # ------------------------------------------------------------------ tensors
 
+
+def _at_least_fp32(logits: torch.Tensor) -> torch.Tensor:
+    """The logits the log-softmax reads: fp32 for a 16-bit or fp32 model (the same bits as
+    `.float()`), float64 for a float64 one (the tests' exact reference), never rounded down."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
 def pack(prompt_ids: list[list[int]], responses: list[list[int]], pad: int):
     """Right-padded prompt+response ids [N, W], attention mask, and for the response tokens
     their positions in the sequence [N, T], their ids [N, T] and a mask [N, T]."""
@@ -55,7 +62,7 @@ def full_response_logprobs(model, ids, attn, tok, pos) -> torch.Tensor:
     the fallback for a model whose head cannot be applied on its own."""
     logits = model(input_ids=ids, attention_mask=attn).logits
     logits = logits.gather(1, pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-    return torch.log_softmax(logits.float(), dim=-1).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+    return torch.log_softmax(_at_least_fp32(logits), dim=-1).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
 
 
 # post-head logit transforms that some architectures apply in their CausalLM forward and that
@@ -91,7 +98,7 @@ def split_head(model):
 
 def _chunk_logprobs(head, h: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
     """log-softmax in fp32 of head(h) [N, c, V], at the tokens `tok` [N, c]."""
-    return torch.log_softmax(head(h).float(), dim=-1).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+    return torch.log_softmax(_at_least_fp32(head(h)), dim=-1).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
 
 
 def _vocab(model) -> int:
@@ -141,7 +148,7 @@ def response_logprobs(model, ids, attn, tok, pos, max_logit_elements: int | None
 
 def _chunk_logprobs_entropy(head, h: torch.Tensor, tok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`_chunk_logprobs` (the same bits) and the entropy −Σ_v p_v log p_v of each position."""
-    lp = torch.log_softmax(head(h).float(), dim=-1)
+    lp = torch.log_softmax(_at_least_fp32(head(h)), dim=-1)
     return lp.gather(-1, tok.unsqueeze(-1)).squeeze(-1), -(lp.exp() * lp).sum(-1)
 
 
@@ -169,10 +176,11 @@ def response_log_softmax(model, ids, attn, pos) -> torch.Tensor:
     parts = split_head(model)
     if parts is None:
         logits = model(input_ids=ids, attention_mask=attn).logits
-        return torch.log_softmax(logits.gather(1, pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1])).float(), dim=-1)
+        rows = logits.gather(1, pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+        return torch.log_softmax(_at_least_fp32(rows), dim=-1)
     body, head = parts
     h = body(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
-    return torch.log_softmax(head(h.gather(1, pos.unsqueeze(-1).expand(-1, -1, h.shape[-1]))).float(), dim=-1)
+    return torch.log_softmax(_at_least_fp32(head(h.gather(1, pos.unsqueeze(-1).expand(-1, -1, h.shape[-1])))), dim=-1)
 
 
 def _chunk_logprobs_centered(head, h: torch.Tensor, tok: torch.Tensor, logq: torch.Tensor,
@@ -180,7 +188,7 @@ def _chunk_logprobs_centered(head, h: torch.Tensor, tok: torch.Tensor, logq: tor
     """`_chunk_logprobs` (the same bits) and Score Centering's term at each position,
     center = Σ_v sg(q_v · min(p_v/q_v, hi)) · log p_v, p = softmax(head(h)) in fp32, q = exp(logq)
     [N, c, V] (μ's recorded distribution), both over the whole vocabulary of the chunk's rows."""
-    lp = torch.log_softmax(head(h).float(), dim=-1)
+    lp = torch.log_softmax(_at_least_fp32(head(h)), dim=-1)
     q = logq.to(lp.device, lp.dtype).exp()
     c = (q * sc_weights(lp, logq.to(lp.device, lp.dtype), hi)).detach()
     return lp.gather(-1, tok.unsqueeze(-1)).squeeze(-1), (c * lp).sum(-1)
