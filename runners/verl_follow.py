@@ -338,8 +338,8 @@ def prepare(store, algo: str, precision, cfg: RunConfig, build_id: str | None, m
     if os.sep in target.python:                 # verl runs in root: a relative interpreter path would break
         target = VerlTarget(str(Path(target.python).absolute()), target.gpus, target.nodes)
     job = VerlJob(model_path, train, val, reward, root / "metrics.jsonl", "bench", root.name,
-                  checkpoint_dir=root / "checkpoints", gpus=target.gpus, nodes=target.nodes)
-    argv, env = verl_command(algo, precision, cfg, job, python=target.python, entry=entry)
+                  checkpoint_dir=root / "checkpoints", target=target)
+    argv, env = verl_command(algo, precision, cfg, job, entry=entry)
     return VerlLaunch(root.name, str(root), argv, env, build.id, model_id, len(split), target)
 
 
@@ -373,8 +373,7 @@ def resume_verl_run(store, run_id: str, progress=None) -> str:
     """Relaunch verl with the run's command (`trainer.resume_mode=auto`: it continues from its
     latest checkpoint); steps logged after that checkpoint are replaced. verl truncates its
     metrics file on start, so the previous one is kept as metrics.<n>.jsonl."""
-    from .plan import config_from_dict
-    from .plan import resumable_run
+    from .plan import config_from_dict, resumable_run
 
     with session(store) as s:
         run = resumable_run(s, run_id)

@@ -365,8 +365,7 @@ class VerlJob:
     project: str
     experiment: str
     checkpoint_dir: Path | None = None
-    gpus: int = 1
-    nodes: int = 1
+    target: VerlTarget = VerlTarget()          # verl's interpreter, GPUs and nodes
 
 
 # what sets each key of bench's command that is not the algorithm's or the precision's (the cell's
@@ -430,7 +429,7 @@ def check_overrides(algo: str, cfg: RunConfig) -> None:
           owner)
 
 
-def verl_command(algo: str, p: Precision, cfg: RunConfig, job: VerlJob, python: str = "python",
+def verl_command(algo: str, p: Precision, cfg: RunConfig, job: VerlJob,
                  entry: str = "verl.trainer.main_ppo") -> tuple[list[str], dict]:
     """The argv and extra environment that launch verl (`python -m entry`) for one cell: bench's
     overrides, the run's seed in each of verl's seeds (`SEED_KEYS`), then the user's own
@@ -449,8 +448,8 @@ def verl_command(algo: str, p: Precision, cfg: RunConfig, job: VerlJob, python: 
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
         f"reward.custom_reward_function.path={job.reward_file}", "reward.custom_reward_function.name=compute_score",
         "trainer.logger=[console,file]", f"trainer.project_name={job.project}",
-        f"trainer.experiment_name={job.experiment}", f"trainer.n_gpus_per_node={job.gpus}",
-        f"trainer.nnodes={job.nodes}", f"trainer.test_freq={cfg.eval_every}",
+        f"trainer.experiment_name={job.experiment}", f"trainer.n_gpus_per_node={job.target.gpus}",
+        f"trainer.nnodes={job.target.nodes}", f"trainer.test_freq={cfg.eval_every}",
         f"trainer.total_training_steps={cfg.max_steps}", f"trainer.save_freq={cfg.checkpoint_every}",
         "trainer.resume_mode=auto", "trainer.val_before_train=True",
     ]
@@ -464,7 +463,7 @@ def verl_command(algo: str, p: Precision, cfg: RunConfig, job: VerlJob, python: 
                  "actor_rollout_ref.rollout.val_kwargs.do_sample=True"]
     args += [f"{k}={cfg.seed}" for k in SEED_KEYS]
     bench = [*algo_overrides(algo, cfg.max_tokens, cfg.algo.C, cfg.algo), *precision_overrides(p), *args]
-    argv = [python, "-m", entry, *merge(bench, [*cfg.verl_settings, *cfg.verl_resources], owner)]
+    argv = [job.target.python, "-m", entry, *merge(bench, [*cfg.verl_settings, *cfg.verl_resources], owner)]
     return argv, {"VERL_FILE_LOGGER_PATH": str(job.metrics_file.resolve())}
 
 
