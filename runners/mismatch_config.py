@@ -15,7 +15,8 @@ class MismatchConfig:
     makes μ the log-probability of a reshaped distribution and the comparison meaningless."""
 
     model: str = knob("tiny-math", help="'tiny-math', a model directory, or a hub id.", cli=False)
-    source: str = knob("synthetic-hard", help="Problems (any `bench build --source`).", cli=False)
+    source: str | None = knob(None, help="Problems (any `bench build --source`; default: the model's, "
+                              "bench/models.py measure_defaults).", cli=False)
     limit: int | None = knob(100, help="The first N problems.", unit="problems", ge=1)
     n: int = knob(32, help="Responses per problem.", unit="responses", ge=1)
     max_tokens: int | None = knob(None, help="Max response length (default 64 for tiny-math, 128 for smollm2-135m "

@@ -63,19 +63,19 @@ def model_warmup(name: str = typer.Argument(..., help="A real model: smollm2-135
     supervised warm-up on arithmetic problems no default build draws (bench/warmup.py). Writes a model
     directory to build and train on (`bench build --model DIR`)."""
     from bench.model_sources import models_home
-    from bench.models import resolve_model
-    from bench.warmup import WarmupConfig, warm_up
+    from bench.models import resolve_model, warm_model
+    from bench.warmup import WarmupConfig, warmed_name
 
     cfg = WarmupConfig(steps=steps, lr=lr, batch_size=batch_size, levels=levels, seed=seed, threads=threads,
                        max_tokens=max_tokens)
     if resolve_model(name).embedded:
         fail(f"{name!r} is an embedded model: `bench model train` makes it; the warm-up is for real models")
-    target = out_dir or models_home() / f"{Path(name).stem}-warm-{steps}-{lr:g}-{seed}"
+    target = out_dir or models_home() / warmed_name(name, cfg)
     if (target / "config.json").exists():
         fail(f"{target} already holds a model: give another --out")
     with _progress("warming up") as prog:
         task = prog.add_task("steps", total=steps, rate="")
-        summary = warm_up(name, cfg, target, progress=lambda s, n, loss: prog.update(task, completed=s,
+        summary = warm_model(name, cfg, target, progress=lambda s, n, loss: prog.update(task, completed=s,
                                                                                     rate=f"loss {loss:.3f}"))
     out.print_json(json.dumps(summary))
 

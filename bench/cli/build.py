@@ -107,11 +107,23 @@ def build(ctx: typer.Context,
     out.print(f"build [bold]{manifest['build_id']}[/]: {c['kept']} of {n} problems kept "
               f"({100 * manifest['kept_fraction']:.1f}% in [{cfg.lo}, {cfg.hi}]); too easy {c['too_easy']}, "
               f"too hard {c['too_hard']}, bad gold {c['bad_gold']}")
+    _hint_warmed(cfg.model, c["kept"], n)
     rps = manifest["rollouts_per_s"]
     out.print(f"{manifest['rollouts']} rollouts, {rps:.0f} rollouts/s, "
               f"wall {manifest['wall_s']:.1f}s → {manifest['out_dir']}"
               if rps else
               f"{manifest['rollouts']} rollouts (all resumed), wall {manifest['wall_s']:.1f}s → {manifest['out_dir']}")
+
+
+def _hint_warmed(model: str, kept: int, problems: int) -> None:
+    """A named real model that keeps under a tenth of its problems points to its warmed twin."""
+    from bench.model_sources import WARMED
+
+    warmed = next((w for w, base in WARMED.items() if base == model), None)
+    if warmed and kept < 0.1 * problems:
+        console.print(f"[yellow]hint:[/] {model} sampled at T = 1 rarely finishes with a boxed answer; "
+                      f"`bench build --model {warmed}` builds it after bench's 30-step answer-format warm-up "
+                      "(docs/build.md)", highlight=False)
 
 
 def _duplicates_line(dup: dict) -> str:

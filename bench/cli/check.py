@@ -34,10 +34,14 @@ def shipped_contract(model: str, engine: str) -> Path | None:
 @app.command()
 @knob_options(CheckConfig, defaults=_defaults(), panel="Check settings (CheckConfig)", before="contract")
 def check(model: str = typer.Option("tiny-math", help="'tiny-math', a model directory, or a hub id."),
-          dtype: str = typer.Option("all", help="Pairs: fp16, rollout=fp8,train=fp16, a list separated by ';' "
-                                    "(or ',' for plain names), all (35 pairs), all16 or ladder (every rung → fp32)."),
+          dtype: Optional[str] = typer.Option(None, help="Pairs: fp16, rollout=fp8,train=fp16, a list separated by "
+                                              "';' (or ',' for plain names), all (35 pairs), all16 or ladder (every "
+                                              "rung → fp32). Default: all where the contract judges all 35, else "
+                                              "the contract's pairs (with --derive-contract: all)."),
           engine: Engine = typer.Option(Engine.torch, help="Rollout engine (auto: vllm when importable, else torch)."),
-          source: str = typer.Option("synthetic-hard", help="Problems (any `bench build --source`)."),
+          source: Optional[str] = typer.Option(None, help="Problems (any `bench build --source`; default: "
+                                               "synthetic-hard for the embedded models, a named or warmed real "
+                                               "model's own, arithmetic)."),
           contract: Optional[Path] = typer.Option(None, help="The tolerance contract (TOML; default: the one bench "
                                                   "ships for an embedded model). With --derive-contract: where to "
                                                   "write it."),
@@ -59,18 +63,20 @@ def check(model: str = typer.Option("tiny-math", help="'tiny-math', a model dire
     from bench.device import resolve_device
     from bench.engines import resolve_engine
     from bench.knobs import check as check_knobs
+    from bench.models import measure_defaults, resolve_model
     from bench.precision import parse_list
     from bench.store import bench_home
 
     cfg = check_knobs(CheckConfig(model=model, source=source, engine=resolve_engine(engine.value),
                                   **{k: v for k, v in knobs.items() if v is not None}))
     cfg.device = resolve_device(device)
-    pairs = parse_list(dtype)
+    own = measure_defaults(resolve_model(model))       # what it measures on: recorded as given or as defaulted
+    cfg.source, cfg.max_tokens = cfg.source or own["source"], cfg.max_tokens or own["max_tokens"]
     plots = out_dir or bench_home() / "check" / Path(model).name
     if derive_contract is not None:
         if contract is None:
             fail("--derive-contract N writes a contract: give --contract FILE for where")
-        _derive(cfg, pairs, derive_contract, contract, plots, as_json)
+        _derive(cfg, parse_list(dtype or "all"), derive_contract, contract, plots, as_json)
         return
     path = contract or shipped_contract(Path(model).name, cfg.engine)
     if path is None:
@@ -78,6 +84,7 @@ def check(model: str = typer.Option("tiny-math", help="'tiny-math', a model dire
              f"from pairs you trust with `bench check --model {model} --dtype PAIRS --derive-contract 5 --contract "
              "FILE`")
     terms = contracts.load(path)
+    pairs = parse_list(dtype) if dtype else _contract_pairs(terms)
     if (terms.model, terms.engine) != (Path(model).name, cfg.engine):
         fail(f"{path} is the contract of {terms.model or '?'} with the {terms.engine or '?'} engine, not of "
              f"{Path(model).name} with the {cfg.engine} engine: give the contract derived for this model and engine")
@@ -101,6 +108,16 @@ def check(model: str = typer.Option("tiny-math", help="'tiny-math', a model dire
     else:
         _print(report, terms, path, seconds)
     raise typer.Exit(0 if ok else 1)
+
+
+def _contract_pairs(terms) -> list:
+    """`all` where the contract judges each of its 35 pairs, else the pairs it judges."""
+    from bench.precision import Precision, parse_list
+
+    every = parse_list("all")
+    if all(p.name in terms.pairs for p in every):
+        return every
+    return [Precision.parse(name) for name in terms.pairs]
 
 
 def _measure(cfg, pairs, plots: Path, quiet: bool):

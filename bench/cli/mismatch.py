@@ -28,7 +28,9 @@ def _mismatch_defaults() -> dict[str, dict]:
 def mismatch(model: str = typer.Option("tiny-math"), dtype: str = typer.Option("all", help="A pair (fp16, "
              "rollout=fp32,train=bf16), a list of dtypes and pairs separated by ',' or ';', all (35 pairs) or "
              "all16 (the paper's nine) or ladder (every rung of the precision ladder → fp32)."),
-             source: str = typer.Option("synthetic-hard", help="Problems (any `bench build --source`)."),
+             source: Optional[str] = typer.Option(None, help="Problems (any `bench build --source`; default: "
+                                                  "synthetic-hard for the embedded models, a named or warmed real "
+                                                  "model's own, arithmetic)."),
              engine: Engine = typer.Option(Engine.torch, help="Rollout engine (auto: vllm when importable, else "
                                            "torch)."),
              temperature: float = typer.Option(1.0, help="Must be 1: μ has to be the raw softmax."),
@@ -42,6 +44,7 @@ def mismatch(model: str = typer.Option("tiny-math"), dtype: str = typer.Option("
     π from the training engine, on the same sampled tokens."""
     from bench.device import resolve_device
     from bench.knobs import check
+    from bench.models import measure_defaults, resolve_model
     from bench.precision import Precision, parse_list
     from runners.offline_mismatch import analyse
 
@@ -52,6 +55,8 @@ def mismatch(model: str = typer.Option("tiny-math"), dtype: str = typer.Option("
                                **{k: v for k, v in knobs.items() if v is not None}))
     pairs = [Precision.parse(dtype)] if "=" in dtype and ";" not in dtype else parse_list(dtype)
     cfg.device = resolve_device(device)
+    own = measure_defaults(resolve_model(model))       # what it measures on: recorded as given or as defaulted
+    cfg.source, cfg.max_tokens = cfg.source or own["source"], cfg.max_tokens or own["max_tokens"]
     store = _store(db)
     reports = analyse(store, cfg, pairs, progress=lambda p, m: console.print(_pair_line(p.name, m), highlight=False))
     if as_json:

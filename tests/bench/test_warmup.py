@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from bench.arithmetic import arithmetic_rows
 from bench.model_sources import MODEL_FILE
-from bench.warmup import WarmupConfig, training_pool, warm_up, worked_answer
+from bench.warmup import WarmupConfig, training_pool, warmed_name, worked_answer
 from gguf_files import tiny_llama, write_llama_gguf
 
 pytest.importorskip("gguf")
@@ -37,11 +37,11 @@ def test_the_pool_never_holds_a_problem_of_the_default_build():
 
 
 def test_a_warm_up_writes_a_model_its_builds_prompt_like(tmp_path):
-    from bench.models import build_defaults, load_model, resolve_model
+    from bench.models import build_defaults, load_model, resolve_model, warm_model
 
     path = write_llama_gguf(tmp_path / "tiny.gguf", tiny_llama(seed=2))
     cfg = WarmupConfig(steps=2, batch_size=4, lr=1e-3, threads=1, max_tokens=48)
-    a = warm_up(str(path), cfg, tmp_path / "a")
+    a = warm_model(str(path), cfg, tmp_path / "a")
     record = json.loads((tmp_path / "a" / MODEL_FILE).read_text())
     assert record["warmed_from"]["model_source"]["file"] == "tiny.gguf"
     assert record["warmup"]["steps"] == 2 and len(record["warmup"]["losses"]) == 2
@@ -53,10 +53,34 @@ def test_a_warm_up_writes_a_model_its_builds_prompt_like(tmp_path):
     before = load_model(resolve_model(str(path)))
     after = load_model(ref)
     assert not torch.equal(before.model.embed_tokens.weight, after.model.embed_tokens.weight)
-    warm_up(str(path), cfg, tmp_path / "b")                     # the same settings: the same weights
+    warm_model(str(path), cfg, tmp_path / "b")                     # the same settings: the same weights
     again = load_model(resolve_model(str(tmp_path / "b")))
     assert all(torch.equal(x, y) for x, y in zip(after.state_dict().values(), again.state_dict().values()))
     assert a["last_loss"] == json.loads((tmp_path / "b" / MODEL_FILE).read_text())["warmup"]["losses"][-1]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]      # no temporary directory left
+
+
+def test_the_warmed_name_is_made_once_on_first_use(tmp_path, monkeypatch):
+    """`smollm2-135m-warm` resolves to SmolLM2 warmed with the defaults under the name `bench model
+    warmup` gives it: made on first use, found after (its base stood in by a tiny Llama here)."""
+    import bench.model_sources as sources
+    import bench.models as models
+
+    path = write_llama_gguf(tmp_path / "tiny.gguf", tiny_llama(seed=2))
+    monkeypatch.setenv("BENCH_HOME", str(tmp_path / "home"))
+    monkeypatch.setitem(sources.WARMED, "tiny-warm", str(path))
+    calls = []
+    real = models.warm_model
+
+    def small(name, cfg, out, progress=None):
+        calls.append(out)
+        return real(name, WarmupConfig(steps=1, batch_size=2, threads=1), out, progress)
+
+    monkeypatch.setattr(models, "warm_model", small)
+    ref = models.resolve_model("tiny-warm")
+    assert ref.name == "tiny-warm" and calls == [tmp_path / "home" / "models" / warmed_name("tiny", WarmupConfig())]
+    assert ref.path == str(calls[0].resolve()) and models.build_defaults(ref)["source"] == "arithmetic"
+    assert models.resolve_model("tiny-warm").path == ref.path and len(calls) == 1
 
 
 def test_the_cli_refuses_what_it_cannot_warm_up(tmp_path):
