@@ -68,9 +68,11 @@ ONE_SIDED_HEAD = ("one-sided fp32 head: only one engine computes lm_head and the
 # ------------------------------------------------------------------ metrics (pure)
 
 def token_metrics(mu: torch.Tensor, pi: torch.Tensor, mask: torch.Tensor,
-                  dist_mu: torch.Tensor | None = None, dist_pi: torch.Tensor | None = None) -> dict:
+                  dist_mu: torch.Tensor | None = None, dist_pi: torch.Tensor | None = None,
+                  kl: torch.Tensor | None = None) -> dict:
     """The sampled-token metrics of the module doc over mask [N, T] (log μ, log π [N, T]); with
-    the whole distributions (log-probs [N, T, V]) the full-vocabulary ones too, else None."""
+    the whole distributions (log-probs [N, T, V]), or their `position_kl` [N, T] already taken,
+    the full-vocabulary ones too, else None."""
     m = mask.bool()
     d = (pi.double() - mu.double())[m]
     if not d.numel():
@@ -79,7 +81,7 @@ def token_metrics(mu: torch.Tensor, pi: torch.Tensor, mask: torch.Tensor,
            "chi2_token": chi2_token(mu, pi, mask),
            "abs_logp_diff_mean": d.abs().mean().item(), "abs_logp_diff_max": d.abs().max().item(),
            "token_mult_prob_error": d.abs().exp().mean().item()}
-    kl = position_kl(dist_mu, dist_pi)
+    kl = position_kl(dist_mu, dist_pi) if kl is None else kl
     if kl is None:
         return {**out, "kl_full": None, "tok_kl_max_mean": None, "tok_kl_max": None}
     worst = kl.masked_fill(~m, -math.inf).amax(-1)[m.any(-1)]                 # per sequence with tokens
@@ -285,35 +287,20 @@ def measure(cfg: CheckConfig, pairs: list[Precision], out_dir: Path | None = Non
         try:
             samples = eng.generate(prompts, cfg.n, sampling)
             noise_rollout = _noise_rollout(samples, eng.generate(prompts, cfg.n, sampling))
-            flat = [(i, s) for i, row in enumerate(samples) for s in row]
-            ids, attn, tk, pos, mask = pack([pids[i] for i, _ in flat], [s.token_ids for _, s in flat],
-                                            tok.pad_token_id)
-            t_max = mask.shape[1]
-            mu = torch.zeros(len(flat), t_max)
-            for k, (_, s) in enumerate(flat):
-                mu[k, :len(s.logprobs)] = torch.tensor(s.logprobs)
-            dist_mu = _padded([s.distributions for _, s in flat], t_max)
-            dev = [t.to(cfg.device) for t in (ids, attn, pos)]
-            dist_ref = response_log_softmax(base, *dev).cpu()
-            entropy = -(dist_ref.exp() * dist_ref).nan_to_num(0.0).sum(-1)
-            h_ref = layer_outputs(base, *dev[:2])
-            engine_model = getattr(eng, "model", None)
-            h_roll = layer_outputs(engine_model, *dev[:2]) if isinstance(engine_model, torch.nn.Module) else {}
-            roll_buffers = buffer_mismatches(base, engine_model)
-            for pair in (p for p in pairs if p.rollout == rollout):
-                model = prepare_compute_model(copy.deepcopy(base), pair.train, cfg.device).eval()
-                dist_pi = response_log_softmax(model, *dev).cpu()
-                noise_train = _noise(dist_pi, response_log_softmax(model, *dev).cpu(), mask)
-                pi = dist_pi.gather(-1, tk.unsqueeze(-1)).squeeze(-1) * mask
-                kl = position_kl(dist_mu, dist_pi)
+            mine = [p for p in pairs if p.rollout == rollout]
+            sides = _measure_rollout(base, eng, mine, [(pids[i], s) for i, row in enumerate(samples) for s in row],
+                                     tok.pad_token_id, vocab, cfg.device)
+            roll_buffers = buffer_mismatches(base, getattr(eng, "model", None))
+            for pair in mine:
+                side = sides.pairs[pair]
                 lines = [f"rollout engine: {x}" for x in (roll_buffers or [])] + [
-                    f"training engine: {x}" for x in buffer_mismatches(base, model)]
-                metrics = {**token_metrics(mu, pi, mask, dist_mu, dist_pi), "noise_rollout": noise_rollout,
-                           "noise_train": noise_train,
-                           "buffers": None if roll_buffers is None else float(len(lines))}
-                layers = layer_table(h_roll, layer_outputs(model, *dev[:2]), h_ref)
-                result = PairResult(pair, metrics, bucket_rows(mu, pi, mask, mask.sum(-1), entropy, kl), layers,
-                                    lines, ([ONE_SIDED_HEAD] if (pair.rollout == "bf16+head32") != (
+                    f"training engine: {x}" for x in side.buffers]
+                mu, pi, mask = sides.mu, side.pi, sides.mask
+                metrics = {**token_metrics(mu, pi, mask, kl=side.kl), "noise_rollout": noise_rollout,
+                           "noise_train": side.noise, "buffers": None if roll_buffers is None else float(len(lines))}
+                layers = side.layers.table()
+                result = PairResult(pair, metrics, bucket_rows(mu, pi, mask, mask.sum(-1), sides.entropy, side.kl),
+                                    layers, lines, ([ONE_SIDED_HEAD] if (pair.rollout == "bf16+head32") != (
                                         pair.train == "bf16+head32") else []) + flags_topk)
                 if out_dir is not None and layers:
                     result.plot = plot_layers(layers, out_dir / f"{pair.rollout}-{pair.train}" / "layers.png",
@@ -321,10 +308,109 @@ def measure(cfg: CheckConfig, pairs: list[Precision], out_dir: Path | None = Non
                 results.append(result)
                 if progress:
                     progress(result)
-                del model
         finally:
             eng.close()
     return results
+
+
+CHUNK_BYTES = 256 << 20      # a chunk of sequences holds at most this much of each [rows, T, V] log-prob tensor
+
+
+def row_chunks(n: int, t_max: int, vocab: int, budget: int | None = None) -> list[slice]:
+    """Consecutive row ranges of n sequences whose [rows, t_max, vocab] fp32 log-probs each fit in
+    `budget` bytes (at least one row a chunk): the whole batch at once for tiny-math's 85 tokens,
+    ~10 rows a chunk for SmolLM2's 49,152 at 128 tokens, ~2 for Gemma 3's 262,144."""
+    rows = max(1, (budget or CHUNK_BYTES) // max(1, t_max * vocab * 4))
+    return [slice(i, min(n, i + rows)) for i in range(0, n, rows)]
+
+
+class LayerSums:
+    """The layer table (`layer_table`) accumulated over chunks of sequences: per layer, the sums of
+    squares of the reference, of each side's difference from it and of the difference between
+    the sides (fp64), so the whole batch's hidden states are never held at once."""
+
+    def __init__(self):
+        self.sums: dict[str, list[float]] = {}        # name → [ref, rollout − ref, train − ref, rollout − train]
+
+    def add(self, rollout: dict, train: dict, reference: dict) -> None:
+        if not (rollout and train and reference):
+            return
+        for name, h in reference.items():
+            h, r, t = h.double(), rollout[name].double(), train[name].double()
+            acc = self.sums.setdefault(name, [0.0] * 4)
+            for i, x in enumerate((h, r - h, t - h, r - t)):
+                acc[i] += x.square().sum().item()
+
+    def table(self) -> list[dict]:
+        def ratio(diff, size):
+            return math.sqrt(diff) / math.sqrt(size) if size > 0 else (0.0 if diff == 0 else math.inf)
+
+        return [{"layer": name, "rollout": ratio(r, ref), "train": ratio(t, ref), "divergence": ratio(d, ref)}
+                for name, (ref, r, t, d) in self.sums.items()]
+
+
+@dataclass
+class TrainSide:
+    """One pair's training-side measurements over the rollout's batch."""
+
+    pi: torch.Tensor                                # [N, T] log π of the sampled tokens
+    kl: torch.Tensor | None                         # [N, T] KL(μ_t ‖ π_t) (None without μ's distributions)
+    noise: float = 0.0                              # max |Δ log π| of two identical scoring forwards
+    layers: LayerSums = field(default_factory=LayerSums)
+    buffers: list = field(default_factory=list)
+
+
+@dataclass
+class RolloutSides:
+    mu: torch.Tensor                                # [N, T] log μ of the sampled tokens
+    mask: torch.Tensor                              # [N, T]
+    entropy: torch.Tensor                           # [N, T] the fp32 reference's entropy at each position
+    pairs: dict                                     # pair → TrainSide
+
+
+def _worst(a: float, b: float) -> float:
+    """max of two noise readings, NaN when either is."""
+    return math.nan if a != a or b != b else max(a, b)
+
+
+@torch.no_grad()
+def _measure_rollout(base, eng, pairs: list[Precision], flat: list, pad_id: int, vocab: int,
+                     device: str) -> RolloutSides:
+    """μ and the fp32 reference of one rollout's samples `flat` [(prompt ids, sample)], and each
+    pair's training side (a compute copy of `base` in its format, scored twice: the noise
+    floor), one chunk of sequences at a time (`row_chunks`): per-position tensors are filled in
+    by rows, the layer table summed, so memory grows with the batch by [N, T] only."""
+    ids, attn, tk, pos, mask = pack([p for p, _ in flat], [s.token_ids for _, s in flat], pad_id)
+    n, t_max = mask.shape
+    mu = torch.zeros(n, t_max)
+    for k, (_, s) in enumerate(flat):
+        mu[k, :len(s.logprobs)] = torch.tensor(s.logprobs)
+    with_dist = all(s.distributions is not None for _, s in flat)
+    engine_model = getattr(eng, "model", None)
+    engine_model = engine_model if isinstance(engine_model, torch.nn.Module) else None
+    models = {pair: prepare_compute_model(copy.deepcopy(base), pair.train, device).eval() for pair in pairs}
+    sides = {pair: TrainSide(torch.zeros(n, t_max), torch.zeros(n, t_max, dtype=torch.float64) if with_dist else None,
+                             buffers=buffer_mismatches(base, m)) for pair, m in models.items()}
+    entropy = torch.zeros(n, t_max)
+    for rows in row_chunks(n, t_max, vocab):
+        dev = [t[rows].to(device) for t in (ids, attn, pos)]
+        m_rows, tk_rows = mask[rows], tk[rows]
+        dist_mu = _padded([s.distributions for _, s in flat[rows]], t_max)
+        dist_ref = response_log_softmax(base, *dev).cpu()
+        entropy[rows] = -(dist_ref.exp() * dist_ref).nan_to_num(0.0).sum(-1)
+        del dist_ref
+        h_ref = layer_outputs(base, *dev[:2])
+        h_roll = layer_outputs(engine_model, *dev[:2]) if engine_model is not None else {}
+        for pair, model in models.items():
+            side = sides[pair]
+            dist_pi = response_log_softmax(model, *dev).cpu()
+            side.noise = _worst(side.noise, _noise(dist_pi, response_log_softmax(model, *dev).cpu(), m_rows))
+            side.pi[rows] = dist_pi.gather(-1, tk_rows.unsqueeze(-1)).squeeze(-1) * m_rows
+            if side.kl is not None:
+                side.kl[rows] = position_kl(dist_mu, dist_pi)
+            side.layers.add(h_roll, layer_outputs(model, *dev[:2]), h_ref)
+            del dist_pi
+    return RolloutSides(mu, mask, entropy, sides)
 
 
 def plot_layers(rows: list[dict], path: Path, title: str) -> str:

@@ -246,3 +246,38 @@ def test_nonfinite_log_probs_are_counted_per_side_and_named():
                          "the format overflows on this model")
     assert "non-finite" not in _pair_line("bf16", {"prob_abs_diff_mean": 1e-3, "kl_k1": 1e-2, "tokens": 5,
                                                    "nonfinite_mu": 0, "nonfinite_pi": 0})
+
+
+def test_row_chunks_cover_every_row_within_the_budget():
+    from runners.check import row_chunks
+
+    assert row_chunks(128, 64, 85) == [slice(0, 128)]                          # tiny-math: one chunk
+    chunks = row_chunks(128, 128, 49_152)                                       # SmolLM2: 10 rows a chunk
+    assert chunks[0] == slice(0, 10) and chunks[-1] == slice(120, 128) and len(chunks) == 13
+    assert row_chunks(3, 128, 262_144, budget=1) == [slice(0, 1), slice(1, 2), slice(2, 3)]   # at least one row
+
+
+@pytest.mark.integration
+def test_a_batch_measured_in_chunks_of_sequences_agrees_with_one_chunk(monkeypatch):
+    """A model with a large vocabulary is measured a few sequences at a time (its [N, T, V] rows
+    would not fit): the same tokens, the same metrics and layer table up to the scoring forwards'
+    batch shapes, the same noise floor."""
+    import runners.check as check
+
+    pairs = [Precision("fp32", "fp32"), Precision("fp16", "fp16")]
+    cfg = replace(CFG, prompts=6, n=2)
+    whole = measure(cfg, pairs)
+    monkeypatch.setattr(check, "CHUNK_BYTES", 5 * 64 * 85 * 4)             # at most 5 rows of tiny-math a chunk
+    seen = []
+    real = check.row_chunks
+    monkeypatch.setattr(check, "row_chunks", lambda *a: seen.append(real(*a)) or seen[-1])
+    parts = measure(cfg, pairs)
+    assert len(seen) == 2 and all(len(c) >= 2 for c in seen)                 # each rollout format in chunks
+    for a, b in zip(whole, parts):
+        assert a.metrics["tokens"] == b.metrics["tokens"] and a.metrics["noise_train"] == b.metrics["noise_train"]
+        for k, v in a.metrics.items():
+            assert b.metrics[k] == pytest.approx(v, rel=1e-3, abs=1e-12), k
+        assert [r["layer"] for r in a.layers] == [r["layer"] for r in b.layers]
+        for x, y in zip(a.layers, b.layers):
+            assert y["divergence"] == pytest.approx(x["divergence"], rel=1e-3, abs=1e-12)
+    assert all(r["divergence"] == 0 for r in parts[0].layers)                 # fp32 on both sides: bit for bit
