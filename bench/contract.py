@@ -7,6 +7,10 @@ threshold, in a versioned TOML file; and the verdict of measured values against 
     margin = 4.0
     derived = "…how and when…"
 
+    [measured]                      # optional: what it was derived on, a check's defaults
+    prompts = 32
+    n = 4
+
     [pairs."fp16"]
     kl_k3 = { judgment = "bound", bound = 1.2e-06 }
     noise_rollout = { judgment = "bitwise" }
@@ -20,7 +24,9 @@ within the bound. The
 contract fails closed: a measured metric with no line for its pair fails, as does a line whose
 metric was not measured (`not measured`). `derive` writes a contract from repeats of pairs a
 user trusts: a metric 0 in every repeat is `bitwise`, any other gets bound = margin × its
-largest deviation. runners/check.py defines the metrics.
+largest deviation. runners/check.py defines the metrics. `measured` records what the repeats
+measured on (problems, responses, length, source): a maximum over more tokens is larger, so a
+check against the contract measures on the same unless told otherwise.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from bench.errors import BenchError
 
 VERSION = 1
 JUDGMENTS = ("bitwise", "bound")
+MEASURED = {"prompts": int, "n": int, "max_tokens": int, "source": str}     # what `measured` may hold
 LAYER = "layer:"                    # prefix of a per-layer divergence line
 IDEAL = {"token_mult_prob_error": 1.0}  # a metric's value when the engines agree bit for bit (else 0)
 
@@ -63,6 +70,7 @@ class Contract:
     margin: float | None = None
     derived: str = ""
     version: int = VERSION
+    measured: dict = field(default_factory=dict)      # what the repeats measured on (MEASURED)
 
     def digest(self) -> str:
         """sha256 of the contract's TOML text (what a stored result names)."""
@@ -104,6 +112,11 @@ def load(path: str | Path) -> Contract:
         raise ContractError(f"{p} is not TOML: {e}") from None
     if data.get("version") != VERSION:
         raise ContractError(f"{p}: contract version {data.get('version')!r}; this bench reads version {VERSION}")
+    measured = data.get("measured") or {}
+    if not isinstance(measured, dict) or any(k not in MEASURED or not isinstance(v, MEASURED[k]) or
+                                             isinstance(v, bool) for k, v in measured.items()):
+        raise ContractError(f"{p}: `measured` holds {', '.join(MEASURED)} (integers, the source a string), got "
+                            f"{measured!r}")
     pairs: dict[str, dict[str, Line]] = {}
     table = data.get("pairs") or {}
     if not isinstance(table, dict):
@@ -125,7 +138,7 @@ def load(path: str | Path) -> Contract:
                 raise ContractError(f"{p}: {pair} {metric}: a bound line needs a finite bound >= 0, got {bound!r}")
             pairs[pair][metric] = Line(judgment, float(bound) if judgment == "bound" else None)
     return Contract(model=str(data.get("model", "")), engine=str(data.get("engine", "")), pairs=pairs,
-                    margin=data.get("margin"), derived=str(data.get("derived", "")))
+                    margin=data.get("margin"), derived=str(data.get("derived", "")), measured=measured)
 
 
 def _key(k: str) -> str:
@@ -141,6 +154,8 @@ def dumps(c: Contract) -> str:
     if c.derived:
         head.append(f"derived = {json.dumps(c.derived)}")
     out = ["\n".join(head)]
+    if c.measured:
+        out.append("\n".join(["[measured]", *(f"{k} = {json.dumps(v)}" for k, v in c.measured.items())]))
     for pair, lines in c.pairs.items():
         body = [f"[pairs.{_key(pair)}]"]
         for metric, line in lines.items():
@@ -184,6 +199,9 @@ def widen(old: Contract, new: Contract) -> Contract:
     for a contract derived on each kind of machine a check runs on."""
     if (old.model, old.engine) != (new.model, new.engine):
         raise ContractError(f"cannot widen a contract of {old.model}/{old.engine} with one of {new.model}/{new.engine}")
+    if old.measured and new.measured and old.measured != new.measured:
+        raise ContractError(f"cannot widen a contract measured on {old.measured} with repeats measured on "
+                            f"{new.measured}: derive with the same --prompts, --n, --max-tokens and --source")
     pairs = {p: dict(lines) for p, lines in old.pairs.items()}
     for p, lines in new.pairs.items():
         mine = pairs.setdefault(p, {})
@@ -192,11 +210,12 @@ def widen(old: Contract, new: Contract) -> Contract:
             top = max(x.bound or 0.0 for x in (a, line) if x is not None)
             mine[metric] = Line("bitwise") if top == 0 else Line("bound", top)
     derived = "; ".join(x for x in (old.derived, new.derived) if x)
-    return Contract(model=new.model, engine=new.engine, pairs=pairs, margin=new.margin, derived=derived)
+    return Contract(model=new.model, engine=new.engine, pairs=pairs, margin=new.margin, derived=derived,
+                    measured=old.measured or new.measured)
 
 
 def derive(repeats: dict[str, list[dict[str, float | None]]], margin: float, model: str, engine: str,
-           derived: str) -> Contract:
+           derived: str, measured: dict | None = None) -> Contract:
     """A contract from repeated measurements of trusted pairs: per pair and metric measured in
     every repeat, `bitwise` where every deviation is 0, else bound = margin × the largest
     deviation (an infinite or NaN value cannot be bounded: ContractError)."""
@@ -211,4 +230,5 @@ def derive(repeats: dict[str, list[dict[str, float | None]]], margin: float, mod
                 raise ContractError(f"{pair} {metric}: a trusted repeat measured {vals}; a contract cannot bound it")
             top = max(deviation(metric, v) for v in vals)
             pairs[pair][metric] = Line("bitwise") if top == 0 else Line("bound", margin * top)
-    return Contract(model=model, engine=engine, pairs=pairs, margin=margin, derived=derived)
+    return Contract(model=model, engine=engine, pairs=pairs, margin=margin, derived=derived,
+                    measured=dict(measured or {}))

@@ -70,12 +70,12 @@ def check(model: str = typer.Option("tiny-math", help="'tiny-math', a model dire
     cfg = check_knobs(CheckConfig(model=model, source=source, engine=resolve_engine(engine.value),
                                   **{k: v for k, v in knobs.items() if v is not None}))
     cfg.device = resolve_device(device)
-    own = measure_defaults(resolve_model(model))       # what it measures on: recorded as given or as defaulted
-    cfg.source, cfg.max_tokens = cfg.source or own["source"], cfg.max_tokens or own["max_tokens"]
+    own = measure_defaults(resolve_model(model))
     plots = out_dir or bench_home() / "check" / Path(model).name
     if derive_contract is not None:
         if contract is None:
             fail("--derive-contract N writes a contract: give --contract FILE for where")
+        cfg.source, cfg.max_tokens = cfg.source or own["source"], cfg.max_tokens or own["max_tokens"]
         _derive(cfg, parse_list(dtype or "all"), derive_contract, contract, plots, as_json)
         return
     path = contract or shipped_contract(Path(model).name, cfg.engine)
@@ -85,6 +85,12 @@ def check(model: str = typer.Option("tiny-math", help="'tiny-math', a model dire
              "FILE`")
     terms = contracts.load(path)
     pairs = parse_list(dtype) if dtype else _contract_pairs(terms)
+    # what it measures on: as given, else as the contract was derived, else the model's defaults
+    given = {"prompts": knobs.get("prompts"), "n": knobs.get("n"), "max_tokens": knobs.get("max_tokens"),
+             "source": source}
+    for key, value in {**own, "prompts": cfg.prompts, "n": cfg.n, **terms.measured}.items():
+        if given.get(key) is None:
+            setattr(cfg, key, value)
     if (terms.model, terms.engine) != (Path(model).name, cfg.engine):
         fail(f"{path} is the contract of {terms.model or '?'} with the {terms.engine or '?'} engine, not of "
              f"{Path(model).name} with the {cfg.engine} engine: give the contract derived for this model and engine")
@@ -216,7 +222,9 @@ def _derive(cfg, pairs, repeats: int, path: Path, plots: Path, quiet: bool) -> N
 
     if str(cfg.device).startswith("cpu"):
         how += f", CPU 16-bit path {cpu_kernel_path()}"
-    terms = contracts.derive(runs, cfg.margin, Path(cfg.model).name, cfg.engine, how)
+    terms = contracts.derive(runs, cfg.margin, Path(cfg.model).name, cfg.engine, how,
+                             measured={"prompts": cfg.prompts, "n": cfg.n, "max_tokens": cfg.max_tokens,
+                                       "source": cfg.source})
     if existing is not None:
         terms = contracts.widen(existing, terms)
     path.parent.mkdir(parents=True, exist_ok=True)

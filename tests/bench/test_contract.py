@@ -124,3 +124,21 @@ def test_a_malformed_contract_is_one_message_and_strings_round_trip(tmp_path):
     p.write_text(dumps(odd))
     back = load(p)
     assert (back.model, back.derived, back.pairs) == (odd.model, odd.derived, odd.pairs)   # 0.30000000000000004 exact
+
+
+def test_what_a_contract_was_measured_on_round_trips_and_is_not_mixed(tmp_path):
+    on = {"prompts": 32, "n": 4, "max_tokens": 128, "source": "arithmetic"}
+    c = derive({"fp16": [{"kl_k3": 1e-6}]}, 4.0, "smollm2-135m", "torch", "today", measured=on)
+    p = tmp_path / "c.toml"
+    p.write_text(dumps(c))
+    assert "[measured]\nprompts = 32\nn = 4\nmax_tokens = 128\nsource = \"arithmetic\"" in p.read_text()
+    assert load(p) == c and load(p).measured == on
+    other = derive({"fp16": [{"kl_k3": 2e-6}]}, 4.0, "smollm2-135m", "torch", "later", measured={**on, "n": 2})
+    with pytest.raises(ContractError, match="derive with the same"):
+        widen(c, other)
+    old = derive({"fp16": [{"kl_k3": 2e-6}]}, 4.0, "smollm2-135m", "torch", "before")       # no `measured`
+    assert widen(old, c).measured == on and widen(c, old).measured == on
+    for bad in ("prompts = \"32\"", "prompts = true", "tokens = 3"):
+        p.write_text(f'version = 1\nmodel = "m"\nengine = "torch"\n[measured]\n{bad}\n')
+        with pytest.raises(ContractError, match="`measured` holds"):
+            load(p)

@@ -281,3 +281,20 @@ def test_a_batch_measured_in_chunks_of_sequences_agrees_with_one_chunk(monkeypat
         for x, y in zip(a.layers, b.layers):
             assert y["divergence"] == pytest.approx(x["divergence"], rel=1e-3, abs=1e-12)
     assert all(r["divergence"] == 0 for r in parts[0].layers)                 # fp32 on both sides: bit for bit
+
+
+def test_a_check_measures_on_what_its_contract_was_derived_on(tmp_path):
+    """A contract derived at 2 problems × 1 response records it; a check against it measures so
+    unless told otherwise, and the stored conditions say so."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    c = tmp_path / "c.toml"
+    r = CliRunner().invoke(app, ["check", "--dtype", "fp32", "--prompts", "2", "--n", "1", "--threads", "1",
+                                 "--derive-contract", "1", "--contract", str(c), "--db", url])
+    assert r.exit_code == 0, r.output
+    assert load(c).measured == {"prompts": 2, "n": 1, "max_tokens": 64, "source": "synthetic-hard"}
+    r = CliRunner().invoke(app, ["check", "--contract", str(c), "--threads", "1", "--json", "--db", url])
+    data = json.loads(r.stdout)
+    assert r.exit_code == 0 and [p["pair"] for p in data["pairs"]] == ["fp32"]        # the contract's pairs
+    assert {k: data["conditions"][k] for k in ("prompts", "n", "max_tokens", "source")} == load(c).measured
+    r = CliRunner().invoke(app, ["check", "--contract", str(c), "--threads", "1", "--n", "2", "--json", "--db", url])
+    assert json.loads(r.stdout)["conditions"]["n"] == 2                                 # as told
