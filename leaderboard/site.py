@@ -90,7 +90,8 @@ def _ranking(cells: pd.DataFrame, signers: dict[str, str | None]) -> str:
         who = sorted({signers.get(r) or "unsigned" for r in c.runs})
         links = " ".join(f'<a href="runs/{_esc(r)}.html">{_esc(r)}</a>' for r in c.runs)
         rows.append(f'<tr data-cell="{i}">' + "".join([
-            f"<td>{i}</td>", _td("algo", c.algo), _td("precision", c.precision), _td("build", c.build),
+            f"<td>{i}</td>", _td("model", c.model), _td("algo", c.algo), _td("precision", c.precision),
+            _td("build", c.build),
             _td("engine", c.engine),
             _verdict_td(c.sanity), _td("passes", c.passes), _td("pass_lower", c.pass_lower, f"≥ {c.pass_lower:.2f}",
                                                                  "num"),
@@ -100,7 +101,8 @@ def _ranking(cells: pd.DataFrame, signers: dict[str, str | None]) -> str:
                 "num"),
             _td("verification", c.verification), f'<td data-field="signers">{_esc(", ".join(who))}</td>',
             f"<td>{links}</td>"]) + "</tr>")
-    head = ("<tr><th>#</th><th>algorithm</th><th>precision (μ→π)</th><th>build</th><th>engine</th><th>sanity</th>"
+    head = ("<tr><th>#</th><th>model</th><th>algorithm</th><th>precision (μ→π)</th><th>build</th><th>engine</th>"
+            "<th>sanity</th>"
             "<th>passes</th>"
             "<th>p(pass) ≥</th><th>peak (mean, 95% logit-t interval)</th><th>steps→pass median (min–max)</th>"
             "<th>KL k3 median</th><th>verified</th><th>signed by</th><th>runs</th></tr>")
@@ -109,7 +111,7 @@ def _ranking(cells: pd.DataFrame, signers: dict[str, str | None]) -> str:
 
 def _grids(cells: pd.DataFrame) -> str:
     out = []
-    for (algo, build), g in cells.groupby(["algo", "build"], sort=False):
+    for (model, algo, build), g in cells.groupby(["model", "algo", "build"], sort=False):
         split = g.precision.str.split("→")
         g = g.assign(rollout=split.str[0], train=split.str[-1])
         rollouts, trains = list(dict.fromkeys(g.rollout)), list(dict.fromkeys(g.train))
@@ -124,7 +126,8 @@ def _grids(cells: pd.DataFrame) -> str:
                 tds.append(_cell_td("grid", hit.iloc[0]))
             rows.append(f"<tr><th>{_esc(r)}</th>{''.join(tds)}</tr>")
         head = "<tr><th>rollout μ \\ train π</th>" + "".join(f"<th>{_esc(t)}</th>" for t in trains) + "</tr>"
-        out.append(f"<h3>{_esc(algo)} · build {_esc(build)}</h3><table class=grid>{head}{''.join(rows)}</table>")
+        out.append(f"<h3>{_esc(model)} · {_esc(algo)} · build {_esc(build)}</h3><table class=grid>{head}"
+                   f"{''.join(rows)}</table>")
     return "".join(out)
 
 

@@ -218,6 +218,7 @@ def test_the_static_site_shows_the_reports_numbers_in_chromium(flow, tmp_path):
             assert float(got["peak_mean"][0]) == cell["peak_mean"]
             assert got["peak_mean"][1].startswith(f"{cell['peak_mean']:.3f}")
             assert got["verification"][1] == cell["verification"] and got["signers"][1] == "alice"
+            assert got["model"] == (cell["model"], cell["model"])                 # the model of every row
         assert "Reference — the paper's published results (never ranked)" in driver.find_element("tag name",
                                                                                               "body").text
     finally:
