@@ -38,16 +38,15 @@ policy saturation (miles #2722).
 
 from __future__ import annotations
 
-import copy
 import math
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from bench.calibration import buffer_mismatches
-from bench.engines import Sampling, make_engine
-from bench.model_formats import prepare_compute_model
+from bench.engines import Sampling
 from bench.knobs import check as check_knobs
 from bench.mismatch import chi2_token, kl_k1_token, kl_k3
 from bench.models import load_model, load_tokenizer, measure_defaults, render_prompt, resolve_model
@@ -55,6 +54,7 @@ from bench.precision import Precision
 from bench.problems import SourceSpec, load_problems
 
 from .check_config import CheckConfig
+from .pair_scoring import compute_copy, rollout_passes, sampled_logprobs
 from .logprobs import pack, response_log_softmax
 
 LENGTH_BUCKETS = ((1, 16), (17, 32), (33, None))            # response tokens, inclusive
@@ -277,39 +277,41 @@ def measure(cfg: CheckConfig, pairs: list[Precision], out_dir: Path | None = Non
                    "position (the rest of the vocabulary as one bucket)"] if cfg.engine != "torch" and top_k < vocab
                   else [])
     pids = [tok.encode(p, add_special_tokens=False) for p in prompts]
+    with closing(rollout_passes(cfg.engine, ref.path, base, pairs,
+                                torch_kw={"tokenizer": tok, "threads": cfg.threads, "device": cfg.device,
+                                          "record_distributions": True}, vllm_kw={"top_logprobs": top_k},
+                                engine_for=engine_for, engine_hook=engine_hook)) as passes:
+        return [r for eng, mine in passes
+                for r in _judge_rollout(base, eng, mine, prompts, pids, tok.pad_token_id, vocab, cfg, sampling,
+                                        flags_topk, out_dir, progress)]
+
+
+def _judge_rollout(base, eng, mine: list[Precision], prompts, pids, pad_id: int, vocab: int, cfg: CheckConfig,
+                   sampling, flags_topk: list, out_dir: Path | None, progress) -> list[PairResult]:
+    """The PairResults of the pairs `mine` of one rollout engine `eng`."""
     results = []
-    for rollout in dict.fromkeys(p.rollout for p in pairs):
-        kw = ({"model": copy.deepcopy(base), "tokenizer": tok, "threads": cfg.threads, "device": cfg.device,
-               "record_distributions": True} if cfg.engine == "torch" else {"top_logprobs": top_k})
-        eng = engine_for(rollout) if engine_for is not None else make_engine(cfg.engine, ref.path, rollout, **kw)
-        if engine_hook is not None:
-            engine_hook(eng, rollout)
-        try:
-            samples = eng.generate(prompts, cfg.n, sampling)
-            noise_rollout = _noise_rollout(samples, eng.generate(prompts, cfg.n, sampling))
-            mine = [p for p in pairs if p.rollout == rollout]
-            sides = _measure_rollout(base, eng, mine, [(pids[i], s) for i, row in enumerate(samples) for s in row],
-                                     tok.pad_token_id, vocab, cfg.device)
-            roll_buffers = buffer_mismatches(base, getattr(eng, "model", None))
-            for pair in mine:
-                side = sides.pairs[pair]
-                lines = [f"rollout engine: {x}" for x in (roll_buffers or [])] + [
-                    f"training engine: {x}" for x in side.buffers]
-                mu, pi, mask = sides.mu, side.pi, sides.mask
-                metrics = {**token_metrics(mu, pi, mask, kl=side.kl), "noise_rollout": noise_rollout,
-                           "noise_train": side.noise, "buffers": None if roll_buffers is None else float(len(lines))}
-                layers = side.layers.table()
-                result = PairResult(pair, metrics, bucket_rows(mu, pi, mask, mask.sum(-1), sides.entropy, side.kl),
-                                    layers, lines, ([ONE_SIDED_HEAD] if (pair.rollout == "bf16+head32") != (
-                                        pair.train == "bf16+head32") else []) + flags_topk)
-                if out_dir is not None and layers:
-                    result.plot = plot_layers(layers, out_dir / f"{pair.rollout}-{pair.train}" / "layers.png",
-                                              pair.name)
-                results.append(result)
-                if progress:
-                    progress(result)
-        finally:
-            eng.close()
+    samples = eng.generate(prompts, cfg.n, sampling)
+    noise_rollout = _noise_rollout(samples, eng.generate(prompts, cfg.n, sampling))
+    sides = _measure_rollout(base, eng, mine, [(pids[i], s) for i, row in enumerate(samples) for s in row],
+                             pad_id, vocab, cfg.device)
+    roll_buffers = buffer_mismatches(base, getattr(eng, "model", None))
+    for pair in mine:
+        side = sides.pairs[pair]
+        lines = [f"rollout engine: {x}" for x in (roll_buffers or [])] + [
+            f"training engine: {x}" for x in side.buffers]
+        mu, pi, mask = sides.mu, side.pi, sides.mask
+        metrics = {**token_metrics(mu, pi, mask, kl=side.kl), "noise_rollout": noise_rollout,
+                   "noise_train": side.noise, "buffers": None if roll_buffers is None else float(len(lines))}
+        layers = side.layers.table()
+        result = PairResult(pair, metrics, bucket_rows(mu, pi, mask, mask.sum(-1), sides.entropy, side.kl),
+                            layers, lines, ([ONE_SIDED_HEAD] if (pair.rollout == "bf16+head32") != (
+                                pair.train == "bf16+head32") else []) + flags_topk)
+        if out_dir is not None and layers:
+            result.plot = plot_layers(layers, out_dir / f"{pair.rollout}-{pair.train}" / "layers.png",
+                                      pair.name)
+        results.append(result)
+        if progress:
+            progress(result)
     return results
 
 
@@ -382,13 +384,11 @@ def _measure_rollout(base, eng, pairs: list[Precision], flat: list, pad_id: int,
     by rows, the layer table summed, so memory grows with the batch by [N, T] only."""
     ids, attn, tk, pos, mask = pack([p for p, _ in flat], [s.token_ids for _, s in flat], pad_id)
     n, t_max = mask.shape
-    mu = torch.zeros(n, t_max)
-    for k, (_, s) in enumerate(flat):
-        mu[k, :len(s.logprobs)] = torch.tensor(s.logprobs)
+    mu = sampled_logprobs([s for _, s in flat], t_max)
     with_dist = all(s.distributions is not None for _, s in flat)
     engine_model = getattr(eng, "model", None)
     engine_model = engine_model if isinstance(engine_model, torch.nn.Module) else None
-    models = {pair: prepare_compute_model(copy.deepcopy(base), pair.train, device).eval() for pair in pairs}
+    models = {pair: compute_copy(base, pair, device) for pair in pairs}
     sides = {pair: TrainSide(torch.zeros(n, t_max), torch.zeros(n, t_max, dtype=torch.float64) if with_dist else None,
                              buffers=buffer_mismatches(base, m)) for pair, m in models.items()}
     entropy = torch.zeros(n, t_max)

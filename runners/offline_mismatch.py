@@ -7,19 +7,18 @@ the same conditions (leaderboard/summary.py pairs bf16 with fp16 on them)."""
 
 from __future__ import annotations
 
-import copy
+from contextlib import closing
 from pathlib import Path
 
 import torch
 
-from bench.engines import Sampling, make_engine
+from bench.engines import Sampling
 from bench.errors import ConfigError
 from bench.knobs import check
 from bench.mismatch import length_buckets, mismatch_metrics
 from bench.moe import config_is_moe, is_moe
 from bench.models import load_model, load_tokenizer, measure_defaults, render_prompt, resolve_model, weights_hash
 from bench.kernels import cpu_kernel_path
-from bench.model_formats import prepare_compute_model
 from bench.precision import Precision
 from bench.problems import SourceSpec, load_problems
 from bench.router_metrics import at_positions, router_metrics
@@ -27,6 +26,7 @@ from bench.routes import TrainRoutes, pad_routes, routed
 from bench.store import MismatchReport, bench_home, get_or_create_model, session
 
 from .logprobs import pack, response_logprobs
+from .pair_scoring import compute_copy, rollout_passes, sampled_logprobs
 from .mismatch_config import MismatchConfig  # noqa: F401  (re-exported: the old home)
 
 
@@ -48,7 +48,7 @@ def _score(model, tok, prompts: list[str], samples, batch: int, device="cpu", re
     pids = [tok.encode(p, add_special_tokens=False) for p in prompts]
     flat = [(pids[i], s) for i, row in enumerate(samples) for s in row]
     t_max = max(1, max(len(s.token_ids) for _, s in flat))
-    mu = torch.zeros(len(flat), t_max)
+    mu = sampled_logprobs([s for _, s in flat], t_max)
     pi = torch.zeros(len(flat), t_max)
     mask = torch.zeros(len(flat), t_max)
     moe = is_moe(model) and all(s.routes is not None for _, s in flat)
@@ -69,8 +69,6 @@ def _score(model, tok, prompts: list[str], samples, batch: int, device="cpu", re
         w = m.shape[1]
         pi[start:start + len(part), :w] = lp
         mask[start:start + len(part), :w] = m
-        for k, (_, s) in enumerate(part):
-            mu[start + k, :len(s.logprobs)] = torch.tensor(s.logprobs)
         if session is not None:
             pad = torch.zeros(len(part), t_max - w, dtype=torch.long)
             full = torch.cat([pos, pad], dim=1)
@@ -120,17 +118,14 @@ def _scored_pairs(ref, tok, prompts, base, pairs, engine: str, n: int, sampling:
     """(pair, μ, π, mask, router metrics) for every pair: one rollout pass per rollout format
     (from a copy of the fp32 `base`), shared by its training formats, each scored by a fresh
     compute copy (with the rollout's routes when `replay`)."""
-    for rollout in dict.fromkeys(p.rollout for p in pairs):
-        kw = ({"model": copy.deepcopy(base), "tokenizer": tok, "threads": threads, "device": device,
-               "record_routes": True} if engine == "torch" else {})
-        eng = make_engine(engine, ref.path, rollout, **kw)
-        try:
+    with closing(rollout_passes(engine, ref.path, base, pairs, torch_kw={"tokenizer": tok, "threads": threads,
+                                                                         "device": device, "record_routes": True})
+                 ) as passes:
+        for eng, mine in passes:
             samples = eng.generate(prompts, n, sampling)
-        finally:
-            eng.close()
-        for pair in (p for p in pairs if p.rollout == rollout):
-            model = prepare_compute_model(copy.deepcopy(base), pair.train, device).eval()
-            yield (pair, *_score(model, tok, prompts, samples, batch, device, replay))
+            eng.close()                            # its memory back before the scoring copies (closing twice is fine)
+            for pair in mine:
+                yield (pair, *_score(compute_copy(base, pair, device), tok, prompts, samples, batch, device, replay))
 
 
 def nonfinite_counts(mu: torch.Tensor, pi: torch.Tensor, mask: torch.Tensor) -> dict:
