@@ -78,13 +78,25 @@ def build_defaults(ref: ModelRef) -> dict:
     return {"source": "math", "max_tokens": 8192}
 
 
-def measure_defaults(ref: ModelRef) -> dict:
+def measure_defaults(ref: ModelRef, otherwise_tokens: int | None = None) -> dict:
     """What `bench check` and `bench mismatch` measure on where the user gave nothing: the embedded
-    models' held-out hard problems at 64 tokens, any other model's build defaults (a named or
-    warmed real model: `arithmetic` at 128 tokens)."""
+    models' held-out hard problems at 64 tokens; a named or warmed real model's build defaults
+    (`arithmetic` at 128 tokens); any other model synthetic-hard at `otherwise_tokens` (default:
+    its build length)."""
     if ref.embedded:
         return {"source": "synthetic-hard", "max_tokens": 64}
-    return build_defaults(ref)
+    own = build_defaults(ref)
+    if ref.name in NAMED or (Path(ref.path).is_dir() and model_defaults(ref.path)):
+        return own
+    return {"source": "synthetic-hard", "max_tokens": otherwise_tokens or own["max_tokens"]}
+
+
+def fill_measure_defaults(cfg, ref: ModelRef, otherwise_tokens: int | None = None):
+    """`cfg` (a check's or a mismatch's config) with its source and length, where None, set to
+    `measure_defaults`: what it measures on, recorded as given or as defaulted."""
+    own = measure_defaults(ref, otherwise_tokens)
+    cfg.source, cfg.max_tokens = cfg.source or own["source"], cfg.max_tokens or own["max_tokens"]
+    return cfg
 
 
 def prompt_settings(ref: ModelRef) -> dict:
@@ -174,6 +186,10 @@ def warm_model(name: str, cfg, out: Path, progress=None) -> dict:
     from bench.warmup import checked, train
 
     checked(cfg)
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ModelError(f"{out} already holds files (a model, or what a killed warm-up left): remove it or warm up "
+                         "into another directory")
     ref = resolve_model(name)
     tok = load_tokenizer(ref)
     model = load_model(ref, torch.float32)
@@ -182,7 +198,6 @@ def warm_model(name: str, cfg, out: Path, progress=None) -> dict:
               "warmup": train(model, tok, lambda problem: render_prompt(ref, tok, problem), cfg, progress),
               "defaults": {**prompt_settings(ref), "base": ref.base, "source": "arithmetic",
                            "max_tokens": cfg.max_tokens}}
-    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     tmp.chmod(0o755)

@@ -103,6 +103,7 @@ def train(model, tok, render: Callable[[str], str], cfg: WarmupConfig, progress=
     import torch
 
     pool = training_pool(checked(cfg))
+    threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
@@ -119,5 +120,6 @@ def train(model, tok, render: Callable[[str], str], cfg: WarmupConfig, progress=
         if progress:
             progress(step + 1, cfg.steps, losses[-1])
     model.eval()
+    torch.set_num_threads(threads)                  # the caller's threads back (a check that warmed a model up)
     return {**asdict(cfg), "pool": len(pool), "held_out": f"arithmetic seed 0, first {HELD_OUT}", "losses": losses,
             "wall_s": time.time() - t0, "torch": torch.__version__}

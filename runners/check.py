@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -49,7 +49,7 @@ from bench.calibration import buffer_mismatches
 from bench.engines import Sampling
 from bench.knobs import check as check_knobs
 from bench.mismatch import chi2_token, kl_k1_token, kl_k3
-from bench.models import load_model, load_tokenizer, measure_defaults, render_prompt, resolve_model
+from bench.models import fill_measure_defaults, load_model, load_tokenizer, render_prompt, resolve_model
 from bench.precision import Precision
 from bench.problems import SourceSpec, load_problems
 
@@ -59,6 +59,7 @@ from .logprobs import pack, response_log_softmax
 
 LENGTH_BUCKETS = ((1, 16), (17, 32), (33, None))            # response tokens, inclusive
 ENTROPY_BUCKETS = ((0.0, 0.1), (0.1, 1.0), (1.0, None))     # nats, [lo, hi)
+OTHERWISE_TOKENS = 1024      # a model with no length of its own (a directory, a hub id) is checked at this many
 FULL_VOCAB_UP_TO = 4096       # vLLM: ask for every token's log-prob up to this vocabulary size (tiny-math: 85)
 DEFAULT_TOP_K = 20            # else its top-k: kl_full becomes a lower bound (position_kl)
 ONE_SIDED_HEAD = ("one-sided fp32 head: only one engine computes lm_head and the logits in fp32 (NeMo-RL #3936 "
@@ -131,18 +132,6 @@ def bucket_rows(mu, pi, mask, lengths_of: torch.Tensor, entropy: torch.Tensor, k
     return {"length": [r for r in by_len if r], "entropy": [r for r in by_ent if r]}
 
 
-def relative_errors(outputs: dict[str, torch.Tensor], reference: dict[str, torch.Tensor],
-                    scale: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
-    """‖h(L) − h_ref(L)‖ / ‖h_scale(L)‖ per layer L of `reference` (Frobenius, fp64; `scale`
-    defaults to the reference; 0 where the difference and the scale are both 0)."""
-    out = {}
-    for name, ref in reference.items():
-        diff = (outputs[name].double() - ref.double()).norm().item()
-        size = (scale or reference)[name].double().norm().item()
-        out[name] = diff / size if size > 0 else (0.0 if diff == 0 else math.inf)
-    return out
-
-
 # ------------------------------------------------------------------ layers
 
 def layer_points(model) -> list[tuple[str, torch.nn.Module]]:
@@ -192,12 +181,12 @@ def layer_outputs(model, ids: torch.Tensor, attn: torch.Tensor) -> dict[str, tor
 
 def layer_table(rollout: dict, train: dict, reference: dict) -> list[dict]:
     """Per layer: the rollout side's and the training side's relative error against the fp32
-    reference, and the divergence between the two sides, relative to the reference too."""
-    if not (rollout and train and reference):
-        return []
-    e_r, e_t = relative_errors(rollout, reference), relative_errors(train, reference)
-    div = relative_errors(rollout, train, scale=reference)
-    return [{"layer": name, "rollout": e_r[name], "train": e_t[name], "divergence": div[name]} for name in reference]
+    reference, ‖h_side(L) − h_fp32(L)‖ / ‖h_fp32(L)‖, and the divergence between the two sides,
+    ‖h_rollout(L) − h_train(L)‖ / ‖h_fp32(L)‖ (Frobenius, fp64; 0 where the difference and the
+    reference are both 0); [] without all three."""
+    sums = LayerSums()
+    sums.add(rollout, train, reference)
+    return sums.table()
 
 
 # ------------------------------------------------------------------ the measurement
@@ -266,10 +255,10 @@ def measure(cfg: CheckConfig, pairs: list[Precision], out_dir: Path | None = Non
         torch.set_num_threads(cfg.threads)
     ref = resolve_model(cfg.model)
     tok = load_tokenizer(ref)
-    own = measure_defaults(ref)
-    problems = load_problems(SourceSpec(cfg.source or own["source"], limit=cfg.prompts, seed=cfg.seed))
+    cfg = fill_measure_defaults(replace(cfg), ref, OTHERWISE_TOKENS)
+    problems = load_problems(SourceSpec(cfg.source, limit=cfg.prompts, seed=cfg.seed))
     prompts = [render_prompt(ref, tok, p.problem) for p in problems]
-    sampling = Sampling(1.0, 1.0, cfg.max_tokens or own["max_tokens"], cfg.seed)
+    sampling = Sampling(1.0, 1.0, cfg.max_tokens, cfg.seed)
     base = load_model(ref, torch.float32).to(cfg.device).eval()
     vocab = base.config.get_text_config().vocab_size
     top_k = min(vocab, cfg.vllm_logprobs or (vocab if vocab <= FULL_VOCAB_UP_TO else DEFAULT_TOP_K))
@@ -329,7 +318,8 @@ def row_chunks(n: int, t_max: int, vocab: int, budget: int | None = None) -> lis
 class LayerSums:
     """The layer table (`layer_table`) accumulated over chunks of sequences: per layer, the sums of
     squares of the reference, of each side's difference from it and of the difference between
-    the sides (fp64), so the whole batch's hidden states are never held at once."""
+    the sides (fp64), so the whole batch's hidden states are never held at once; `table()` the
+    square roots' ratios."""
 
     def __init__(self):
         self.sums: dict[str, list[float]] = {}        # name → [ref, rollout − ref, train − ref, rollout − train]
@@ -381,18 +371,18 @@ def _measure_rollout(base, eng, pairs: list[Precision], flat: list, pad_id: int,
     """μ and the fp32 reference of one rollout's samples `flat` [(prompt ids, sample)], and each
     pair's training side (a compute copy of `base` in its format, scored twice: the noise
     floor), one chunk of sequences at a time (`row_chunks`): per-position tensors are filled in
-    by rows, the layer table summed, so memory grows with the batch by [N, T] only."""
+    by rows, the layer table summed, so memory grows with the batch by [N, T] only; one compute
+    copy is held at a time (rounded again from the master for each chunk: the same weights)."""
     ids, attn, tk, pos, mask = pack([p for p, _ in flat], [s.token_ids for _, s in flat], pad_id)
     n, t_max = mask.shape
     mu = sampled_logprobs([s for _, s in flat], t_max)
     with_dist = all(s.distributions is not None for _, s in flat)
     engine_model = getattr(eng, "model", None)
     engine_model = engine_model if isinstance(engine_model, torch.nn.Module) else None
-    models = {pair: compute_copy(base, pair, device) for pair in pairs}
-    sides = {pair: TrainSide(torch.zeros(n, t_max), torch.zeros(n, t_max, dtype=torch.float64) if with_dist else None,
-                             buffers=buffer_mismatches(base, m)) for pair, m in models.items()}
+    sides = {pair: TrainSide(torch.zeros(n, t_max), torch.zeros(n, t_max, dtype=torch.float64) if with_dist else None)
+             for pair in pairs}
     entropy = torch.zeros(n, t_max)
-    for rows in row_chunks(n, t_max, vocab):
+    for i, rows in enumerate(row_chunks(n, t_max, vocab)):
         dev = [t[rows].to(device) for t in (ids, attn, pos)]
         m_rows, tk_rows = mask[rows], tk[rows]
         dist_mu = _padded([s.distributions for _, s in flat[rows]], t_max)
@@ -401,15 +391,17 @@ def _measure_rollout(base, eng, pairs: list[Precision], flat: list, pad_id: int,
         del dist_ref
         h_ref = layer_outputs(base, *dev[:2])
         h_roll = layer_outputs(engine_model, *dev[:2]) if engine_model is not None else {}
-        for pair, model in models.items():
-            side = sides[pair]
+        for pair, side in sides.items():
+            model = compute_copy(base, pair, device)      # one copy at a time (made again for each chunk)
+            if i == 0:
+                side.buffers = buffer_mismatches(base, model)
             dist_pi = response_log_softmax(model, *dev).cpu()
             side.noise = _worst(side.noise, _noise(dist_pi, response_log_softmax(model, *dev).cpu(), m_rows))
             side.pi[rows] = dist_pi.gather(-1, tk_rows.unsqueeze(-1)).squeeze(-1) * m_rows
             if side.kl is not None:
                 side.kl[rows] = position_kl(dist_mu, dist_pi)
             side.layers.add(h_roll, layer_outputs(model, *dev[:2]), h_ref)
-            del dist_pi
+            del dist_pi, model
     return RolloutSides(mu, mask, entropy, sides)
 
 

@@ -18,7 +18,8 @@ class CheckConfig:
                               "bench/models.py measure_defaults).", cli=False)
     prompts: int = knob(32, help="Problems sampled.", unit="problems", ge=1)
     n: int = knob(4, help="Responses per problem.", unit="responses", ge=1)
-    max_tokens: int | None = knob(None, help="Max response length (default 64 for tiny-math, 1024 otherwise).",
+    max_tokens: int | None = knob(None, help="Max response length (default 64 for tiny-math, a named or warmed real "
+                                  "model's own (128), 1024 otherwise).",
                                   unit="tokens", ge=1)
     seed: int = knob(0, help="Seed of the problems and the sampled responses.", ge=0)
     engine: str = knob("torch", help="Rollout engine: torch or vllm.", cli=False)

@@ -8,6 +8,7 @@ the same conditions (leaderboard/summary.py pairs bf16 with fp16 on them)."""
 from __future__ import annotations
 
 from contextlib import closing
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -17,7 +18,7 @@ from bench.errors import ConfigError
 from bench.knobs import check
 from bench.mismatch import length_buckets, mismatch_metrics
 from bench.moe import config_is_moe, is_moe
-from bench.models import load_model, load_tokenizer, measure_defaults, render_prompt, resolve_model, weights_hash
+from bench.models import fill_measure_defaults, load_model, load_tokenizer, render_prompt, resolve_model, weights_hash
 from bench.kernels import cpu_kernel_path
 from bench.precision import Precision
 from bench.problems import SourceSpec, load_problems
@@ -143,10 +144,10 @@ def analyse(store, cfg: MismatchConfig, pairs: list[Precision], progress=None) -
     check(cfg)                          # every knob within its bounds: one ConfigError naming it
     ref = resolve_model(cfg.model)
     tok = load_tokenizer(ref)
-    own = measure_defaults(ref)
-    problems = load_problems(SourceSpec(cfg.source or own["source"], limit=cfg.limit, seed=cfg.seed))
+    cfg = fill_measure_defaults(replace(cfg), ref)
+    problems = load_problems(SourceSpec(cfg.source, limit=cfg.limit, seed=cfg.seed))
     prompts = [render_prompt(ref, tok, p.problem) for p in problems]
-    sampling = Sampling(1.0, 1.0, cfg.max_tokens or own["max_tokens"], cfg.seed)
+    sampling = Sampling(1.0, 1.0, cfg.max_tokens, cfg.seed)
     cond = conditions(cfg, sampling.max_tokens)
     base = load_model(ref, torch.float32).to(cfg.device)
     out_root = Path(cfg.out or bench_home() / "mismatch" / ref.name.replace("/", "_"))
@@ -167,7 +168,7 @@ def analyse(store, cfg: MismatchConfig, pairs: list[Precision], progress=None) -
         with session(store) as s:
             m = get_or_create_model(s, ref.name, ref.path, weights_hash(ref))
             s.add(MismatchReport(model_id=m.id, rollout_dtype=pair.rollout, train_dtype=pair.train,
-                                 source=cfg.source or own["source"], metrics=metrics, plots=plots, **cond))
+                                 source=cfg.source, metrics=metrics, plots=plots, **cond))
         reports.append({"rollout": pair.rollout, "train": pair.train, **metrics, "plots": plots,
                         "conditions": cond})
         if progress:

@@ -118,12 +118,13 @@ def build(ctx: typer.Context,
 def _hint_warmed(model: str, kept: int, problems: int) -> None:
     """A named real model that keeps under a tenth of its problems points to its warmed twin."""
     from bench.model_sources import WARMED
+    from bench.warmup import WarmupConfig
 
     warmed = next((w for w, base in WARMED.items() if base == model), None)
     if warmed and kept < 0.1 * problems:
         console.print(f"[yellow]hint:[/] {model} sampled at T = 1 rarely finishes with a boxed answer; "
-                      f"`bench build --model {warmed}` builds it after bench's 30-step answer-format warm-up "
-                      "(docs/build.md)", highlight=False)
+                      f"`bench build --model {warmed}` builds it after bench's {WarmupConfig().steps}-step "
+                      "answer-format warm-up (docs/build.md)", highlight=False)
 
 
 def _duplicates_line(dup: dict) -> str:

@@ -63,20 +63,26 @@ def check(model: str = typer.Option("tiny-math", help="'tiny-math', a model dire
     from bench.device import resolve_device
     from bench.engines import resolve_engine
     from bench.knobs import check as check_knobs
-    from bench.models import measure_defaults, resolve_model
+    from bench.models import resolve_model
     from bench.precision import parse_list
     from bench.store import bench_home
 
     cfg = check_knobs(CheckConfig(model=model, source=source, engine=resolve_engine(engine.value),
                                   **{k: v for k, v in knobs.items() if v is not None}))
     cfg.device = resolve_device(device)
-    own = measure_defaults(resolve_model(model))
+    ref = resolve_model(model)
     plots = out_dir or bench_home() / "check" / Path(model).name
+    # what it measures on: as given, else as the contract was derived, else the model's defaults
+    given = {k: source if k == "source" else knobs.get(k) for k in contracts.MEASURED}
     if derive_contract is not None:
         if contract is None:
             fail("--derive-contract N writes a contract: give --contract FILE for where")
-        cfg.source, cfg.max_tokens = cfg.source or own["source"], cfg.max_tokens or own["max_tokens"]
-        _derive(cfg, parse_list(dtype or "all"), derive_contract, contract, plots, as_json)
+        existing = contracts.load(contract) if contract.is_file() else None    # a bad file: refused before measuring
+        _measure_as(cfg, ref, given, existing)
+        if existing is not None and existing.measured and existing.measured != _measured(cfg):
+            fail(f"{contract} was derived on {existing.measured}, these repeats would measure {_measured(cfg)}: "
+                 "derive with the same --prompts, --n, --max-tokens and --source, or into another file")
+        _derive(cfg, parse_list(dtype or "all"), derive_contract, contract, existing, plots, as_json)
         return
     path = contract or shipped_contract(Path(model).name, cfg.engine)
     if path is None:
@@ -84,13 +90,11 @@ def check(model: str = typer.Option("tiny-math", help="'tiny-math', a model dire
              f"from pairs you trust with `bench check --model {model} --dtype PAIRS --derive-contract 5 --contract "
              "FILE`")
     terms = contracts.load(path)
+    if not dtype and not terms.pairs:
+        fail(f"{path} judges no pair: a contract needs [pairs.NAME] tables of lines (or give --dtype: each pair "
+             "then fails closed)")
     pairs = parse_list(dtype) if dtype else _contract_pairs(terms)
-    # what it measures on: as given, else as the contract was derived, else the model's defaults
-    given = {"prompts": knobs.get("prompts"), "n": knobs.get("n"), "max_tokens": knobs.get("max_tokens"),
-             "source": source}
-    for key, value in {**own, "prompts": cfg.prompts, "n": cfg.n, **terms.measured}.items():
-        if given.get(key) is None:
-            setattr(cfg, key, value)
+    _measure_as(cfg, ref, given, terms)
     if (terms.model, terms.engine) != (Path(model).name, cfg.engine):
         fail(f"{path} is the contract of {terms.model or '?'} with the {terms.engine or '?'} engine, not of "
              f"{Path(model).name} with the {cfg.engine} engine: give the contract derived for this model and engine")
@@ -114,6 +118,24 @@ def check(model: str = typer.Option("tiny-math", help="'tiny-math', a model dire
     else:
         _print(report, terms, path, seconds)
     raise typer.Exit(0 if ok else 1)
+
+
+def _measure_as(cfg, ref, given: dict, terms) -> None:
+    """Set what `cfg` measures on where the user gave nothing (`given` None): as the contract
+    `terms` was derived (its `measured`), else the model's defaults (bench/models.py)."""
+    from bench.models import fill_measure_defaults
+    from runners.check import OTHERWISE_TOKENS
+
+    for key, value in (terms.measured if terms is not None else {}).items():
+        if given.get(key) is None:
+            setattr(cfg, key, value)
+    fill_measure_defaults(cfg, ref, OTHERWISE_TOKENS)
+
+
+def _measured(cfg) -> dict:
+    from bench.contract import MEASURED
+
+    return {k: getattr(cfg, k) for k in MEASURED}
 
 
 def _contract_pairs(terms) -> list:
@@ -201,14 +223,13 @@ def _print(report: list[dict], terms, path: Path, seconds: float) -> None:
               f"(digest {terms.digest()}{', ' + terms.derived if terms.derived else ''})", highlight=False)
 
 
-def _derive(cfg, pairs, repeats: int, path: Path, plots: Path, quiet: bool) -> None:
+def _derive(cfg, pairs, repeats: int, path: Path, existing, plots: Path, quiet: bool) -> None:
     from dataclasses import replace
     from datetime import date
 
     from bench import contract as contracts
     from runners.check import judged_values
 
-    existing = contracts.load(path) if path.is_file() else None      # a bad file is refused before measuring
     if existing is not None and (existing.model, existing.engine) != (Path(cfg.model).name, cfg.engine):
         raise contracts.ContractError(f"{path} is the contract of {existing.model}/{existing.engine}: derive "
                                       f"{Path(cfg.model).name}/{cfg.engine} into another file")
@@ -222,9 +243,7 @@ def _derive(cfg, pairs, repeats: int, path: Path, plots: Path, quiet: bool) -> N
 
     if str(cfg.device).startswith("cpu"):
         how += f", CPU 16-bit path {cpu_kernel_path()}"
-    terms = contracts.derive(runs, cfg.margin, Path(cfg.model).name, cfg.engine, how,
-                             measured={"prompts": cfg.prompts, "n": cfg.n, "max_tokens": cfg.max_tokens,
-                                       "source": cfg.source})
+    terms = contracts.derive(runs, cfg.margin, Path(cfg.model).name, cfg.engine, how, measured=_measured(cfg))
     if existing is not None:
         terms = contracts.widen(existing, terms)
     path.parent.mkdir(parents=True, exist_ok=True)

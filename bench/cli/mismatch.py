@@ -44,7 +44,7 @@ def mismatch(model: str = typer.Option("tiny-math"), dtype: str = typer.Option("
     π from the training engine, on the same sampled tokens."""
     from bench.device import resolve_device
     from bench.knobs import check
-    from bench.models import measure_defaults, resolve_model
+    from bench.models import fill_measure_defaults, resolve_model
     from bench.precision import Precision, parse_list
     from runners.offline_mismatch import analyse
 
@@ -55,8 +55,7 @@ def mismatch(model: str = typer.Option("tiny-math"), dtype: str = typer.Option("
                                **{k: v for k, v in knobs.items() if v is not None}))
     pairs = [Precision.parse(dtype)] if "=" in dtype and ";" not in dtype else parse_list(dtype)
     cfg.device = resolve_device(device)
-    own = measure_defaults(resolve_model(model))       # what it measures on: recorded as given or as defaulted
-    cfg.source, cfg.max_tokens = cfg.source or own["source"], cfg.max_tokens or own["max_tokens"]
+    fill_measure_defaults(cfg, resolve_model(model))
     store = _store(db)
     reports = analyse(store, cfg, pairs, progress=lambda p, m: console.print(_pair_line(p.name, m), highlight=False))
     if as_json:

@@ -97,3 +97,20 @@ def test_the_cli_refuses_what_it_cannot_warm_up(tmp_path):
     assert r.exit_code == 2 and "already holds a model" in r.output
     r = CliRunner().invoke(app, ["model", "warmup", str(path), "--levels", "7", "--out", str(tmp_path / "x")])
     assert r.exit_code == 2 and "levels are 1-5" in r.output
+
+
+def test_what_check_and_mismatch_measure_on_by_model(tmp_path, monkeypatch):
+    """The embedded models: synthetic-hard at 64 tokens; a warmed (or named) real model: its own
+    arithmetic at its length; any other directory: synthetic-hard, at the caller's length."""
+    from bench.models import measure_defaults, resolve_model, warm_model
+
+    monkeypatch.setenv("BENCH_HOME", str(tmp_path / "home"))
+    assert measure_defaults(resolve_model("tiny-math"), 1024) == {"source": "synthetic-hard", "max_tokens": 64}
+    path = write_llama_gguf(tmp_path / "tiny.gguf", tiny_llama(seed=2))
+    plain = resolve_model(str(path))
+    assert measure_defaults(plain, 1024) == {"source": "synthetic-hard", "max_tokens": 1024}
+    assert measure_defaults(plain) == {"source": "synthetic-hard", "max_tokens": 8192}
+    warm_model(str(path), WarmupConfig(steps=1, batch_size=2, threads=1, max_tokens=40), tmp_path / "w")
+    assert measure_defaults(resolve_model(str(tmp_path / "w")), 1024) == {"source": "arithmetic", "max_tokens": 40}
+    with pytest.raises(Exception, match="already holds files"):          # never over a directory with files
+        warm_model(str(path), WarmupConfig(steps=1, batch_size=2, threads=1), tmp_path / "w")
