@@ -142,3 +142,18 @@ def test_what_a_contract_was_measured_on_round_trips_and_is_not_mixed(tmp_path):
         p.write_text(f'version = 1\nmodel = "m"\nengine = "torch"\n[measured]\n{bad}\n')
         with pytest.raises(ContractError, match="`measured` holds"):
             load(p)
+
+
+def test_every_shipped_contract_loads_and_says_what_it_was_measured_on():
+    from bench.cli.check import CONTRACTS
+
+    files = sorted(CONTRACTS.glob("*.toml"))
+    assert {f.name for f in files} >= {"tiny-math.torch.toml", "smollm2-135m.torch.toml"}
+    for f in files:
+        c = load(f)
+        model, engine = f.name.removesuffix(".toml").rsplit(".", 1)
+        assert (c.model, c.engine) == (model, engine) and c.derived
+        assert set(c.measured) == {"prompts", "n", "max_tokens", "source"}
+        assert {"fp32", "fp16", "bf16"} <= set(c.pairs)
+    smol = load(CONTRACTS / "smollm2-135m.torch.toml")
+    assert sum(k.startswith("layer:") for k in smol.pairs["bf16"]) == 63       # embedding, 30 × 2, norm, head
