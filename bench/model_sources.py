@@ -165,23 +165,37 @@ def converted_dir(path: Path, home: str | Path | None = None, progress=_say) -> 
         del model.config.quantization_config
     if any(p.dtype != torch.float32 for p in model.parameters()):
         raise ModelSourceError(f"{path}: transformers left some weights of {facts['architecture']} quantized")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    tmp.chmod(0o755)                    # mkdtemp makes it private; the cache is read like any model directory
-    try:
+
+    def write(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
         (tmp / GGUF_MARKER).write_text(json.dumps(
             {"file": path.name, "sha256": sha, **facts, "bytes": path.stat().st_size, "dequantized_to": "fp32",
              "transformers": tf_version}, indent=1) + "\n")
+
+    write_model_dir(out, write, GGUF_MARKER)
+    return out
+
+
+def write_model_dir(out: Path, write, marker: str) -> None:
+    """Make model directory `out` by `write(tmp)` into a temporary directory beside it, renamed into
+    place, so that a killed writer leaves nothing a later one would take for complete (`marker`,
+    the file written last, says a directory is). An empty `out` is replaced; where another process
+    completed `out` meanwhile, its directory stays."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    tmp.chmod(0o755)                    # mkdtemp makes it private; the cache is read like any model directory
+    try:
+        write(tmp)
+        if out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
         try:
             tmp.rename(out)
-        except OSError:             # another process converted it meanwhile
-            if not (out / GGUF_MARKER).is_file():
+        except OSError:             # another process made it meanwhile
+            if not (out / marker).is_file():
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return out
 
 
 def gguf_provenance(model_dir: str | Path) -> dict | None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bench.errors import BenchError, did_you_mean
 from bench.model_sources import (GGUF_MARKER, MODEL_FILE, NAMED, WARMED, ModelSourceError, converted_dir, file_sha256,
-                                 gguf_provenance, model_defaults, models_home, named_gguf)
+                                 gguf_provenance, model_defaults, models_home, named_gguf, write_model_dir)
 
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 TINY_MATH = "tiny-math"
@@ -178,8 +178,6 @@ def warm_model(name: str, cfg, out: Path, progress=None) -> dict:
     written into a temporary directory renamed into place: a killed warm-up leaves nothing a later
     one would take for complete. Returns a summary."""
     import json
-    import shutil
-    import tempfile
 
     import torch
 
@@ -198,18 +196,12 @@ def warm_model(name: str, cfg, out: Path, progress=None) -> dict:
               "warmup": train(model, tok, lambda problem: render_prompt(ref, tok, problem), cfg, progress),
               "defaults": {**prompt_settings(ref), "base": ref.base, "source": "arithmetic",
                            "max_tokens": cfg.max_tokens}}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    tmp.chmod(0o755)
-    try:
+    def write(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
         (tmp / MODEL_FILE).write_text(json.dumps(record, indent=1) + "\n")
-        if out.is_dir() and not any(out.iterdir()):
-            out.rmdir()
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    write_model_dir(out, write, MODEL_FILE)
     losses = record["warmup"]["losses"]
     return {"out": str(out), "steps": cfg.steps, "first_loss": losses[0], "last_loss": losses[-1],
             "wall_s": record["warmup"]["wall_s"]}
