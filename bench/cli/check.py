@@ -84,15 +84,7 @@ def check(model: str = typer.Option("tiny-math", help="'tiny-math', a model dire
                  "derive with the same --prompts, --n, --max-tokens and --source, or into another file")
         _derive(cfg, parse_list(dtype or "all"), derive_contract, contract, existing, plots, as_json)
         return
-    path = contract or shipped_contract(Path(model).name, cfg.engine)
-    if path is None:
-        fail(f"bench ships no contract for {model} with the {cfg.engine} engine: give --contract FILE, or write one "
-             f"from pairs you trust with `bench check --model {model} --dtype PAIRS --derive-contract 5 --contract "
-             "FILE`")
-    terms = contracts.load(path)
-    if not dtype and not terms.pairs:
-        fail(f"{path} judges no pair: a contract needs [pairs.NAME] tables of lines (or give --dtype: each pair "
-             "then fails closed)")
+    path, terms = _contract_for(model, cfg.engine, contract, dtype)
     pairs = parse_list(dtype) if dtype else _contract_pairs(terms)
     _measure_as(cfg, ref, given, terms)
     if (terms.model, terms.engine) != (Path(model).name, cfg.engine):
@@ -111,13 +103,36 @@ def check(model: str = typer.Option("tiny-math", help="'tiny-math', a model dire
         write(junit, junit_xml([v for r in report for v in r["verdicts"]], conditions, seconds,
                                {r["pair"]: r["enters"] for r in report}))
     ok = all(r["ok"] for r in report)
+    _emit(report, terms, path, seconds, conditions, ok, as_json)
+    raise typer.Exit(0 if ok else 1)
+
+
+def _contract_for(model: str, engine: str, contract: Optional[Path], dtype: Optional[str]):
+    """The contract a check judges by, as (path, terms): the one given, else the one bench ships
+    for the model and engine; refused (exit 2) when there is none, or when it judges no pair and
+    no --dtype names any."""
+    from bench import contract as contracts
+
+    path = contract or shipped_contract(Path(model).name, engine)
+    if path is None:
+        fail(f"bench ships no contract for {model} with the {engine} engine: give --contract FILE, or write one "
+             f"from pairs you trust with `bench check --model {model} --dtype PAIRS --derive-contract 5 --contract "
+             "FILE`")
+    terms = contracts.load(path)
+    if not dtype and not terms.pairs:
+        fail(f"{path} judges no pair: a contract needs [pairs.NAME] tables of lines (or give --dtype: each pair "
+             "then fails closed)")
+    return path, terms
+
+
+def _emit(report: list, terms, path: Path, seconds: float, conditions: dict, ok: bool, as_json: bool) -> None:
+    """Print the check's result: JSON (--json) or the per-pair table."""
     if as_json:
         out.print_json(json.dumps({"ok": ok, "seconds": seconds, "conditions": conditions,
                                    "pairs": [{**r, "verdicts": [_verdict_dict(v) for v in r["verdicts"]]}
                                              for r in report]}, default=str))
     else:
         _print(report, terms, path, seconds)
-    raise typer.Exit(0 if ok else 1)
 
 
 def _measure_as(cfg, ref, given: dict, terms) -> None:
