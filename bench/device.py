@@ -9,6 +9,7 @@ scaling in fp16, the formats' quantizers) is the same code on either device.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 
@@ -84,6 +85,44 @@ def peak_memory_mb(device) -> float:
 
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / 2 ** 20 if sys.platform == "darwin" else rss / 2 ** 10      # bytes on macOS, KiB on Linux
+
+
+def resident_mb() -> float:
+    """This process's resident set now (MiB; Linux /proc, else the peak so far)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+    except OSError:
+        return peak_memory_mb("cpu")
+
+
+def release_free_memory(device) -> None:
+    """Hand the C heap's free pages back to the system (glibc `malloc_trim(0)`) after a step on a
+    CPU. A step's tensors change shape with its response lengths; glibc keeps the freed blocks of
+    tensors under its mmap threshold (which rises to 32 MiB as large blocks are freed) in its
+    heaps, fragmented, so the resident set grows step after step though the live tensors do not
+    (benchmarks/run_memory.py). Nothing on CUDA or without glibc; no value computed changes."""
+    if is_cuda(device) or not sys.platform.startswith("linux"):
+        return
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+_TRIM: list = []
+
+
+def _malloc_trim():
+    """glibc's malloc_trim, or None (musl, no libc found); looked up once."""
+    if not _TRIM:
+        import ctypes
+        import ctypes.util
+
+        try:
+            _TRIM.append(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim)
+        except (OSError, AttributeError):
+            _TRIM.append(None)
+    return _TRIM[0]
 
 
 def synchronize(device) -> None:

@@ -6,7 +6,7 @@ so a continuation's steps and a verification are compared on the other metrics o
 from __future__ import annotations
 
 # prefixes (and whole names) of the metrics that time or size the machine
-MACHINE_METRICS = ("time_", "tokens_per_s", "train_tokens_per_s", "peak_memory_mb", "wall_s")
+MACHINE_METRICS = ("time_", "tokens_per_s", "train_tokens_per_s", "peak_memory_mb", "rss_mb", "wall_s")
 
 
 def is_machine_metric(name: str) -> bool:

@@ -3,11 +3,16 @@
 a few steps; each resident part's size beside the process's peak resident set.
 
     python benchmarks/run_memory.py [--model smollm2-135m-warm] [--dtype fp16] [--steps 2] [--threads 2]
-                                    [--evaluate] [--rollout-max-batch N]
+                                    [--evaluate] [--rollout-max-batch N] [--no-trim]
+                                    [--gradient-checkpointing] [--microbatch-tokens N]
 
 `--evaluate` adds one evaluation after the steps (the split avg@2 and the preset's MATH-500
 problems: a larger batch for the rollout engine than a step's); `--rollout-max-batch` overrides
-the preset's rows decoded together.
+the preset's rows decoded together. Each step prints the resident set it keeps (`rss_mb`, after
+the trainer hands the C heap's free pages back) and the peak so far; `--no-trim` leaves the
+free pages with glibc, as before bench/device.py `release_free_memory`, to show what the trim
+saves (run each in its own process: the peak never decreases). `--gradient-checkpointing` and
+`--microbatch-tokens` set the run's knobs of those names (resource knobs: the same run's arithmetic).
 
 The parts are counted from the tensors themselves: the fp32 master, its gradients and AdamW's two
 moments, the training engine's compute copy in its format, the rollout engine's copy (and its
@@ -30,6 +35,7 @@ from bench.precision import Precision
 from bench.problems import SourceSpec, load_problems
 from bench.provenance import cpu_summary
 from bench.store import open_store
+import runners.trainer as trainer_module
 from runners.plan import RunPlan
 from runners.presets import get_preset
 from runners.trainer import NativeTrainer
@@ -87,12 +93,18 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--evaluate", action="store_true", help="one evaluation after the steps")
     ap.add_argument("--rollout-max-batch", type=int, default=None)
+    ap.add_argument("--no-trim", action="store_true", help="leave the C heap's free pages with glibc")
+    ap.add_argument("--gradient-checkpointing", action="store_true", help="the run knob: recompute activations")
+    ap.add_argument("--microbatch-tokens", type=int, default=None, help="the run knob --max-tokens-per-microbatch")
     a = ap.parse_args()
+    if a.no_trim:
+        trainer_module.release_free_memory = lambda device: None
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     ref = resolve_model(a.model)
     problems = load_problems(SourceSpec(build_defaults(ref)["source"], limit=200))
     before = rss_mib()
-    cfg = get_preset("small", rollout_max_batch=a.rollout_max_batch)
+    cfg = get_preset("small", rollout_max_batch=a.rollout_max_batch, gradient_checkpointing=a.gradient_checkpointing,
+                     **({"max_tokens_per_microbatch": a.microbatch_tokens} if a.microbatch_tokens else {}))
     cfg.threads = a.threads
     if not a.evaluate:
         cfg.benchmarks = []
@@ -101,13 +113,17 @@ def main() -> None:
     trainer = NativeTrainer(store, "mem", plan, problems, None)
     loaded = rss_mib()
     for _ in range(a.steps):
-        trainer.train_step()
+        m = trainer.train_step()
         trainer.step += 1
+        print(f"  step {trainer.step:3d}: kept {rss_mib():7.0f} MiB, peak {peak_mib():7.0f} MiB, "
+              f"{m['response_len']:.0f} tokens a response, rollouts {m['time_rollout']:.1f} s, "
+              f"update {m['time_update']:.1f} s", flush=True)
     if a.evaluate:
         trainer._evaluate()              # its scores unrecorded: no run row in this throwaway store
     loaded_parts, kept = parts(trainer)
     peak = peak_mib()
-    print(f"{ref.name}, pair {a.dtype}, small preset ({cfg.prompts_per_step} × {cfg.samples_per_prompt}, "
+    trim = (", no trim" if a.no_trim else "") + (", gradient checkpointing" if a.gradient_checkpointing else "")
+    print(f"{ref.name}, pair {a.dtype}{trim}, small preset ({cfg.prompts_per_step} × {cfg.samples_per_prompt}, "
           f"≤{cfg.max_tokens} tokens, micro-batches of {cfg.max_tokens_per_microbatch} tokens, rows decoded together "
           f"{cfg.rollout_max_batch or 512}), {a.steps} steps{' and an evaluation' if a.evaluate else ''}, "
           f"{a.threads} thread(s); {cpu_summary()}")

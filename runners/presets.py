@@ -21,7 +21,8 @@ PRESET_KNOBS = {
     "paper": dict(prompts_per_step=64, samples_per_prompt=8, updates_per_batch=4, lr=1e-6, max_tokens=8192,
                   max_steps=1000, eval_every=32, eval_split_m=1, checkpoint_every=32, threads=None),
     "small": dict(prompts_per_step=8, samples_per_prompt=8, lr=1e-5, max_tokens=128, max_steps=200, eval_every=10,
-                  eval_split_m=2, checkpoint_every=5, threads=2, max_tokens_per_microbatch=2048),
+                  eval_split_m=2, checkpoint_every=5, threads=2, max_tokens_per_microbatch=2048,
+                  gradient_checkpointing=True),
 }
 
 
@@ -59,8 +60,9 @@ def small() -> RunConfig:
     """A small real model (smollm2-135m, gemma3-270m) on a CPU: 8 prompts × 8 per step, lr 1e-5,
     128 response tokens, split avg@2 every 10 steps, at most 200 steps, two threads, micro-batches
     of at most 2,048 padded tokens (the logits of a 49,152-token vocabulary over one micro-batch
-    are 0.4 GB in fp32, over the whole batch ~2.4 GB a copy), checkpoints every 5 steps (a cell
-    outlasts a session). Benchmark: the first 16 of MATH-500, avg@2 (a 135M model solves ~2% of
+    are 0.4 GB in fp32, over the whole batch ~2.4 GB a copy), gradient checkpointing (SmolLM2's
+    peak 9.5 → 5.7 GiB at fp16 where the CPU emulates it, 7.0 → 5.3 at native bf16, no step time
+    measured lost: benchmarks/run_memory.py), checkpoints every 5 steps (a cell outlasts a session). Benchmark: the first 16 of MATH-500, avg@2 (a 135M model solves ~2% of
     them: it tells whether training on arithmetic moved anything else). Not yet tuned by a
     measured search (docs/results.md says what has been run)."""
     return RunConfig(**PRESET_KNOBS["small"], benchmarks=[Benchmark("math500", "math500", n=2, limit=16)])

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from bench import calibration, statedigest, statuses
-from bench.device import peak_memory_mb, reset_peak_memory, synchronize
+from bench.device import is_cuda, peak_memory_mb, release_free_memory, reset_peak_memory, resident_mb, synchronize
 from bench.engines import Sampling, make_engine
 from bench.errors import ConfigError
 from bench.engines.torch_engine import TorchEngine
@@ -292,6 +292,7 @@ class NativeTrainer:
         the rollout engine holds the current weights for the evaluation (runners/staleness.py)."""
         with self.stale.current_weights(self.engine, self.learner.master):
             scores = self._evaluate()
+        release_free_memory(self.device)       # its batch is a step's several times over
         ledger.record_evaluations(self.store, self.run_id, self.step, scores)
         return {name: score for name, (_, score) in scores.items()}
 
@@ -377,6 +378,9 @@ class NativeTrainer:
             "time_train": t_train, "train_tokens_per_s": batch.tokens / max(t_train, 1e-9),
             "micro_batches": learner.passes, "peak_memory_mb": peak_memory_mb(dev),
         }
+        release_free_memory(dev)
+        if not is_cuda(dev):
+            metrics["rss_mb"] = resident_mb()        # after the trim: what the process keeps between steps
         return metrics
 
     def _train_routes(self, batch: Batch, flat) -> TrainRoutes | None:

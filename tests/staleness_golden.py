@@ -31,8 +31,7 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-# per-step metrics that measure the machine, not the run
-NONDETERMINISTIC = ("time_", "tokens_per_s", "train_tokens_per_s", "peak_memory_mb", "wall_s")
+from bench.machine_metrics import MACHINE_METRICS as NONDETERMINISTIC      # the machine's, not the run's
 STALENESS_KEYS = "staleness_"      # logged since staleness exists (0 at K=0): not part of "the runs of before"
 
 BUILD = ["build", "--model", "tiny-math", "--limit", "12", "--k", "2", "--engine", "torch", "--dtype", "fp32",
