@@ -75,12 +75,9 @@ def fmt3(x) -> str:
 
 
 def _progress(description: str):
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
+    from bench.cli.progress import progress
 
-    return Progress(TextColumn(description), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"),
-                    TimeRemainingColumn(), console=console, transient=False)
+    return progress(description, console)
 
 
 def main() -> None:

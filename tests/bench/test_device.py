@@ -123,6 +123,7 @@ def test_device_cpu_gives_the_steps_of_a_run_without_the_flag(tmp_path, monkeypa
         assert micro.status == "max_steps", micro.stop_reason
         step = s.scalars(select(RunStep).where(RunStep.run_id == runs["plain"])).first().metrics
     assert step["peak_memory_mb"] > 0 and step["train_tokens_per_s"] > 0 and step["micro_batches"] == 1
+    assert 0 < step["rss_mb"] <= step["peak_memory_mb"]             # kept after the trim, within the peak
     m = _steps(url, runs["micro"])[0]
     assert m["micro_batches"] > 2
     # one update per batch: the first step's forward is π_old in both, so the rollouts are identical; μ and
