@@ -65,17 +65,21 @@ def with_prompt(ref: ModelRef, template: str | None = None, instruction: str | N
                    prompt_instruction=instruction if instruction is not None else ref.prompt_instruction)
 
 
-def build_defaults(ref: ModelRef) -> dict:
-    """What a build of `ref` defaults to where the user gave nothing: its problem source and
-    response length (a named real model carries its own: bench/model_sources.py)."""
-    if ref.embedded:
-        return {"source": "synthetic", "max_tokens": 64}
+def _carried_defaults(ref: ModelRef) -> dict | None:
+    """The source and response length a real model carries: a named model's (bench/model_sources.py)
+    or a warmed directory's bench-model.json; None for any other."""
     if ref.name in NAMED:
         return {"source": NAMED[ref.name].source, "max_tokens": NAMED[ref.name].max_tokens}
     carried = model_defaults(ref.path) if Path(ref.path).is_dir() else None
-    if carried:
-        return {"source": carried["source"], "max_tokens": carried["max_tokens"]}
-    return {"source": "math", "max_tokens": 8192}
+    return {"source": carried["source"], "max_tokens": carried["max_tokens"]} if carried else None
+
+
+def build_defaults(ref: ModelRef) -> dict:
+    """What a build of `ref` defaults to where the user gave nothing: its problem source and
+    response length (a named or warmed real model carries its own: `_carried_defaults`)."""
+    if ref.embedded:
+        return {"source": "synthetic", "max_tokens": 64}
+    return _carried_defaults(ref) or {"source": "math", "max_tokens": 8192}
 
 
 def measure_defaults(ref: ModelRef, otherwise_tokens: int | None = None) -> dict:
@@ -85,10 +89,7 @@ def measure_defaults(ref: ModelRef, otherwise_tokens: int | None = None) -> dict
     its build length)."""
     if ref.embedded:
         return {"source": "synthetic-hard", "max_tokens": 64}
-    own = build_defaults(ref)
-    if ref.name in NAMED or (Path(ref.path).is_dir() and model_defaults(ref.path)):
-        return own
-    return {"source": "synthetic-hard", "max_tokens": otherwise_tokens or own["max_tokens"]}
+    return _carried_defaults(ref) or {"source": "synthetic-hard", "max_tokens": otherwise_tokens or 8192}
 
 
 def fill_measure_defaults(cfg, ref: ModelRef, otherwise_tokens: int | None = None):

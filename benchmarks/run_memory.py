@@ -4,15 +4,16 @@ a few steps; each resident part's size beside the process's peak resident set.
 
     python benchmarks/run_memory.py [--model smollm2-135m-warm] [--dtype fp16] [--steps 2] [--threads 2]
                                     [--evaluate] [--rollout-max-batch N] [--no-trim]
-                                    [--gradient-checkpointing] [--microbatch-tokens N]
+                                    [--[no-]gradient-checkpointing] [--microbatch-tokens N]
 
 `--evaluate` adds one evaluation after the steps (the split avg@2 and the preset's MATH-500
 problems: a larger batch for the rollout engine than a step's); `--rollout-max-batch` overrides
 the preset's rows decoded together. Each step prints the resident set it keeps (`rss_mb`, after
 the trainer hands the C heap's free pages back) and the peak so far; `--no-trim` leaves the
 free pages with glibc, as before bench/device.py `release_free_memory`, to show what the trim
-saves (run each in its own process: the peak never decreases). `--gradient-checkpointing` and
-`--microbatch-tokens` set the run's knobs of those names (resource knobs: the same run's arithmetic).
+saves (run each in its own process: the peak never decreases). `--[no-]gradient-checkpointing`
+(the small preset sets it) and `--microbatch-tokens` set the run's knobs of those names (resource
+knobs: the same run's arithmetic).
 
 The parts are counted from the tensors themselves: the fp32 master, its gradients and AdamW's two
 moments, the training engine's compute copy in its format, the rollout engine's copy (and its
@@ -94,7 +95,8 @@ def main() -> None:
     ap.add_argument("--evaluate", action="store_true", help="one evaluation after the steps")
     ap.add_argument("--rollout-max-batch", type=int, default=None)
     ap.add_argument("--no-trim", action="store_true", help="leave the C heap's free pages with glibc")
-    ap.add_argument("--gradient-checkpointing", action="store_true", help="the run knob: recompute activations")
+    ap.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None,
+                    help="the run knob (the small preset sets it): recompute activations in backward")
     ap.add_argument("--microbatch-tokens", type=int, default=None, help="the run knob --max-tokens-per-microbatch")
     a = ap.parse_args()
     if a.no_trim:
@@ -122,7 +124,7 @@ def main() -> None:
         trainer._evaluate()              # its scores unrecorded: no run row in this throwaway store
     loaded_parts, kept = parts(trainer)
     peak = peak_mib()
-    trim = (", no trim" if a.no_trim else "") + (", gradient checkpointing" if a.gradient_checkpointing else "")
+    trim = (", no trim" if a.no_trim else "") + ("" if cfg.gradient_checkpointing else ", no gradient checkpointing")
     print(f"{ref.name}, pair {a.dtype}{trim}, small preset ({cfg.prompts_per_step} × {cfg.samples_per_prompt}, "
           f"≤{cfg.max_tokens} tokens, micro-batches of {cfg.max_tokens_per_microbatch} tokens, rows decoded together "
           f"{cfg.rollout_max_batch or 512}), {a.steps} steps{' and an evaluation' if a.evaluate else ''}, "

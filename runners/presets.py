@@ -61,10 +61,11 @@ def small() -> RunConfig:
     128 response tokens, split avg@2 every 10 steps, at most 200 steps, two threads, micro-batches
     of at most 2,048 padded tokens (the logits of a 49,152-token vocabulary over one micro-batch
     are 0.4 GB in fp32, over the whole batch ~2.4 GB a copy), gradient checkpointing (SmolLM2's
-    peak 9.5 → 5.7 GiB at fp16 where the CPU emulates it, 7.0 → 5.3 at native bf16, no step time
-    measured lost: benchmarks/run_memory.py), checkpoints every 5 steps (a cell outlasts a session). Benchmark: the first 16 of MATH-500, avg@2 (a 135M model solves ~2% of
-    them: it tells whether training on arithmetic moved anything else). Not yet tuned by a
-    measured search (docs/results.md says what has been run)."""
+    peak 9.4 → 5.7 GiB at fp16 where the CPU emulates it, 7.0 → 5.3 at native bf16, no step time
+    measured lost: benchmarks/run_memory.py), checkpoints every 5 steps (a cell outlasts a
+    session). Benchmark: the first 16 of MATH-500, avg@2 (a 135M model solves ~2% of them: it
+    tells whether training on arithmetic moved anything else). Not yet tuned by a measured search
+    (docs/results.md says what has been run)."""
     return RunConfig(**PRESET_KNOBS["small"], benchmarks=[Benchmark("math500", "math500", n=2, limit=16)])
 
 
@@ -84,8 +85,9 @@ def check_run_config(cfg: RunConfig) -> RunConfig:
             "the raw softmax, and every mismatch metric and importance weight measures that difference instead "
             "of precision (benchmarks keep their own sampling)")
     if cfg.router_replay and (cfg.staleness or cfg.gradient_checkpointing):
-        raise ConfigError("--router-replay needs --staleness 0 and no --gradient-checkpointing: the routes replayed "
-                          "are the rollout's at the current weights, and a recomputed layer would route on its own")
+        raise ConfigError("--router-replay needs --staleness 0 and --no-gradient-checkpointing (the small preset "
+                          "sets it): the routes replayed are the rollout's at the current weights, and a recomputed "
+                          "layer would route on its own")
     check(cfg)                         # each knob in its bounds first, then the rules between them
     for lo, hi in (("icepop_lo", "icepop_hi"), ("pg_icepop_lo", "pg_icepop_hi"), ("geo_lo", "geo_hi")):
         if getattr(cfg.algo, lo) > getattr(cfg.algo, hi):

@@ -31,7 +31,6 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from bench.machine_metrics import MACHINE_METRICS as NONDETERMINISTIC      # the machine's, not the run's
 STALENESS_KEYS = "staleness_"      # logged since staleness exists (0 at K=0): not part of "the runs of before"
 
 BUILD = ["build", "--model", "tiny-math", "--limit", "12", "--k", "2", "--engine", "torch", "--dtype", "fp32",
@@ -106,7 +105,9 @@ def base_config():
 
 def deterministic(metrics: dict, staleness: bool = False) -> dict:
     """The metrics that do not measure the machine; `staleness_*` too only when asked."""
-    return {k: v for k, v in metrics.items() if not any(k.startswith(p) or k == p for p in NONDETERMINISTIC)
+    from bench.machine_metrics import is_machine_metric
+
+    return {k: v for k, v in metrics.items() if not is_machine_metric(k)
             and (staleness or not k.startswith(STALENESS_KEYS))}
 
 

@@ -10,7 +10,7 @@ import time
 
 def progress(description: str, console, every: float = 30.0, clock=time.monotonic):
     """A progress display for `console`: rich's bar where it is a terminal, else `LineProgress`."""
-    if console.is_terminal:
+    if console.is_terminal and not console.is_dumb_terminal:
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                    TimeRemainingColumn)
 
@@ -51,6 +51,8 @@ class LineProgress:
             task["completed"] += advance
         task["fields"].update(fields)
         now = self.clock()
+        if task["shown"] == self._state(task):
+            return
         if task["last"] is None or now - task["last"] >= self.every or task["completed"] == task["total"]:
             self._print(task)
 
@@ -61,9 +63,14 @@ class LineProgress:
     def _print(self, task: dict) -> None:
         now = self.clock()
         elapsed = int(now - task["start"])
-        total = "?" if task["total"] is None else f"{task['total']:g}"
+        total = "?" if task["total"] is None else _count(task["total"])
         rate = task["fields"].get("rate") or ""
-        self.console.print(f"{self.description} {task['completed']:g}/{total}{' ' + rate if rate else ''} "
+        self.console.print(f"{self.description} {_count(task['completed'])}/{total}{' ' + rate if rate else ''} "
                            f"[{elapsed // 60}:{elapsed % 60:02d} elapsed]", markup=False, highlight=False,
                            soft_wrap=True)
         task["last"], task["shown"] = now, self._state(task)
+
+
+def _count(x) -> str:
+    """A count as an integer where it is one (1000000, not 1e+06), else as given."""
+    return f"{x:.0f}" if float(x).is_integer() else f"{x:g}"
