@@ -96,9 +96,16 @@ def position_kl(dist_mu: torch.Tensor | None, dist_pi: torch.Tensor | None) -> t
     Where μ's rows hold only its top-k tokens (vLLM's log-probs, −inf off them) the rest of the
     vocabulary is one bucket, and by the log-sum inequality
         KL ≥ Σ_{v∈K} μ_v (log μ_v − log π_v) + r_μ log(r_μ / r_π),   r = 1 − Σ_{v∈K} p_v,
-    a lower bound, exact when K is the whole vocabulary (r_μ = 0)."""
+    a lower bound, exact when K is the whole vocabulary (r_μ = 0). One sequence at a time: its
+    float64 temporaries are ~10 of a row's [T, V] rather than of the whole chunk's."""
     if dist_mu is None or dist_pi is None:
         return None
+    if len(dist_mu) == 0:
+        return _position_kl(dist_mu, dist_pi)
+    return torch.cat([_position_kl(m, p) for m, p in zip(dist_mu.split(1), dist_pi.split(1))])
+
+
+def _position_kl(dist_mu: torch.Tensor, dist_pi: torch.Tensor) -> torch.Tensor:
     lm, lp = dist_mu.double(), dist_pi.double()
     known = lm > -math.inf
     head = torch.where(known, lm.exp() * (lm - lp), 0.0).sum(-1)

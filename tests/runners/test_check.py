@@ -228,6 +228,19 @@ def test_full_vocabulary_kl_from_a_top_k_is_a_lower_bound_by_hand():
     assert position_kl(mu.log().view(1, 1, 4), pi.log().view(1, 1, 4)).item() == pytest.approx(full)
 
 
+def test_position_kl_one_sequence_at_a_time_equals_the_whole_batch():
+    """Taken one sequence at a time (to bound its float64 temporaries) KL is the same bits as over
+    the whole [N, T, V] at once, top-k rows (−inf) included."""
+    from runners.check import _position_kl
+
+    g = torch.Generator().manual_seed(0)
+    mu = torch.randn(3, 5, 50, generator=g).log_softmax(-1)
+    mu[1, :, 20:] = -math.inf                               # a top-20 row, as vLLM returns
+    pi = torch.randn(3, 5, 50, generator=g).log_softmax(-1)
+    assert torch.equal(position_kl(mu, pi), _position_kl(mu, pi))
+    assert position_kl(mu[:0], pi[:0]).shape == (0, 5)
+
+
 def test_nonfinite_log_probs_are_counted_per_side_and_named():
     """A format that overflows (fp16 on Gemma 3 270M measured 2026-12-04: every metric NaN) is
     said so, with how many tokens on which side; tokens off the mask are not counted."""
