@@ -25,6 +25,15 @@ vocabulary 151,936, untied head; 1.78B parameters) with random weights (seed 0):
                emits EOS): mean |π−μ|, KL k3 per token, log-ratio slope per 1K tokens
                (bench/mismatch.py, as `bench mismatch` reports them)
 
+  smollm2      the same three on a random model of SmolLM2-135M's shapes (benchmarks/configs/
+               smollm2-135m.json: Llama, hidden 576, 30 layers, 9 heads / 3 KV heads, intermediate
+               1,536, vocabulary 49,152, tied head; 134.5M parameters) at the small preset's
+               sizes (runners/presets.py): rollouts of 8 prompts of 64 tokens × 8 samples, 128 new
+               tokens, at bf16 and fp16; one pg-seq-is step at fp16 over 128 response tokens,
+               micro-batches of 2,048 tokens, activation checkpointing; the mismatch of 16
+               prompts × 4 (the real weights never reach a lent device: the speed and memory of
+               its shapes, not its mismatch, which random weights do not have)
+
 Every section has a time check (the whole run stays within --budget-s) and catches its own
 errors (e.g. out of memory), which the JSON records before the next section runs. Peak memory
 is torch.cuda.max_memory_allocated per section on CUDA, the process's peak RSS on a CPU.
@@ -50,6 +59,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 CONFIG = ROOT / "benchmarks" / "configs" / "r1-distill-qwen-1.5b.json"
+SMOLLM2_CONFIG = ROOT / "benchmarks" / "configs" / "smollm2-135m.json"
 SCHEMA = "bench-gpu-check/1"
 
 
@@ -73,7 +83,7 @@ class CheckPlan:
     shapes: dict | None = None          # config overrides (--shrink)
     # seconds a section needs left in the budget to start (a CUDA machine's estimates)
     need_s: tuple[tuple[str, float], ...] = (("rollout", 45.0), ("train_1024", 45.0), ("train_4096", 150.0),
-                                             ("mismatch_tiny", 15.0), ("mismatch_random", 45.0))
+                                             ("mismatch_tiny", 15.0), ("mismatch_random", 45.0), ("smollm2", 45.0))
 
 
 FULL = CheckPlan()
@@ -83,15 +93,24 @@ SHRINK = CheckPlan(prompts=4, samples=2, prompt_tokens=8, new_tokens=16, train_l
                       "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 512,
                       "bos_token_id": 1, "eos_token_id": 1},
               need_s=())
+# SmolLM2-135M's shapes at the small preset's sizes (the `smollm2` section); shrunk: SHRINK's shapes
+SMOLLM2 = CheckPlan(prompts=8, samples=8, prompt_tokens=64, new_tokens=128, train_lengths=(128,), updates=1,
+                    microbatch_tokens=2048, checkpointing=True, train_dtype="fp16", algo="pg-seq-is",
+                    mm_prompts=16, mm_samples=4, mm_tokens=128)
+SMOLLM2_SHRINK = replace(SMOLLM2, prompts=4, samples=2, prompt_tokens=8, new_tokens=16, train_lengths=(16,),
+                         microbatch_tokens=40, mm_prompts=4, mm_samples=2, mm_tokens=16,
+                         shapes={k: v for k, v in SHRINK.shapes.items() if k not in ("bos_token_id", "eos_token_id")})
 
 
 # ------------------------------------------------------------------ memory (computed)
 
 def param_count(c: dict) -> int:
-    """Parameters of a Qwen2-style causal LM (q/k/v biases, RMSNorms, untied or tied head)."""
+    """Parameters of a Qwen2- or Llama-style causal LM (q/k/v biases where `attention_bias`, as
+    Qwen2's always; RMSNorms; untied or tied head)."""
     h, n, i, v = c["hidden_size"], c["num_hidden_layers"], c["intermediate_size"], c["vocab_size"]
     kv = h // c["num_attention_heads"] * c["num_key_value_heads"]
-    layer = (h * h + h) + 2 * (h * kv + kv) + h * h + 3 * h * i + 2 * h
+    b = 1 if c.get("attention_bias", True) else 0
+    layer = (h * h + b * h) + 2 * (h * kv + b * kv) + h * h + 3 * h * i + 2 * h
     return v * h * (1 if c.get("tie_word_embeddings") else 2) + n * layer + h
 
 
@@ -183,16 +202,16 @@ def _free() -> None:
         torch.cuda.empty_cache()
 
 
-def random_model(plan: CheckPlan, device: str):
+def random_model(plan: CheckPlan, device: str, config: Path = CONFIG):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    c = json.loads(CONFIG.read_text())
+    c = json.loads(config.read_text())
     c.update(plan.shapes or {})
     cfg = AutoConfig.for_model(c.pop("model_type"), **{k: v for k, v in c.items() if k != "architectures"})
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    return model.eval(), {**json.loads(CONFIG.read_text()), **(plan.shapes or {})}
+    return model.eval(), {**json.loads(config.read_text()), **(plan.shapes or {})}
 
 
 def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[str]:
@@ -345,7 +364,7 @@ def run_check(plan: CheckPlan, device: str, budget_s: float, log=print) -> dict:
     result: dict = {"schema": SCHEMA, "shrink": plan.shapes is not None, "device": device,
                     "plan": {k: v for k, v in plan.__dict__.items() if k != "need_s"},
                     "environment": environment(device), "model": {}, "rollout": {}, "train_step": {},
-                    "mismatch": {}, "skipped": {}, "errors": {}}
+                    "mismatch": {}, "smollm2": {}, "skipped": {}, "errors": {}}
 
     def section(name: str, key: str, fn):
         left = budget_s - (time.perf_counter() - start)
@@ -415,10 +434,46 @@ def run_check(plan: CheckPlan, device: str, budget_s: float, log=print) -> dict:
                                  plan.mm_samples, [plan.mm_tokens * k // 4 for k in (1, 2, 3, 4)], device))
     if r:
         result["mismatch"]["random-1.5b"] = r
+    master = None                     # the 1.5B's memory back before the next model
+    _free()
+    r = section("smollm2", "smollm2", lambda: smollm2_check(SMOLLM2_SHRINK if plan.shapes else SMOLLM2, device, log))
+    if r:
+        result["smollm2"] = r
     result["computed_memory"] = {name: memory_model(c or json.loads(CONFIG.read_text()), 32768, True, 512, 1152)
                                  for name, c in MODELS.items()}
     result["wall_s"] = time.perf_counter() - start
     return result
+
+
+def smollm2_check(plan: CheckPlan, device: str, log=print) -> dict:
+    """The `smollm2` section: rollouts at bf16 and fp16, one training step and the same-format
+    mismatch on a random model of SmolLM2-135M's shapes, at `plan`'s sizes."""
+    from runners.algos import get_loss
+    from runners.presets import RunConfig
+    from runners.train_engine import TrainingEngine
+
+    master, config = random_model(plan, device, SMOLLM2_CONFIG)
+    vocab = config["vocab_size"]
+    out = {"model": {"config": str(SMOLLM2_CONFIG.relative_to(ROOT)), "overrides": plan.shapes,
+                     "weights": "random (seed 0)", "params": sum(p.numel() for p in master.parameters()),
+                     "params_formula": param_count(config)},
+           "rollout": {d: rollout(master, d, plan, device, vocab) for d in ("bf16", "fp16")}}
+    speeds = ", ".join(f"{d} {x['tokens_per_s']:,.0f} tokens/s" for d, x in out["rollout"].items())
+    log(f"smollm2: rollouts {speeds}")
+    cfg = RunConfig(prompts_per_step=plan.prompts, samples_per_prompt=plan.samples, updates_per_batch=plan.updates,
+                    lr=1e-5, threads=None, max_tokens_per_microbatch=plan.microbatch_tokens,
+                    gradient_checkpointing=plan.checkpointing)
+    engine = TrainingEngine(master, plan.train_dtype, cfg, get_loss(plan.algo), plan.algo, device)
+    out["train_step"] = {str(n): train_step(engine, plan, n, device, vocab, config) for n in plan.train_lengths}
+    engine.compute = engine.opt = None
+    del engine
+    for p in master.parameters():
+        p.grad = None
+    _free()
+    out["mismatch"] = mismatch(master.eval(), IdTokenizer(), random_prompts(plan.mm_prompts, plan.prompt_tokens,
+                                                                             vocab, 7),
+                               plan.mm_samples, plan.mm_tokens, device)
+    return out
 
 
 def main(argv=None) -> int:
@@ -469,6 +524,15 @@ def summary(r: dict) -> str:
         for d, x in pairs.items():
             lines.append(f"  mismatch {m} {d}: mean|π−μ| {x['prob_abs_diff_mean']:.2e}, k3 {x['kl_k3']:.2e}, "
                          f"slope {x['log_ratio_slope']:.3g}/1K")
+    sm = r.get("smollm2") or {}
+    for d, x in sm.get("rollout", {}).items():
+        lines.append(f"  smollm2 shapes, rollout {d}: {x['tokens_per_s']:,.0f} tokens/s, "
+                     f"peak {x['peak_memory_mb']:,.0f} MiB")
+    for n, x in sm.get("train_step", {}).items():
+        lines.append(f"  smollm2 shapes, {x['train_dtype']} step ({n} response tokens): {x['seconds']:.2f} s, "
+                     f"peak {x['peak_memory_mb']:,.0f} MiB (computed {x['computed_peak_mb']:,.0f})")
+    for d, x in sm.get("mismatch", {}).items():
+        lines.append(f"  smollm2 shapes, mismatch {d}: k3 {x['kl_k3']:.2e}")
     for k, v in {**r["skipped"], **{k: v for k, v in r["errors"].items() if not k.endswith("_traceback")}}.items():
         lines.append(f"  {k}: {v}")
     return "\n".join(lines)

@@ -25,7 +25,7 @@ def _run(*args, timeout=600):
 @pytest.mark.integration
 def test_shrunk_check_writes_every_section(tmp_path):
     out = tmp_path / "gpu_check.json"
-    r = _run("--shrink", "--device", "cpu", "--out", str(out))
+    r = _run("--shrink", "--device", "cpu", "--out", str(out), "--budget-s", "1800")    # a loaded CI machine too
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
     assert res["schema"] == "bench-gpu-check/1" and res["shrink"] is True and res["device"] == "cpu"
@@ -48,6 +48,16 @@ def test_shrunk_check_writes_every_section(tmp_path):
         for d, x in pairs.items():
             assert {"prob_abs_diff_mean", "kl_k3", "log_ratio_slope", "tokens"} <= set(x)
         assert pairs["fp32"]["kl_k3"] < pairs["fp16"]["kl_k3"] < pairs["bf16"]["kl_k3"]     # the paper's order
+    sm = res["smollm2"]                                  # SmolLM2-135M's shapes (shrunk), the small preset's sizes
+    assert sm["model"]["params"] == sm["model"]["params_formula"]                        # Llama: no q/k/v bias, tied
+    for d in ("bf16", "fp16"):
+        x = sm["rollout"][d]
+        assert x["tokens"] == x["prompts"] * x["samples_per_prompt"] * x["new_tokens"] and x["tokens_per_s"] > 0
+    (step,) = sm["train_step"].values()
+    assert step["train_dtype"] == "fp16" and step["algo"] == "pg-seq-is" and step["gradient_checkpointing"]
+    assert step["optimizer_steps"] == step["applied"] == 1 and step["micro_batches"] > 2
+    assert set(sm["mismatch"]) == {"fp32", "bf16", "fp16"}
+    assert sm["mismatch"]["fp32"]["kl_k3"] < sm["mismatch"]["bf16"]["kl_k3"]
     assert set(res["computed_memory"]) == {"0.5B (Qwen2.5-0.5B)", "1.5B (R1-Distill-Qwen-1.5B)",
                                            "7B (R1-Distill-Qwen-7B)"}
     assert res["wall_s"] > 0
@@ -59,7 +69,8 @@ def test_a_spent_budget_skips_sections_and_still_writes_the_json(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
     assert not res["rollout"] and not res["train_step"] and not res["mismatch"]
-    assert len(res["skipped"]) == 6 and all(v.startswith("time budget") for v in res["skipped"].values())
+    assert not res["smollm2"]
+    assert len(res["skipped"]) == 7 and all(v.startswith("time budget") for v in res["skipped"].values())
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where there is no CUDA")
