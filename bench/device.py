@@ -9,6 +9,7 @@ scaling in fp16, the formats' quantizers) is the same code on either device.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -109,20 +110,16 @@ def release_free_memory(device) -> None:
         trim(0)
 
 
-_TRIM: list = []
-
-
+@functools.cache
 def _malloc_trim():
     """glibc's malloc_trim, or None (musl, no libc found); looked up once."""
-    if not _TRIM:
-        import ctypes
-        import ctypes.util
+    import ctypes
+    import ctypes.util
 
-        try:
-            _TRIM.append(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim)
-        except (OSError, AttributeError):
-            _TRIM.append(None)
-    return _TRIM[0]
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 def synchronize(device) -> None:

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import resource
 import tempfile
 
 import torch
 
+from bench.device import peak_memory_mb, resident_mb
 from bench.models import build_defaults, resolve_model
 from bench.precision import Precision
 from bench.problems import SourceSpec, load_problems
@@ -42,17 +42,6 @@ from runners.presets import get_preset
 from runners.trainer import NativeTrainer
 
 MIB = 2 ** 20
-
-
-def rss_mib() -> float:
-    """This process's resident set now (MiB), from /proc."""
-    with open("/proc/self/status") as f:
-        kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-    return kb / 1024
-
-
-def peak_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def tensor_mib(tensors) -> float:
@@ -104,7 +93,7 @@ def main() -> None:
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     ref = resolve_model(a.model)
     problems = load_problems(SourceSpec(build_defaults(ref)["source"], limit=200))
-    before = rss_mib()
+    before = resident_mb()
     cfg = get_preset("small", rollout_max_batch=a.rollout_max_batch, gradient_checkpointing=a.gradient_checkpointing,
                      **({"max_tokens_per_microbatch": a.microbatch_tokens} if a.microbatch_tokens else {}))
     cfg.threads = a.threads
@@ -113,17 +102,17 @@ def main() -> None:
     store = open_store(f"sqlite:///{tempfile.mkdtemp()}/m.db")
     plan = RunPlan("pg-seq-is", Precision.parse(a.dtype), cfg, "mem", "mem", ref, "torch", "cpu")
     trainer = NativeTrainer(store, "mem", plan, problems, None)
-    loaded = rss_mib()
+    loaded = resident_mb()
     for _ in range(a.steps):
         m = trainer.train_step()
         trainer.step += 1
-        print(f"  step {trainer.step:3d}: kept {rss_mib():7.0f} MiB, peak {peak_mib():7.0f} MiB, "
+        print(f"  step {trainer.step:3d}: kept {resident_mb():7.0f} MiB, peak {peak_memory_mb('cpu'):7.0f} MiB, "
               f"{m['response_len']:.0f} tokens a response, rollouts {m['time_rollout']:.1f} s, "
               f"update {m['time_update']:.1f} s", flush=True)
     if a.evaluate:
         trainer._evaluate()              # its scores unrecorded: no run row in this throwaway store
     loaded_parts, kept = parts(trainer)
-    peak = peak_mib()
+    peak = peak_memory_mb("cpu")
     trim = (", no trim" if a.no_trim else "") + ("" if cfg.gradient_checkpointing else ", no gradient checkpointing")
     print(f"{ref.name}, pair {a.dtype}{trim}, small preset ({cfg.prompts_per_step} × {cfg.samples_per_prompt}, "
           f"≤{cfg.max_tokens} tokens, micro-batches of {cfg.max_tokens_per_microbatch} tokens, rows decoded together "
