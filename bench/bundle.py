@@ -73,16 +73,22 @@ def _iso(t: datetime | None) -> str | None:
     return None if t is None else t.isoformat()
 
 
+# the columns a bundle carries as they are (the id, model, times and problems are written apart)
+BUILD_COLUMNS = ("source", "engine", "dtype", "k", "lo", "hi", "seed", "shard", "settings_hash", "status", "out_dir",
+                 "n_problems", "n_kept", "manifest")
+RUN_COLUMNS = ("algo", "rollout_dtype", "train_dtype", "trainer", "engine", "seed", "config", "status", "stop_reason",
+               "step", "peak_accuracy", "final_accuracy", "steps_to_target", "wall_to_target", "kl_warning_step",
+               "wall_s", "checkpoint_dir", "calibration", "provenance")
+
+
 def _build_record(s, b: Build) -> dict:
     m = s.get(Model, b.model_id)
     kept = s.scalars(select(BuildProblem).where(BuildProblem.build_id == b.id, BuildProblem.kept.is_(True))
                      .order_by(BuildProblem.position)).all()
     shash = b.split_hash or split_hash((p.problem_id, p.answer) for p in kept)
     return {"id": b.id, "model": {"name": m.name, "path": m.path, "weights_hash": m.weights_hash},
-            "source": b.source, "engine": b.engine, "dtype": b.dtype, "k": b.k, "lo": b.lo, "hi": b.hi,
-            "seed": b.seed, "shard": b.shard, "settings_hash": b.settings_hash, "status": b.status,
-            "out_dir": b.out_dir, "n_problems": b.n_problems, "n_kept": b.n_kept, "manifest": b.manifest,
-            "split_hash": shash, "created_at": _iso(b.created_at), "finished_at": _iso(b.finished_at),
+            **{c: getattr(b, c) for c in BUILD_COLUMNS}, "split_hash": shash, "created_at": _iso(b.created_at),
+            "finished_at": _iso(b.finished_at),
             "kept": [{"id": p.problem_id, "position": p.position, "problem": p.problem, "answer": p.answer,
                       "n": p.n_samples, "correct": p.n_correct, "accuracy": p.accuracy} for p in kept]}
 
@@ -93,13 +99,8 @@ def _run_record(s, r: Run, shash: str) -> dict:
     evals = s.scalars(select(Eval).where(Eval.run_id == r.id).order_by(Eval.step, Eval.benchmark)).all()
     digests = s.scalars(select(RunDigest).where(RunDigest.run_id == r.id).order_by(RunDigest.step)).all()
     return {"id": r.id, "model": {"name": m.name, "path": m.path, "weights_hash": m.weights_hash},
-            "build": r.build_id, "split_hash": shash, "algo": r.algo, "rollout_dtype": r.rollout_dtype,
-            "train_dtype": r.train_dtype, "trainer": r.trainer, "engine": r.engine, "seed": r.seed,
-            "config": r.config, "status": r.status, "stop_reason": r.stop_reason, "step": r.step,
-            "peak_accuracy": r.peak_accuracy, "final_accuracy": r.final_accuracy,
-            "steps_to_target": r.steps_to_target, "wall_to_target": r.wall_to_target,
-            "kl_warning_step": r.kl_warning_step, "wall_s": r.wall_s, "checkpoint_dir": r.checkpoint_dir,
-            "calibration": r.calibration, "provenance": r.provenance, "created_at": _iso(r.created_at),
+            "build": r.build_id, "split_hash": shash, **{c: getattr(r, c) for c in RUN_COLUMNS},
+            "created_at": _iso(r.created_at),
             "updated_at": _iso(r.updated_at),
             "steps": [{"step": x.step, "metrics": x.metrics, "created_at": _iso(x.created_at),
                        **{c: getattr(x, c) for c in RunStep.COLUMNS}} for x in steps],
@@ -519,11 +520,8 @@ def _write(engine, builds: dict, runs: dict) -> dict:
                 summary["builds_present"].append(bid)
                 continue
             m = get_or_create_model(s, **b["model"])
-            s.add(Build(id=bid, model_id=m.id, source=b["source"], engine=b["engine"], dtype=b["dtype"], k=b["k"],
-                        lo=b["lo"], hi=b["hi"], seed=b["seed"], shard=b["shard"], settings_hash=b["settings_hash"],
-                        status=b["status"], out_dir=b["out_dir"], n_problems=b["n_problems"], n_kept=b["n_kept"],
-                        manifest=b["manifest"], split_hash=b["split_hash"], created_at=_time(b["created_at"], bid),
-                        finished_at=_time(b["finished_at"], bid)))
+            s.add(Build(id=bid, model_id=m.id, **{c: b[c] for c in BUILD_COLUMNS}, split_hash=b["split_hash"],
+                        created_at=_time(b["created_at"], bid), finished_at=_time(b["finished_at"], bid)))
             s.flush()
             s.add_all(BuildProblem(build_id=bid, problem_id=p["id"], position=p["position"], problem=p["problem"],
                                    answer=p["answer"], n_samples=p["n"], n_correct=p["correct"],
@@ -536,15 +534,8 @@ def _write(engine, builds: dict, runs: dict) -> dict:
                 summary["runs_present"].append(rid)
                 continue
             m = get_or_create_model(s, **r["model"])
-            fields = dict(model_id=m.id, build_id=r["build"], algo=r["algo"], rollout_dtype=r["rollout_dtype"],
-                          train_dtype=r["train_dtype"], trainer=r["trainer"], engine=r["engine"], seed=r["seed"],
-                          config=r["config"], status=r["status"], stop_reason=r["stop_reason"], step=r["step"],
-                          peak_accuracy=r["peak_accuracy"], final_accuracy=r["final_accuracy"],
-                          steps_to_target=r["steps_to_target"], wall_to_target=r["wall_to_target"],
-                          kl_warning_step=r["kl_warning_step"], wall_s=r["wall_s"],
-                          checkpoint_dir=r["checkpoint_dir"], calibration=r["calibration"],
-                          provenance=r["provenance"], created_at=_time(r["created_at"], rid),
-                          updated_at=_time(r["updated_at"], rid))
+            fields = dict(model_id=m.id, build_id=r["build"], **{c: r[c] for c in RUN_COLUMNS},
+                          created_at=_time(r["created_at"], rid), updated_at=_time(r["updated_at"], rid))
             if local is None:
                 s.add(Run(id=rid, **fields))
                 summary["runs_added"].append(rid)

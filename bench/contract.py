@@ -87,19 +87,6 @@ class Verdict:
     reason: str = ""
 
 
-@dataclass
-class Judged:
-    verdicts: list[Verdict] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return all(v.ok for v in self.verdicts)
-
-    @property
-    def broken(self) -> list[Verdict]:
-        return [v for v in self.verdicts if not v.ok]
-
-
 def load(path: str | Path) -> Contract:
     """A contract from its TOML file; ContractError (bad input) for a missing file, bad TOML, another
     version, an unknown judgment or a bound that is not a finite number."""

@@ -171,15 +171,19 @@ def _upcast_linear_forward(self, x):
     return y.to(w.dtype)
 
 
+def _patch_forwards(model: nn.Module, wanted, forward) -> int:
+    """Bind `forward` to every module of `model` that `wanted(module)` accepts and whose forward
+    nothing has replaced yet; returns how many modules it changed."""
+    mods = [m for m in model.modules() if wanted(m) and "forward" not in m.__dict__]
+    for mod in mods:
+        mod.forward = types.MethodType(forward, mod)
+    return len(mods)
+
+
 def upcast_matmuls(model) -> int:
     """Make every nn.Linear of `model` compute in fp32 from its 16-bit operands and round the
     output to the weight dtype (see above). Returns how many layers it changed."""
-    n = 0
-    for mod in model.modules():
-        if isinstance(mod, torch.nn.Linear) and "forward" not in mod.__dict__:
-            mod.forward = types.MethodType(_upcast_linear_forward, mod)
-            n += 1
-    return n
+    return _patch_forwards(model, lambda m: isinstance(m, nn.Linear), _upcast_linear_forward)
 
 
 UPCAST_ATTENTION = "bench_upcast"      # the attention implementation name `upcast_attention` registers
@@ -274,13 +278,8 @@ def fuse_silu_mul(model: nn.Module) -> int:
     """Give every gated-SiLU MLP of `model` (Llama/Qwen2/Mistral: gate_proj, up_proj, down_proj
     and a SiLU act_fn) vLLM's fused SiluAndMul. Returns how many modules it changed; MLPs with
     another activation are left as they are."""
-    n = 0
-    for mod in model.modules():
-        if (all(hasattr(mod, a) for a in SILU_MLP) and _is_silu(mod.act_fn)
-                and "forward" not in mod.__dict__):
-            mod.forward = types.MethodType(_fused_silu_mul_forward, mod)
-            n += 1
-    return n
+    return _patch_forwards(model, lambda m: all(hasattr(m, a) for a in SILU_MLP) and _is_silu(m.act_fn),
+                           _fused_silu_mul_forward)
 
 
 def _fp32_weight(linear: nn.Linear) -> torch.Tensor:
@@ -311,10 +310,5 @@ def split_k_linears(model: nn.Module) -> int:
     """Every 16-bit nn.Linear of `model` computes as `_split_k_linear_forward` (a decode GEMM in
     SPLIT_K slices). Returns how many layers changed; the quantized layers' scaled GEMMs get the
     same order from bench/model_formats.split_k_matmuls."""
-    n = 0
-    for mod in model.modules():
-        if (isinstance(mod, nn.Linear) and mod.weight.element_size() == 2
-                and "forward" not in mod.__dict__):
-            mod.forward = types.MethodType(_split_k_linear_forward, mod)
-            n += 1
-    return n
+    return _patch_forwards(model, lambda m: isinstance(m, nn.Linear) and m.weight.element_size() == 2,
+                           _split_k_linear_forward)

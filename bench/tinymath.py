@@ -105,25 +105,16 @@ def _shared_config(tokenizer, arch) -> dict:
                 eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id)
 
 
-def new_moe_model(tokenizer, arch: TinyMoeConfig, seed: int = 0):
-    import torch
-    from transformers import MixtralConfig, MixtralForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = MixtralConfig(**_shared_config(tokenizer, arch), num_local_experts=arch.num_experts,
-                        num_experts_per_tok=arch.top_k, sliding_window=None, router_aux_loss_coef=0.0,
-                        output_router_logits=False)
-    return MixtralForCausalLM(cfg)
-
-
 def new_model(tokenizer, arch, seed: int = 0):
     """A fresh model of `arch`: TinyConfig → Llama (tiny-math), TinyMoeConfig → Mixtral (tiny-math-moe)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
 
-    if isinstance(arch, TinyMoeConfig):
-        return new_moe_model(tokenizer, arch, seed)
     torch.manual_seed(seed)
+    if isinstance(arch, TinyMoeConfig):
+        return MixtralForCausalLM(MixtralConfig(**_shared_config(tokenizer, arch), num_local_experts=arch.num_experts,
+                                                num_experts_per_tok=arch.top_k, sliding_window=None,
+                                                router_aux_loss_coef=0.0, output_router_logits=False))
     return LlamaForCausalLM(LlamaConfig(**_shared_config(tokenizer, arch)))
 
 

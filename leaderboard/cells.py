@@ -28,6 +28,7 @@ no seed of the cell's figures: `decided` then says "decided after k of N seeds" 
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter
 
 import pandas as pd
@@ -40,16 +41,11 @@ from bench.stats import clopper_pearson_lower, logit_t_interval, t_interval
 CELL_KEY = list(fingerprints.CELL_KEY)      # defined once, in bench/fingerprint.py
 LEVEL = 0.95
 INTERVAL = "95% Student-t interval over seeds on the logit scale (σ(mean logit ± t(0.975, n−1)·s/√n))"
-T_INTERVAL = "95% Student-t interval over seeds on the accuracies (mean ± t(0.975, n−1)·s/√n; may leave [0, 1])"
 PASS_BOUND = "one-sided 95% Clopper–Pearson lower bound on a seed's pass probability"
 
 
 def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    n = len(xs)
-    if n == 0:
-        return math.nan
-    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2.0
+    return statistics.median(xs) if xs else math.nan
 
 
 def _present(series) -> list[float]:

@@ -14,13 +14,6 @@ from bench.store import (Build, BuildProblem, CheckReport, Eval, MismatchReport,
                          RunVerification)
 
 
-def sanity(status: str | None) -> str:
-    """The sanity verdict a status stands for (bench/statuses.py): PASS for converged, FAIL for
-    an end a rule decided, UNDECIDED for max_steps, RUNNING, or NO VERDICT (an error, Ctrl-C, a
-    skipped seed). `runs_frame` gives each run the verdict its evidence supports instead."""
-    return statuses.verdict(status)
-
-
 EARLY_RULES = ("converged", "futile", "plateaued", "collapsed")   # bench/stop.py: the rules a verdict comes from
 
 
@@ -29,7 +22,7 @@ def early_verdict(status: str | None, step) -> str | None:
     "PASS by converged at step 60"; None for any other end (max_steps, diverged, ...)."""
     if status not in EARLY_RULES or step is None or step != step:
         return None
-    return f"{sanity(status)} by {status} at step {int(step)}"
+    return f"{statuses.verdict(status)} by {status} at step {int(step)}"
 
 
 def decision_text(verdict: str, rule, step) -> str:

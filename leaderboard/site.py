@@ -26,11 +26,9 @@ import pandas as pd
 
 from bench.store import open_store
 
-from .cells import by_staleness, cells_frame, ranked_cells
 from .colours import VERDICT_COLOURS, VERDICT_MARKS
-from .queries import mismatch_frame, ranked, report_columns, run_evals, run_steps, runs_frame
-from .reference import matching_rows, paper_offline_mismatch
-from .summary import report_summary
+from .queries import run_evals, run_steps, runs_frame
+from .summary import records, report_data
 
 CSS = """body{font-family:system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:1em 0}
 td,th{border:1px solid #ccc;padding:3px 7px;font-size:13px;text-align:left}th{background:#f4f4f4}
@@ -66,6 +64,16 @@ def _cell_td(field: str, c, extra: str = "") -> str:
             f'{VERDICT_MARKS.get(c.sanity, "")} {_esc(c.passes)}{extra}</td>')
 
 
+def _first(rows: pd.DataFrame):
+    """The first row of `rows`, None where there is none."""
+    return None if rows.empty else rows.iloc[0]
+
+
+def _squares(field: str, cells: list, empty: str, extra=lambda c: "") -> str:
+    """A table row's squares: `_cell_td` of each cell (with `extra(cell)`), `empty` where it is None."""
+    return "".join(empty if c is None else _cell_td(field, c, extra(c)) for c in cells)
+
+
 def _number(x, digits=3) -> str | None:
     return None if _missing(x) else f"{x:.{digits}f}"
 
@@ -73,10 +81,6 @@ def _number(x, digits=3) -> str | None:
 def _page(title: str, body: str) -> str:
     return (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{_esc(title)}</title>"
             f"<style>{CSS}</style></head><body>{body}</body></html>\n")
-
-
-def _records(df: pd.DataFrame) -> list[dict]:
-    return json.loads(df.to_json(orient="records", double_precision=15)) if not df.empty else []
 
 
 def _ranking(cells: pd.DataFrame, signers: dict[str, str | None]) -> str:
@@ -117,14 +121,8 @@ def _grids(cells: pd.DataFrame) -> str:
         rollouts, trains = list(dict.fromkeys(g.rollout)), list(dict.fromkeys(g.train))
         rows = []
         for r in rollouts:
-            tds = []
-            for t in trains:
-                hit = g[(g.rollout == r) & (g.train == t)]
-                if hit.empty:
-                    tds.append("<td></td>")
-                    continue
-                tds.append(_cell_td("grid", hit.iloc[0]))
-            rows.append(f"<tr><th>{_esc(r)}</th>{''.join(tds)}</tr>")
+            tds = _squares("grid", [_first(g[(g.rollout == r) & (g.train == t)]) for t in trains], "<td></td>")
+            rows.append(f"<tr><th>{_esc(r)}</th>{tds}</tr>")
         head = "<tr><th>rollout μ \\ train π</th>" + "".join(f"<th>{_esc(t)}</th>" for t in trains) + "</tr>"
         out.append(f"<h3>{_esc(model)} · {_esc(algo)} · build {_esc(build)}</h3><table class=grid>{head}"
                    f"{''.join(rows)}</table>")
@@ -145,14 +143,9 @@ def _corrections(cells: pd.DataFrame) -> str:
         pairs = list(dict.fromkeys(table.precision))
         rows = []
         for algo, a in table.groupby("algo", sort=False):
-            tds = []
-            for pair in pairs:
-                c = a[a.precision == pair].iloc[0]
-                if not c.n_seeds:
-                    tds.append('<td data-field="rescue"></td>')
-                    continue
-                tds.append(_cell_td("rescue", c, f" {_esc(_number(c.peak_mean))}"))
-            rows.append(f"<tr><th>{_esc(algo)}</th><td>{_esc(describe(algo))}</td>{''.join(tds)}</tr>")
+            tds = _squares("rescue", [c if c.n_seeds else None for c in (a[a.precision == p].iloc[0] for p in pairs)],
+                           '<td data-field="rescue"></td>', lambda c: f" {_esc(_number(c.peak_mean))}")
+            rows.append(f"<tr><th>{_esc(algo)}</th><td>{_esc(describe(algo))}</td>{tds}</tr>")
         head = "<tr><th>algorithm</th><th>anchor, unit, kind</th>" + "".join(f"<th>{_esc(p)}</th>" for p in pairs)
         out.append(f"<h3>build {_esc(build)} · {_esc(trainer)} · {_esc(engine)} · cfg {_esc(str(fp)[:6])}</h3>"
                    f"<table class=rescue>{head}</tr>{''.join(rows)}</table>")
@@ -177,17 +170,11 @@ def _tolerance(cells: pd.DataFrame) -> str:
         tol = tolerances(ladder).set_index("algo")
         rows = []
         for algo, a in ladder.groupby("algo", sort=False):
-            tds = []
-            for rung in rungs:
-                hit = a[a.rung == rung]
-                if hit.empty:
-                    tds.append('<td data-field="rung"></td>')
-                    continue
-                tds.append(_cell_td("rung", hit.iloc[0]))
+            tds = _squares("rung", [_first(a[a.rung == rung]) for rung in rungs], '<td data-field="rung"></td>')
             t = tol.loc[algo]
             name = "none" if _missing(t.tolerance) else t.tolerance
             k3 = "-" if _missing(t.k3) else f"{t.k3:.2g}"
-            rows.append(f"<tr><th>{_esc(algo)}</th>{''.join(tds)}<td data-field=tolerance>{_esc(name)}</td>"
+            rows.append(f"<tr><th>{_esc(algo)}</th>{tds}<td data-field=tolerance>{_esc(name)}</td>"
                         f"<td>{k3}</td></tr>")
         head = ("<tr><th>algorithm</th>" + "".join(f"<th>{_esc(r)}</th>" for r in rungs)
                 + "<th>tolerance</th><th>k3 there</th></tr>")
@@ -255,36 +242,24 @@ def _run_page(r: dict, signer: str | None, steps: pd.DataFrame, evals: pd.DataFr
 def write_site(url: str, out_dir: Path, title: str = "bench leaderboard",
                signers: dict[str, str | None] | None = None) -> int:
     """Write the static site of the store at `url` to `out_dir`; returns the number of pages."""
-    from bench.problems import paper_reference
-
     signers = signers or {}
     store = open_store(url)
-    frame = runs_frame(store)
-    cells = by_staleness(ranked_cells(cells_frame(frame)))
-    try:
-        mismatch = mismatch_frame(store)
-    except Exception:                 # a store from before mismatch reports
-        mismatch = None
-    summary = report_summary(cells, frame, mismatch)
-    hit, others = matching_rows(zip(cells.algo, cells.precision))
-    reference = {"source": paper_reference().get("source"), "rows": hit, "others": others,
-                 "offline_mismatch": paper_offline_mismatch()}
-    runs = by_staleness(ranked(frame)[report_columns()]) if not frame.empty else frame
+    cells, runs, summary, reference = report_data(store, runs_frame(store))
     out_dir, run_dir = Path(out_dir), Path(out_dir) / "runs"
     run_dir.mkdir(parents=True, exist_ok=True)
-    records = _records(runs)
-    data = {"cells": _records(cells), "runs": records, "summary": summary, "reference": reference,
+    run_records = records(runs)
+    data = {"cells": records(cells), "runs": run_records, "summary": summary, "reference": reference,
             "signers": signers}
     (out_dir / "data.json").write_text(json.dumps(data, indent=1, default=str))
-    ids = [r["run"] for r in records]
+    ids = [r["run"] for r in run_records]
     steps, evals = (run_steps(store, ids), run_evals(store, ids)) if ids else (pd.DataFrame(), pd.DataFrame())
-    for r in records:
+    for r in run_records:
         mine = steps[steps.run_id == r["run"]] if not steps.empty else steps
         theirs = evals[evals.run_id == r["run"]] if not evals.empty else evals
         (run_dir / f"{r['run']}.html").write_text(_run_page(r, signers.get(r["run"]), mine, theirs, run_dir))
     counts = {v: int((cells.sanity == v).sum()) if not cells.empty else 0 for v in ("PASS", "FAIL", "UNDECIDED")}
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    body = (f"<h1>{_esc(title)}</h1><p class=note>{len(cells)} cells over {len(records)} runs: "
+    body = (f"<h1>{_esc(title)}</h1><p class=note>{len(cells)} cells over {len(run_records)} runs: "
             f"{counts['PASS']} PASS, {counts['FAIL']} FAIL by a rule, {counts['UNDECIDED']} UNDECIDED. Written "
             f"{when} by <code>bench publish</code>; the numbers are <code>bench report --json</code>'s "
             f"(<a href=data.json>data.json</a>).</p>"
@@ -302,7 +277,7 @@ def write_site(url: str, out_dir: Path, title: str = "bench leaderboard",
             f"seed, with the mean k3 of its runs there).</p>{_tolerance(cells)}"
             "<h2>Reference — the paper's published results (never ranked)</h2><p class=note>Qi et al. 2025, "
             "DeepSeek-R1-Distill-Qwen-1.5B on its 1,460-problem split: another model, another split, thousands "
-            f"of steps.</p>{_reference(hit)}")
+            f"of steps.</p>{_reference(reference['rows'])}")
     (out_dir / "index.html").write_text(_page(title, body))
     store.dispose()
-    return 1 + len(records)
+    return 1 + len(run_records)

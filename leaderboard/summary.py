@@ -8,6 +8,7 @@ when the store has both. Pure functions of the frames `bench report` already rea
 
 from __future__ import annotations
 
+import json
 import math
 
 import pandas as pd
@@ -113,6 +114,33 @@ def offline_ratios(mismatch: pd.DataFrame | None) -> list[dict]:
                             "ratio_k1": _ratio(a.kl_k1, b.kl_k1)})
             out.append(row)
     return out
+
+
+def report_data(store, frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, dict, dict]:
+    """What `bench report` and the static site show of the runs `frame` (`runs_frame`) of `store`:
+    the ranked cells, the ranked runs, the summary and the paper's published rows for the same cells."""
+    from bench.problems import paper_reference
+
+    from .cells import by_staleness, cells_frame, ranked_cells
+    from .queries import mismatch_frame, ranked, report_columns
+    from .reference import matching_rows, paper_offline_mismatch
+
+    cells = by_staleness(ranked_cells(cells_frame(frame)))
+    try:
+        mismatch = mismatch_frame(store)
+    except Exception:                 # a store from before mismatch reports: no offline ratios
+        mismatch = None
+    ref = paper_reference()
+    hit, others = matching_rows(zip(cells.algo, cells.precision))
+    reference = {"source": ref.get("source"), "rows": hit, "others": others,
+                 "offline_mismatch": paper_offline_mismatch(ref)}
+    runs = by_staleness(ranked(frame)[report_columns()]) if not frame.empty else frame
+    return cells, runs, report_summary(cells, frame, mismatch), reference
+
+
+def records(df: pd.DataFrame) -> list[dict]:
+    """A frame as JSON records (15 significant digits), [] for an empty one."""
+    return json.loads(df.to_json(orient="records", double_precision=15)) if not df.empty else []
 
 
 def report_summary(cells: pd.DataFrame, runs: pd.DataFrame, mismatch: pd.DataFrame | None = None) -> dict:

@@ -28,6 +28,7 @@ show what it would have said later; converged is always on, and is the verdict i
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 from sqlalchemy import select
@@ -142,7 +143,4 @@ def rule_table(shadows: list[RunShadow]) -> list[dict]:
 
 
 def _median(xs: list[float]) -> float | None:
-    if not xs:
-        return None
-    n = len(xs)
-    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+    return statistics.median(xs) if xs else None

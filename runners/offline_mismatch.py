@@ -17,7 +17,7 @@ from bench.engines import Sampling
 from bench.errors import ConfigError
 from bench.knobs import check
 from bench.mismatch import length_buckets, mismatch_metrics
-from bench.moe import config_is_moe, is_moe
+from bench.moe import is_moe
 from bench.models import fill_measure_defaults, load_model, load_tokenizer, render_prompt, resolve_model, weights_hash
 from bench.kernels import cpu_kernel_path
 from bench.precision import Precision
@@ -28,6 +28,7 @@ from bench.store import MismatchReport, bench_home, get_or_create_model, session
 
 from .logprobs import pack, response_logprobs
 from .pair_scoring import compute_copy, rollout_passes, sampled_logprobs
+from .plan import check_router_replay
 from .mismatch_config import MismatchConfig  # noqa: F401  (re-exported: the old home)
 
 
@@ -143,6 +144,8 @@ def analyse(store, cfg: MismatchConfig, pairs: list[Precision], progress=None) -
     training dtypes. Each report is stored (mismatch_reports) and returned."""
     check(cfg)                          # every knob within its bounds: one ConfigError naming it
     ref = resolve_model(cfg.model)
+    if cfg.router_replay:               # refused before the model is loaded
+        check_router_replay(ref, cfg.engine)
     tok = load_tokenizer(ref)
     cfg = fill_measure_defaults(replace(cfg), ref)
     problems = load_problems(SourceSpec(cfg.source, limit=cfg.limit, seed=cfg.seed))
@@ -152,10 +155,6 @@ def analyse(store, cfg: MismatchConfig, pairs: list[Precision], progress=None) -
     base = load_model(ref, torch.float32).to(cfg.device)
     out_root = Path(cfg.out or bench_home() / "mismatch" / ref.name.replace("/", "_"))
     reports = []
-    if cfg.router_replay and cfg.engine != "torch":
-        raise ConfigError("--router-replay needs --engine torch: vLLM 0.32 does not return the experts it chose")
-    if cfg.router_replay and not config_is_moe(ref.path):
-        raise ConfigError(f"--router-replay needs a mixture-of-experts model; {ref.name} has no router")
     for pair, mu, pi, mask, router in _scored_pairs(ref, tok, prompts, base, pairs, cfg.engine, cfg.n, sampling,
                                                     cfg.batch, cfg.device, cfg.threads, cfg.router_replay):
         metrics = mismatch_metrics(mu, pi, mask)

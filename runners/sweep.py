@@ -12,7 +12,7 @@ runners/verl_follow.py): verl takes the whole cluster. Its seeds are verl's (run
 
 A cell passes only when every seed passes, so with seeds its first failing seed decides it
 (`decide_early`, on by default; `SeedDecider`): once a seed of a cell ends in a FAIL status
-(FAIL_STATUSES: a finished run that did not converge; a crash, `failed`, decides nothing), the
+(FAILING: a finished run that did not converge; a crash, `failed`, decides nothing), the
 cell's seeds not started yet are not started, and its running ones (process cells, `jobs` > 1)
 are interrupted; both are recorded as runs with status `skipped` and the reason. A finished
 failing seed from an earlier sweep decides the cell the same way. The report then says "decided
@@ -44,10 +44,6 @@ from .plan import RunPlan, latest_build, plan_run, resolve_inputs
 from .presets import get_preset
 from .runs import run_plan
 from .verl_launch import VerlTarget, check_verl_cell
-
-# a seed ending so (a rule's FAIL) decides its cell; one undecided at its budget does not
-FAIL_STATUSES = FAILING
-
 
 def step_line(step: int, total: int | None, m: dict) -> str:
     """One training step as text: the step, mean reward and KL k3 every step; split accuracy
@@ -103,12 +99,6 @@ def run_engine(engine: str, trainer: str) -> str:
         return resolve_engine(engine)
     except ValueError:
         return engine
-
-
-def cell_fingerprint(preset: str, args: dict) -> str:
-    """The settings fingerprint of the run config a cell of the sweep stores: the preset with the
-    cell's overrides (its seed and K among them), as runs.config keeps it."""
-    return fingerprint({"preset": preset, **asdict(get_preset(preset, **args))})
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -200,7 +190,7 @@ class Grid:
         return self.default_k if cell.staleness is None else cell.staleness
 
     def fingerprint(self, cell: Cell) -> str:
-        return cell_fingerprint(self.preset, self.args(cell))
+        return fingerprint(self.config(cell))
 
     def config(self, cell: Cell) -> dict:
         """The run config a run of the cell stores."""
@@ -361,7 +351,7 @@ class _GridRun:
         with session(self.store) as s:
             r = s.get(Run, rid) if rid else None
             status = r.status if r else None
-        if status in FAIL_STATUSES and self.decider.decide(cell.key, f"seed {cell.seed} ended {status} (run {rid})"):
+        if status in FAILING and self.decider.decide(cell.key, f"seed {cell.seed} ended {status} (run {rid})"):
             return rid
         why = self.decider.why(cell.key)
         if why is None or status in FINISHED:
@@ -404,7 +394,7 @@ def run_grid(store, algos: list[str], pairs: list[Precision], build_id: str | No
                 log(f"skip {cell.label}: finished as run {done.id} ({done.status})")
                 results[cell] = _summary(s, done.id, cell.algo, cell.precision, f"{done.status} (earlier)",
                                          cell.seed, cell.staleness)
-                if done.status in FAIL_STATUSES:
+                if done.status in FAILING:
                     decider.decide(cell.key, f"seed {cell.seed} ended {done.status} (run {done.id})")
             else:
                 todo.append(cell)

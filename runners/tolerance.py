@@ -96,10 +96,6 @@ def search(rungs: list[str], seeds: list[int], probe: Callable[[str, int], Probe
     return out
 
 
-def status_probe(rung: str, seed: int, status: str | None, run: str | None) -> Probe:
-    return Probe(rung, seed, verdict(status) if status else "NO VERDICT", status, run)
-
-
 def run_tolerance(store, algo: str, rungs: list[str], seeds: list[int], build_id: str | None, engine: str,
                   preset: str, overrides: dict, extend_to: int | None = None, log=print, device: str = "cpu",
                   ckpt_root=None, progress: bool = True) -> Search:
@@ -132,7 +128,7 @@ def run_tolerance(store, algo: str, rungs: list[str], seeds: list[int], build_id
                 extend_run(store, got[0], extend_to, device=device)
                 with session(store) as s:
                     got = got[0], s.get(Run, got[0]).status
-        p = status_probe(rung, seed, got[1], got[0])
+        p = Probe(rung, seed, verdict(got[1]) if got[1] else "NO VERDICT", got[1], got[0])
         log(f"{algo} {pair.name} seed {seed}: {p.verdict} ({p.status}, run {p.run})")
         return p
 

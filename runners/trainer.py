@@ -220,10 +220,6 @@ class NativeTrainer:
             state["staleness"] = self.stale.state()
         return state
 
-    def kept_path(self, step: int) -> Path:
-        """Where `--keep-checkpoints` keeps the checkpoint of `step`."""
-        return statedigest.kept_checkpoint(self.ckpt_dir, step)
-
     def save_checkpoint(self) -> None:
         state = {"step": self.step, "wall": self.wall, "stop": self.stop_state.to_dict(), **self.training_state()}
         tmp = self.ckpt_path.with_suffix(".tmp")
@@ -231,7 +227,7 @@ class NativeTrainer:
         os.replace(tmp, self.ckpt_path)
         keep = self.cfg.keep_checkpoints
         if keep and self.step % keep == 0:
-            kept = self.kept_path(self.step)
+            kept = statedigest.kept_checkpoint(self.ckpt_dir, self.step)
             kept.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(self.ckpt_path, kept)
 

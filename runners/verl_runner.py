@@ -133,12 +133,6 @@ VERL_STALENESS = (
     "not K optimizer steps")
 
 
-def check_staleness(k: int) -> None:
-    """Refuse K > 0 for verl (VERL_STALENESS says why)."""
-    if k:
-        raise VerlError(VERL_STALENESS)
-
-
 VERL_ROUTER_REPLAY = (
     "--router-replay runs on the native trainer only (--trainer native): verl's router replay (R2/R3, issue #3762) "
     "is for its Megatron backend; bench launches verl's FSDP actor, whose config has no router replay")
@@ -178,12 +172,6 @@ def check_algorithm(algo: str) -> None:
     (NOT_ON_VERL; bench run --trainer native runs every one)."""
     if algo in NOT_ON_VERL:
         raise VerlError(f"{algo} runs on the native trainer only (--trainer native): {NOT_ON_VERL[algo]}")
-
-
-def check_router_replay(replay: bool) -> None:
-    """Refuse router replay for verl (VERL_ROUTER_REPLAY says why)."""
-    if replay:
-        raise VerlError(VERL_ROUTER_REPLAY)
 
 
 def installed_verl_version(python: str | None = None) -> str | None:
@@ -416,8 +404,10 @@ def check_verl_cell(algo: str, cfg: RunConfig) -> None:
     """Refuse what verl 0.9.1 cannot run to its end: pg-seq-mis, a staleness K > 0, router
     replay (runners/verl_runner.py says why for each); and a --verl-override of a key the cell sets."""
     check_algorithm(algo)
-    check_staleness(cfg.staleness)
-    check_router_replay(cfg.router_replay)
+    if cfg.staleness:
+        raise VerlError(VERL_STALENESS)
+    if cfg.router_replay:
+        raise VerlError(VERL_ROUTER_REPLAY)
     check_overrides(algo, cfg)
 
 

@@ -25,16 +25,8 @@ def _help(name: str) -> str:
 
 # ------------------------------------------------------------------ build
 
-def _build_defaults() -> dict[str, dict]:
-    from dataclasses import MISSING, fields
-
-    from datasets_build.config import BuildConfig
-
-    return {"build": {f.name: f.default for f in fields(BuildConfig) if f.default is not MISSING}}
-
-
 @build_app.callback()
-@knob_options(BuildConfig, defaults=_build_defaults(), panel="Build settings (BuildConfig)", before="out_dir")
+@knob_options(BuildConfig, panel="Build settings (BuildConfig)", before="out_dir")
 def build(ctx: typer.Context,
           model: str = typer.Option("tiny-math", help=_help("model")),
           source: Optional[str] = typer.Option(None, help=_help("source")),
@@ -223,14 +215,8 @@ def builds_show(ctx: typer.Context, build_id: str, as_json: bool = typer.Option(
 
 # ------------------------------------------------------------------ grade
 
-def _grade_defaults() -> dict[str, dict]:
-    from dataclasses import fields
-
-    return {"grade": {f.name: f.default for f in fields(GradeConfig)}}
-
-
 @app.command()
-@knob_options(GradeConfig, defaults=_grade_defaults(), panel="Grader settings (GradeConfig)", before=None)
+@knob_options(GradeConfig, panel="Grader settings (GradeConfig)", before=None)
 def grade(file: Path = typer.Argument(..., help="JSONL with `response` and `gold` on each row."),
           as_json: bool = typer.Option(False, "--json", help="Print a summary object instead of per-row lines."),
           knobs: dict = None):

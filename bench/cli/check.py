@@ -19,12 +19,6 @@ from runners.check_config import CheckConfig
 CONTRACTS = Path(__file__).resolve().parent.parent / "data" / "contracts"     # shipped: <model>.toml
 
 
-def _defaults() -> dict[str, dict]:
-    from dataclasses import MISSING, fields
-
-    return {"check": {f.name: f.default for f in fields(CheckConfig) if f.default is not MISSING}}
-
-
 def shipped_contract(model: str, engine: str) -> Path | None:
     """The contract bench ships for an embedded model and engine (bench/data/contracts)."""
     p = CONTRACTS / f"{model}.{engine}.toml"
@@ -32,7 +26,7 @@ def shipped_contract(model: str, engine: str) -> Path | None:
 
 
 @app.command()
-@knob_options(CheckConfig, defaults=_defaults(), panel="Check settings (CheckConfig)", before="contract")
+@knob_options(CheckConfig, panel="Check settings (CheckConfig)", before="contract")
 def check(model: str = typer.Option("tiny-math", help="'tiny-math', a model directory, or a hub id."),
           dtype: Optional[str] = typer.Option(None, help="Pairs: fp16, rollout=fp8,train=fp16, a list separated by "
                                               "';' (or ',' for plain names), all (35 pairs), all16 or ladder (every "

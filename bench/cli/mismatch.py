@@ -14,16 +14,8 @@ from bench.cli.options import DEVICE_METAVAR, Engine, knob_options, parse_device
 from runners.mismatch_config import MismatchConfig
 
 
-def _mismatch_defaults() -> dict[str, dict]:
-    from dataclasses import MISSING, fields
-
-    from runners.mismatch_config import MismatchConfig
-
-    return {"mismatch": {f.name: f.default for f in fields(MismatchConfig) if f.default is not MISSING}}
-
-
 @app.command()
-@knob_options(MismatchConfig, defaults=_mismatch_defaults(), panel="Analysis settings (MismatchConfig)",
+@knob_options(MismatchConfig, panel="Analysis settings (MismatchConfig)",
               before="out_dir")
 def mismatch(model: str = typer.Option("tiny-math"), dtype: str = typer.Option("all", help="A pair (fp16, "
              "rollout=fp32,train=bf16), a list of dtypes and pairs separated by ',' or ';', all (35 pairs) or "

@@ -16,6 +16,7 @@ check (bench/knobs.py `check`) before anything is written, with one message nami
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import typing
@@ -93,8 +94,11 @@ def knob_options(cls, *, defaults: dict[str, dict] | None = None, exclude: tuple
     `replace` {field: (annotation, typer.Option)} gives a knob another option on this command
     (e.g. `bench sweep --staleness 0,1,2`, an axis); `exclude` leaves knobs out; the generated
     options go before the parameter named `before` (else last) and, with `panel`, under that
-    heading of `--help`."""
+    heading of `--help`. Without `defaults`, the help shows the dataclass's own defaults."""
     replace = replace or {}
+    if defaults is None:
+        defaults = {cls.__name__: {f.name: f.default for f in dataclasses.fields(cls)
+                                   if f.default is not dataclasses.MISSING}}
 
     def decorate(fn):
         sig = inspect.signature(fn)

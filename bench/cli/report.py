@@ -35,10 +35,8 @@ def report(csv: Optional[Path] = typer.Option(None, "--csv", help="Also write th
     where an undecided run's trend would reach the target, the bf16 ÷ fp16 mismatch ratios) and, apart
     and never ranked, the paper's
     published results for the same algorithm × precision cells."""
-    from leaderboard.cells import by_staleness, cells_frame, ranked_cells
-    from leaderboard.queries import mismatch_frame, runs_frame
-    from leaderboard.reference import matching_rows, paper_offline_mismatch
-    from leaderboard.summary import report_summary
+    from leaderboard.queries import runs_frame
+    from leaderboard.summary import report_data
 
     store = _store(db, read_only=True)
     if early:
@@ -52,19 +50,8 @@ def report(csv: Optional[Path] = typer.Option(None, "--csv", help="Also write th
         out.print("no runs yet: run `bench build --model tiny-math`, "
                   "then `bench sweep --algo grpo,pg-seq-is --dtype bf16,fp16`")
         return
-    cells = by_staleness(ranked_cells(cells_frame(frame)))
-    try:
-        mismatch = mismatch_frame(store)
-    except Exception:          # a store from before mismatch reports: no offline ratios
-        mismatch = None
-    summary = report_summary(cells, frame, mismatch)
-    from bench.problems import paper_reference
-
-    ref = paper_reference()
-    hit, others = matching_rows(zip(cells.algo, cells.precision))
-    reference = {"source": ref.get("source"), "rows": hit, "others": others,
-                 "offline_mismatch": paper_offline_mismatch(ref)}
-    rows = _report_runs(frame, csv, as_json) if runs else _report_cells(cells, csv, as_json)
+    cells, ranked_runs, summary, reference = report_data(store, frame)
+    rows = _report_runs(ranked_runs, csv, as_json) if runs else _report_cells(cells, csv, as_json)
     if as_json:
         out.print_json(json.dumps({key: rows, "summary": summary, "reference": reference}, default=str))
         return
@@ -88,22 +75,19 @@ def _write_csv(df, csv: Optional[Path]) -> None:
             fail(f"cannot write {csv}: {e.strerror or e}")
 
 
-def _records(df) -> list[dict]:
-    return json.loads(df.to_json(orient="records", double_precision=15)) if not df.empty else []
-
-
 def _text(x) -> str:
     return x if isinstance(x, str) and x else "-"
 
 
 def _report_cells(df, csv: Optional[Path], as_json: bool) -> list[dict] | None:
     from bench.fingerprint import short
+    from leaderboard.summary import records
 
     flat = df.assign(seeds=df.seeds.map(lambda xs: " ".join("-" if x is None else str(x) for x in xs)),
                      runs=df.runs.map(" ".join)) if not df.empty else df
     _write_csv(flat, csv)
     if as_json:
-        return _records(df)
+        return records(df)
     stale = _stale(df)
     t = Table("#", "algo", "precision", *(["K"] if stale else []), "engine", "config", "sanity", "passes",
               "p(pass) ≥", "peak (mean, 95% logit-t interval)", "steps→pass median (min–max)",
@@ -133,15 +117,15 @@ def _report_cells(df, csv: Optional[Path], as_json: bool) -> list[dict] | None:
     return None
 
 
-def _report_runs(frame, csv: Optional[Path], as_json: bool) -> list[dict] | None:
+def _report_runs(df, csv: Optional[Path], as_json: bool) -> list[dict] | None:
+    """`df`: the ranked runs (leaderboard/summary.py report_data)."""
     from bench.fingerprint import short
-    from leaderboard.cells import by_staleness
-    from leaderboard.queries import decision_text, ranked, report_columns
+    from leaderboard.queries import decision_text
+    from leaderboard.summary import records
 
-    df = by_staleness(ranked(frame)[report_columns()]) if not frame.empty else frame
     _write_csv(df, csv)
     if as_json:
-        return _records(df)
+        return records(df)
     stale = _stale(df)
     t = Table("#", "algo", "precision", *(["K"] if stale else []), "engine", "config", "sanity", "decided", "status",
               "peak", "final", "steps→pass", "eval", "KL k3", "max|Δp|", "verified", "steps", "run")

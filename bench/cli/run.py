@@ -11,7 +11,7 @@ from rich.table import Table
 from bench.cli import DB_OPT, _store, app, console, fail, out, runs_app
 from bench.cli.options import DEVICE_METAVAR, Engine, Preset, Trainer, knob_options, parse_device
 from bench.cli.run_common import (_chosen_preset, _log, _preset_values, _print_grid, _print_run_end, _run_progress,
-                                  _seeded_run, _step_progress)
+                                  _seed_list, _seeded_run, _step_progress)
 from runners.presets import RunConfig
 
 
@@ -242,11 +242,10 @@ def sweep(algo: str = typer.Option("paper", help="Comma-separated algorithms, or
     """Run the algorithm × precision grid on one build, skipping cells already finished (by the same
     trainer and rollout engine, at the same settings but the seed)."""
     from bench.device import resolve_device
-    from bench.errors import ConfigError
     from bench.precision import parse_list
     from bench.algorithms import ALGO_GROUPS
     from runners.algos import check_algo
-    from runners.sweep import parse_seeds, parse_staleness, run_grid
+    from runners.sweep import parse_staleness, run_grid
 
     trainer, engine = trainer.value, engine.value
     algos = list(ALGO_GROUPS[algo]) if algo in ALGO_GROUPS else [check_algo(a.strip()) for a in algo.split(",")
@@ -259,9 +258,7 @@ def sweep(algo: str = typer.Option("paper", help="Comma-separated algorithms, or
     _run_config(preset or Preset.tiny, benchmark, {**knobs, "staleness": None if k_list is None else max(k_list)})
     _check_thresholds(algos, knobs)
     pairs = parse_list(dtype)
-    seed_list = None if seeds is None else parse_seeds(seeds)
-    if seed_list is not None and knobs.get("seed") is not None:
-        raise ConfigError("give --seed or --seeds, not both")
+    seed_list = None if seeds is None else _seed_list(seeds, knobs)
     device = resolve_device(device) if trainer == "native" else "cpu"
     if algo in ALGO_GROUPS:                # a group: the algorithms this trainer and engine can run
         left = _not_runnable(trainer, engine)
