@@ -29,10 +29,7 @@ def leaves(value, prefix: str = "") -> dict:
 def diff(defaults: dict, config: dict) -> list[tuple[str, object, object]]:
     """[(key, default, run value), ...] for every leaf of `config` (or of `defaults`) that
     differs; both as stored (JSON: tuples are lists)."""
-    base = leaves({k: v for k, v in defaults.items() if k not in NOT_SETTINGS})
-    run = leaves({k: v for k, v in config.items() if k not in NOT_SETTINGS})
-    keys = list(dict.fromkeys([*base, *run]))
-    return [(k, base.get(k, ABSENT), run.get(k, ABSENT)) for k in keys if base.get(k, ABSENT) != run.get(k, ABSENT)]
+    return [(k, v["defaults"], v["run"]) for k, v in spread({"defaults": defaults, "run": config})]
 
 
 def spread(configs: dict[str, dict], ignore: tuple[str, ...] = NOT_SETTINGS) -> list[tuple[str, dict[str, object]]]:

@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from bench.cli import DB_OPT, _store, app, console, fail, out
-from bench.cli.options import DEVICE_METAVAR, Engine, knob_options, parse_device
+from bench.cli.options import DEVICE_METAVAR, ENGINE_OPT, SOURCE_OPT, Engine, knob_options, parse_device
 from runners.check_config import CheckConfig
 
 CONTRACTS = Path(__file__).resolve().parent.parent / "data" / "contracts"     # shipped: <model>.toml
@@ -32,10 +32,8 @@ def check(model: str = typer.Option("tiny-math", help="'tiny-math', a model dire
                                               "';' (or ',' for plain names), all (35 pairs), all16 or ladder (every "
                                               "rung → fp32). Default: all where the contract judges all 35, else "
                                               "the contract's pairs (with --derive-contract: all)."),
-          engine: Engine = typer.Option(Engine.torch, help="Rollout engine (auto: vllm when importable, else torch)."),
-          source: Optional[str] = typer.Option(None, help="Problems (any `bench build --source`; default: "
-                                               "synthetic-hard for the embedded models, a named or warmed real "
-                                               "model's own, arithmetic)."),
+          engine: Engine = ENGINE_OPT,
+          source: Optional[str] = SOURCE_OPT,
           contract: Optional[Path] = typer.Option(None, help="The tolerance contract (TOML; default: the one bench "
                                                   "ships for an embedded model). With --derive-contract: where to "
                                                   "write it."),

@@ -9,8 +9,8 @@ from typing import Optional
 import typer
 
 from bench.cli import DB_OPT, _store, app, out
-from bench.cli.options import DEVICE_METAVAR, Engine, Preset, knob_options, parse_device
-from bench.cli.run import _RUN_PANEL, _run_config
+from bench.cli.options import DEVICE_METAVAR, ENGINE_OPT, Engine, Preset, knob_options, parse_device
+from bench.cli.run import _BUILD, _CHECKPOINT_DIR, _RUN_PANEL, _run_config
 from bench.cli.run_common import _log, _preset_values
 from runners.presets import RunConfig
 
@@ -25,16 +25,14 @@ def compare(cell_a: str = typer.Argument(..., metavar="A", help="A cell as ALGO:
             batch: int = typer.Option(5, help="Seeds per cell run between two looks of the test."),
             level: float = typer.Option(0.05, help="AdaStop's level α: the chance of declaring a difference that "
                                         "is not there, at most."),
-            build_id: Optional[str] = typer.Option(None, "--build", help="Build id (default: the latest complete "
-                                                   "build)."),
-            engine: Engine = typer.Option(Engine.torch, help="Rollout engine (auto: vllm when importable, else "
-                                          "torch)."),
+            build_id: Optional[str] = _BUILD,
+            engine: Engine = ENGINE_OPT,
             preset: Preset = typer.Option(Preset.tiny, help="The run settings every option below starts from."),
             benchmark: Optional[str] = typer.Option(None, help="Problem source of the preset's benchmark."),
             jobs: int = typer.Option(1, min=1, help="Seeds run in parallel processes."),
             device: str = typer.Option("auto", parser=parse_device, metavar=DEVICE_METAVAR,
                                        help="Where the runs train: auto (cuda when available), cpu, cuda, cuda:i."),
-            checkpoint_dir: Optional[Path] = typer.Option(None, help="Default $BENCH_HOME/runs/<run id>."),
+            checkpoint_dir: Optional[Path] = _CHECKPOINT_DIR,
             as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
             db: Optional[str] = DB_OPT, knobs: dict = None):
     """Is A better than B? Run seeds 0, 1, ... of both cells in batches (finished runs are reused)

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from bench.cli import DB_OPT, _store, app, console, fail, out
-from bench.cli.options import DEVICE_METAVAR, Engine, knob_options, parse_device
+from bench.cli.options import DEVICE_METAVAR, ENGINE_OPT, SOURCE_OPT, Engine, knob_options, parse_device
 from runners.mismatch_config import MismatchConfig
 
 
@@ -20,11 +20,8 @@ from runners.mismatch_config import MismatchConfig
 def mismatch(model: str = typer.Option("tiny-math"), dtype: str = typer.Option("all", help="A pair (fp16, "
              "rollout=fp32,train=bf16), a list of dtypes and pairs separated by ',' or ';', all (35 pairs) or "
              "all16 (the paper's nine) or ladder (every rung of the precision ladder → fp32)."),
-             source: Optional[str] = typer.Option(None, help="Problems (any `bench build --source`; default: "
-                                                  "synthetic-hard for the embedded models, a named or warmed real "
-                                                  "model's own, arithmetic)."),
-             engine: Engine = typer.Option(Engine.torch, help="Rollout engine (auto: vllm when importable, else "
-                                           "torch)."),
+             source: Optional[str] = SOURCE_OPT,
+             engine: Engine = ENGINE_OPT,
              temperature: float = typer.Option(1.0, help="Must be 1: μ has to be the raw softmax."),
              top_p: float = typer.Option(1.0, help="Must be 1: μ has to be the raw softmax."),
              out_dir: Optional[Path] = typer.Option(None, "--out"),

@@ -41,6 +41,11 @@ class Engine(str, Enum):
     auto = "auto"
 
 
+ENGINE_OPT = typer.Option(Engine.torch, help="Rollout engine (auto: vllm when importable, else torch).")
+SOURCE_OPT = typer.Option(None, help="Problems (any `bench build --source`; default: synthetic-hard for the embedded "
+                          "models, a named or warmed real model's own, arithmetic).")
+
+
 class Preset(str, Enum):
     """runners/presets.py PRESETS (tests/bench/cli/test_cli_knobs.py keeps the two in step)."""
 

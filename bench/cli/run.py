@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from bench.cli import DB_OPT, _store, app, console, fail, out, runs_app
-from bench.cli.options import DEVICE_METAVAR, Engine, Preset, Trainer, knob_options, parse_device
+from bench.cli.options import DEVICE_METAVAR, ENGINE_OPT, Engine, Preset, Trainer, knob_options, parse_device
 from bench.cli.run_common import (_chosen_preset, _log, _preset_values, _print_grid, _print_run_end, _run_progress,
                                   _seed_list, _seeded_run, _step_progress)
 from runners.presets import RunConfig
@@ -85,7 +85,6 @@ _RUN_PANEL = "Run settings (RunConfig; default: the preset's)"
 
 # the options `bench run` and `bench sweep` share, declared once
 _BUILD = typer.Option(None, "--build", help="Build id (default: the latest complete build).")
-_ENGINE = typer.Option(Engine.torch, help="Rollout engine (auto: vllm when importable, else torch).")
 _TRAINER = typer.Option(Trainer.native, help="native (one process a run), or verl (launch verl 0.9.1's main_ppo, "
                         "follow its metrics, stop it by bench's rules; a sweep's cells one after another).")
 _VERL_PYTHON = typer.Option("python", help="With --trainer verl: the interpreter of the environment that has verl.")
@@ -123,7 +122,7 @@ def run(algo: Optional[str] = typer.Option(None, help="Algorithm (`--algo list` 
                                                "rollout-only formats)."),
         build_id: Optional[str] = _BUILD,
         model: Optional[str] = typer.Option(None, help="Only builds of this model (and check the build's model)."),
-        engine: Engine = _ENGINE,
+        engine: Engine = ENGINE_OPT,
         trainer: Trainer = _TRAINER,
         gpus: int = _GPUS,
         nodes: int = _NODES,
@@ -225,7 +224,7 @@ def sweep(algo: str = typer.Option("paper", help="Comma-separated algorithms, or
                                     "`all` for all 35 pairs, `all16` for the paper's nine, `ladder` for every rung → "
                                     "fp32."),
           build_id: Optional[str] = _BUILD,
-          engine: Engine = _ENGINE,
+          engine: Engine = ENGINE_OPT,
           preset: Preset = _PRESET,
           benchmark: Optional[str] = _BENCHMARK,
           jobs: int = typer.Option(1, min=1, help="Cells run at once (more than one: each in a process of its own)."),

@@ -9,8 +9,8 @@ from typing import Optional
 import typer
 
 from bench.cli import DB_OPT, _store, app, out
-from bench.cli.options import Engine, Preset, knob_options
-from bench.cli.run import (_BENCHMARK, _BUILD, _CHECKPOINT_DIR, _DEVICE, _ENGINE, _PRESET, _RUN_PANEL, _check_algo,
+from bench.cli.options import ENGINE_OPT, Engine, Preset, knob_options
+from bench.cli.run import (_BENCHMARK, _BUILD, _CHECKPOINT_DIR, _DEVICE, _PRESET, _RUN_PANEL, _check_algo,
                            _check_thresholds, _run_config)
 from bench.cli.run_common import _chosen_preset, _log, _preset_values
 from runners.presets import RunConfig
@@ -26,7 +26,7 @@ def tolerance(algo: str = typer.Option(..., help="The algorithm (`bench run --al
               extend_to: Optional[int] = typer.Option(None, min=1, help="Extend a cell that ends UNDECIDED "
                                                       "(max_steps) to this many steps (`bench runs extend`)."),
               build_id: Optional[str] = _BUILD,
-              engine: Engine = _ENGINE,
+              engine: Engine = ENGINE_OPT,
               preset: Optional[Preset] = _PRESET,
               benchmark: Optional[str] = _BENCHMARK,
               device: Optional[str] = _DEVICE,
