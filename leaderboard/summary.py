@@ -4,7 +4,8 @@ over the fp16 cell of the same algorithm on the same build (with the same traine
 staleness and settings fingerprint: the two cells differ only by their precision pair), and
 the same ratio from the offline reports of `bench mismatch` measured under the same conditions
 when the store has both. Pure functions of the frames `bench report` already reads
-(`cells_frame`, `runs_frame`, `mismatch_frame`)."""
+(`cells_frame`, `runs_frame`, `mismatch_frame`), except `report_data`, which reads them once for
+`bench report` and the static site alike."""
 
 from __future__ import annotations
 
