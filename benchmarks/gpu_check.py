@@ -49,6 +49,7 @@ import platform
 import sys
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -355,9 +356,6 @@ def environment(device: str) -> dict:
 def run_check(plan: CheckPlan, device: str, budget_s: float, log=print) -> dict:
     from bench.models import load_model, load_tokenizer, render_prompt, resolve_model
     from bench.synthetic import synthetic_examples
-    from runners.algos import get_loss
-    from runners.presets import RunConfig
-    from runners.train_engine import TrainingEngine
 
     start = time.perf_counter()
     need = dict(plan.need_s)
@@ -395,27 +393,16 @@ def run_check(plan: CheckPlan, device: str, budget_s: float, log=print) -> dict:
         r = section(f"rollout {d}", "rollout", lambda d=d: rollout(master, d, plan, device, vocab))
         if r:
             result["rollout"][d] = r
-    cfg = RunConfig(prompts_per_step=plan.prompts, samples_per_prompt=plan.samples, updates_per_batch=plan.updates,
-                    lr=1e-6, threads=None, max_tokens_per_microbatch=plan.microbatch_tokens,
-                    gradient_checkpointing=plan.checkpointing)
-    engine = None
     try:
-        engine = TrainingEngine(master, plan.train_dtype, cfg, get_loss(plan.algo), plan.algo, device)
-        for length in plan.train_lengths:
-            key = "train_1024" if length <= 1024 else "train_4096"
-            r = section(f"train_step {length}", key,
-                        lambda n=length, e=engine: train_step(e, plan, n, device, vocab, config))
-            if r:
-                result["train_step"][str(length)] = r
+        with training_engine(master, plan, device, lr=1e-6) as engine:
+            for length in plan.train_lengths:
+                key = "train_1024" if length <= 1024 else "train_4096"
+                r = section(f"train_step {length}", key,
+                            lambda n=length, e=engine: train_step(e, plan, n, device, vocab, config))
+                if r:
+                    result["train_step"][str(length)] = r
     except Exception as e:
         result["errors"]["train_engine"] = f"{type(e).__name__}: {e}"[:2000]
-    finally:
-        if engine is not None:
-            engine.compute = engine.opt = None
-        del engine
-        for p in master.parameters():
-            p.grad = None
-        _free()
     master = master.eval()
 
     def tiny():
@@ -445,13 +432,32 @@ def run_check(plan: CheckPlan, device: str, budget_s: float, log=print) -> dict:
     return result
 
 
-def smollm2_check(plan: CheckPlan, device: str, log=print) -> dict:
-    """The `smollm2` section: rollouts at bf16 and fp16, one training step and the same-format
-    mismatch on a random model of SmolLM2-135M's shapes, at `plan`'s sizes."""
+@contextmanager
+def training_engine(master, plan: CheckPlan, device: str, lr: float):
+    """A TrainingEngine over `master` at `plan`'s sizes; on leaving, its compute copy and optimizer
+    state dropped, the master's gradients cleared and the allocator's cache freed."""
     from runners.algos import get_loss
     from runners.presets import RunConfig
     from runners.train_engine import TrainingEngine
 
+    cfg = RunConfig(prompts_per_step=plan.prompts, samples_per_prompt=plan.samples, updates_per_batch=plan.updates,
+                    lr=lr, threads=None, max_tokens_per_microbatch=plan.microbatch_tokens,
+                    gradient_checkpointing=plan.checkpointing)
+    engine = None
+    try:
+        engine = TrainingEngine(master, plan.train_dtype, cfg, get_loss(plan.algo), plan.algo, device)
+        yield engine
+    finally:
+        if engine is not None:
+            engine.compute = engine.opt = None
+        for p in master.parameters():
+            p.grad = None
+        _free()
+
+
+def smollm2_check(plan: CheckPlan, device: str, log=print) -> dict:
+    """The `smollm2` section: rollouts at bf16 and fp16, one training step and the same-format
+    mismatch on a random model of SmolLM2-135M's shapes, at `plan`'s sizes."""
     master, config = random_model(plan, device, SMOLLM2_CONFIG)
     vocab = config["vocab_size"]
     out = {"model": {"config": str(SMOLLM2_CONFIG.relative_to(ROOT)), "overrides": plan.shapes,
@@ -460,16 +466,8 @@ def smollm2_check(plan: CheckPlan, device: str, log=print) -> dict:
            "rollout": {d: rollout(master, d, plan, device, vocab) for d in ("bf16", "fp16")}}
     speeds = ", ".join(f"{d} {x['tokens_per_s']:,.0f} tokens/s" for d, x in out["rollout"].items())
     log(f"smollm2: rollouts {speeds}")
-    cfg = RunConfig(prompts_per_step=plan.prompts, samples_per_prompt=plan.samples, updates_per_batch=plan.updates,
-                    lr=1e-5, threads=None, max_tokens_per_microbatch=plan.microbatch_tokens,
-                    gradient_checkpointing=plan.checkpointing)
-    engine = TrainingEngine(master, plan.train_dtype, cfg, get_loss(plan.algo), plan.algo, device)
-    out["train_step"] = {str(n): train_step(engine, plan, n, device, vocab, config) for n in plan.train_lengths}
-    engine.compute = engine.opt = None
-    del engine
-    for p in master.parameters():
-        p.grad = None
-    _free()
+    with training_engine(master, plan, device, lr=1e-5) as engine:
+        out["train_step"] = {str(n): train_step(engine, plan, n, device, vocab, config) for n in plan.train_lengths}
     out["mismatch"] = mismatch(master.eval(), IdTokenizer(), random_prompts(plan.mm_prompts, plan.prompt_tokens,
                                                                              vocab, 7),
                                plan.mm_samples, plan.mm_tokens, device)
