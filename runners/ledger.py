@@ -15,7 +15,10 @@ A run's life, as its rows record it:
   evaluations, decisions and digests after `step` dropped, the run running again at `step`, its
   peak and final accuracy re-read from the evaluations left, steps to target cleared when later.
 - `end` records a stop rule's verdict, `fail` an error or Ctrl-C (resumable); `run_to_end`
-  calls a trainer and records either, beating a heartbeat meanwhile.
+  calls a trainer and records either, beating a heartbeat meanwhile. A SIGTERM (a scheduler's
+  kill, `timeout`, `kill PID`) stops the run as Ctrl-C does: `failed`, reason `interrupted`.
+  A run started in the background by a non-interactive shell inherits SIGINT ignored (POSIX,
+  so every program there ignores Ctrl-C's signal); SIGTERM still stops it.
 
 The heartbeat: while a run's process lives, a thread writes `runs.heartbeat_at` every
 HEARTBEAT_S seconds (the store's clock of the writing host). A run still `running` whose last
@@ -27,6 +30,7 @@ where a process id would not.
 
 from __future__ import annotations
 
+import signal
 import threading
 import uuid
 from contextlib import contextmanager
@@ -223,11 +227,29 @@ def heartbeat(store, run_id: str, every: float | None = None):
         thread.join(timeout=5)
 
 
+@contextmanager
+def sigterm_as_interrupt():
+    """While the block runs (in the main thread), SIGTERM raises KeyboardInterrupt as Ctrl-C's
+    SIGINT does, so the run records its end rather than dying `running` (and verl, in its own
+    session, is stopped by its follower rather than outliving bench)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def run_to_end(store, run_id: str, train: Callable[[], tuple[str, str]]) -> None:
     """Call `train` (returns (status, reason)) under a heartbeat and record its end; any exception
-    (Ctrl-C included) marks the run failed, resumable, and is raised again."""
+    (Ctrl-C or SIGTERM included) marks the run failed, resumable, and is raised again."""
     try:
-        with heartbeat(store, run_id):
+        with sigterm_as_interrupt(), heartbeat(store, run_id):
             status, reason = train()
     except BaseException as e:
         fail(store, run_id, e)

@@ -19,10 +19,8 @@ import math
 import os
 import signal
 import subprocess
-import threading
 import time
 from collections import deque
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -227,22 +225,6 @@ def _stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
             continue
 
 
-@contextmanager
-def _sigterm_as_interrupt():
-    """A SIGTERM to bench (a scheduler's kill, `timeout`) stops verl too and marks the run
-    resumable, as Ctrl-C does; verl runs in its own session and would outlive bench."""
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
 def _log_tail(path: Path, n: int = 15) -> str:
     try:
         lines = path.read_text(errors="replace").strip().splitlines()
@@ -257,7 +239,7 @@ def launch_and_follow(follower: Follower, argv: list[str], env: dict, metrics: P
     log.parent.mkdir(parents=True, exist_ok=True)
     tail = MetricsTail(metrics)
     last = 0
-    with log.open("ab") as out, _sigterm_as_interrupt():
+    with log.open("ab") as out:
         proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
                                 cwd=log.parent)   # Hydra's outputs/ there
