@@ -24,7 +24,7 @@ STEP, DONE, ERROR, INTERRUPTED = "step", "done", "error", "interrupted"
 @dataclass(frozen=True)
 class CellEnd:
     """How a process cell ended: its run id (None when it ended before returning one) and, for
-    an error, its message; `interrupted` when SIGINT stopped it."""
+    an error, its message; `interrupted` when SIGINT (or SIGTERM) stopped it."""
 
     run_id: str | None
     error: str | None = None

@@ -17,8 +17,8 @@ A run's life, as its rows record it:
 - `end` records a stop rule's verdict, `fail` an error or Ctrl-C (resumable); `run_to_end`
   calls a trainer and records either, beating a heartbeat meanwhile. A SIGTERM (a scheduler's
   kill, `timeout`, `kill PID`) stops the run as Ctrl-C does: `failed`, reason `interrupted`.
-  A run started in the background by a non-interactive shell inherits SIGINT ignored (POSIX,
-  so every program there ignores Ctrl-C's signal); SIGTERM still stops it.
+  A run started in the background by a non-interactive shell inherits SIGINT ignored (POSIX:
+  every program there starts with it ignored); SIGTERM still stops it.
 
 The heartbeat: while a run's process lives, a thread writes `runs.heartbeat_at` every
 HEARTBEAT_S seconds (the store's clock of the writing host). A run still `running` whose last
@@ -227,22 +227,49 @@ def heartbeat(store, run_id: str, every: float | None = None):
         thread.join(timeout=5)
 
 
+class Terminated(KeyboardInterrupt):
+    """The KeyboardInterrupt a SIGTERM raises (`sigterm_as_interrupt`): an interrupt like Ctrl-C,
+    which a sweep passes on to its cells' processes (Ctrl-C reaches them itself)."""
+
+
 @contextmanager
 def sigterm_as_interrupt():
-    """While the block runs (in the main thread), SIGTERM raises KeyboardInterrupt as Ctrl-C's
-    SIGINT does, so the run records its end rather than dying `running` (and verl, in its own
-    session, is stopped by its follower rather than outliving bench)."""
+    """While the block runs (in the main thread), SIGTERM raises `Terminated` as Ctrl-C's SIGINT
+    raises KeyboardInterrupt, so the run records its end rather than dying `running` (and verl, in
+    its own session, is stopped by its follower rather than outliving bench)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum, frame):
-        raise KeyboardInterrupt
+        raise Terminated
     old = signal.signal(signal.SIGTERM, handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if old is None else old)
+
+
+@contextmanager
+def _interrupts_held():
+    """While the block runs (in the main thread), a SIGINT or SIGTERM (one not ignored) is held, and
+    raised as KeyboardInterrupt after it: a second Ctrl-C, or a sweep passing a SIGTERM on to a cell
+    that had the group's, does not cut the record of the first."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig, h in old.items():
+        if h is not signal.SIG_IGN:
+            signal.signal(sig, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, signal.SIG_DFL if h is None else h)
+    if held:
+        raise Terminated if held[0] == signal.SIGTERM else KeyboardInterrupt
 
 
 def run_to_end(store, run_id: str, train: Callable[[], tuple[str, str]]) -> None:
@@ -252,6 +279,7 @@ def run_to_end(store, run_id: str, train: Callable[[], tuple[str, str]]) -> None
         with sigterm_as_interrupt(), heartbeat(store, run_id):
             status, reason = train()
     except BaseException as e:
-        fail(store, run_id, e)
+        with _interrupts_held():
+            fail(store, run_id, e)
         raise
     end(store, run_id, status, reason)

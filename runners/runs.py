@@ -126,10 +126,9 @@ def extend_run(store, run_id: str, max_steps: int, progress=None, device: str | 
 
 def _train(store, run_id: str, plan: RunPlan, split, ckpt_dir: Path, progress=None, rollout_engine=None,
            replay_stop_rules: bool = False) -> None:
-    from .trainer import NativeTrainer     # here: torch and the engines, which the verl runner does not need
-
     def fit() -> tuple[str, str]:
-        trainer = None
+        from .trainer import NativeTrainer  # here: torch and the engines (which verl's runner does not need),
+        trainer = None                      # imported under run_to_end, so an interrupt meanwhile is recorded
         try:
             trainer = NativeTrainer(store, run_id, plan, split, ckpt_dir, progress, rollout_engine)
             trainer.load_checkpoint()

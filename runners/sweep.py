@@ -235,6 +235,7 @@ class SeedDecider:
         self._lock = threading.Lock()
         self._why: dict[tuple, str] = {}
         self._running: dict[tuple, list[CellProcess]] = {}
+        self._stopped = False
 
     def why(self, key: tuple) -> str | None:
         """Why the cell is decided; None while it is not."""
@@ -255,11 +256,20 @@ class SeedDecider:
             proc.interrupt()      # the run records itself failed; the grid then marks it skipped
         return True
 
+    def interrupt_all(self) -> None:
+        """Interrupt every running seed, and any started from now on (the sweep itself was stopped)."""
+        with self._lock:
+            self._stopped = True
+            running = [p for procs in self._running.values() for p in procs]
+        for proc in running:
+            proc.interrupt()
+
     def started(self, key: tuple, proc: CellProcess) -> None:
-        """A seed of the cell started in `proc` (interrupted at once if the cell was decided meanwhile)."""
+        """A seed of the cell started in `proc` (interrupted at once if the cell was decided, or the sweep
+        stopped, meanwhile)."""
         with self._lock:
             self._running.setdefault(key, []).append(proc)
-            cancel = key in self._why
+            cancel = key in self._why or self._stopped
         if cancel:
             proc.interrupt()
 
@@ -404,9 +414,12 @@ def run_grid(store, algos: list[str], pairs: list[Precision], build_id: str | No
     else:
         pool = ThreadPoolExecutor(max_workers=one.jobs)
         try:
-            ids = list(pool.map(one, todo))
-        except KeyboardInterrupt:       # the running cells had it too (one process group); start no more
-            pool.shutdown(wait=False, cancel_futures=True)
+            with ledger.sigterm_as_interrupt():
+                ids = list(pool.map(one, todo))
+        except KeyboardInterrupt as e:  # Ctrl-C reached the running cells too (one process group); a SIGTERM
+            if isinstance(e, ledger.Terminated):    # may have come to this process alone: passed on
+                decider.interrupt_all()
+            pool.shutdown(wait=False, cancel_futures=True)      # start no more
             raise
         pool.shutdown()
     with session(store) as s:

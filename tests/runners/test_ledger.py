@@ -128,3 +128,48 @@ def test_run_to_end_beats_while_training_and_records_the_end_or_the_failure(stor
         ledger.run_to_end(store, "r3", broken)
     with session(store) as s:
         assert (s.get(Run, "r3").status, s.get(Run, "r3").stop_reason) == ("failed", "ValueError: disk full")
+
+
+def test_a_sigterm_during_training_is_recorded_as_ctrl_c_and_the_handlers_restored(store):
+    import os
+    import signal
+
+    history(store, "r4")
+    before = signal.getsignal(signal.SIGTERM)
+
+    def killed():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)                              # the handler raises at the next bytecode, long before
+        return "converged", "never"
+
+    with pytest.raises(ledger.Terminated):
+        ledger.run_to_end(store, "r4", killed)
+    with session(store) as s:
+        assert (s.get(Run, "r4").status, s.get(Run, "r4").stop_reason) == ("failed", "interrupted")
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_second_interrupt_while_the_first_is_recorded_is_held_until_the_record_is_made(store, monkeypatch):
+    """Ctrl-C twice, or a sweep passing a SIGTERM on to a cell that had the group's: the record of
+    the first interrupt is made whole, then the second is raised."""
+    import os
+    import signal
+
+    history(store, "r5")
+    fail = ledger.fail
+
+    def slow_fail(store_, run_id, e):
+        os.kill(os.getpid(), signal.SIGINT)         # arrives in the middle of the record
+        time.sleep(0.2)
+        fail(store_, run_id, e)
+
+    monkeypatch.setattr(ledger, "fail", slow_fail)
+
+    def broken():
+        raise ValueError("disk full")
+
+    with pytest.raises(KeyboardInterrupt):
+        ledger.run_to_end(store, "r5", broken)
+    with session(store) as s:
+        assert (s.get(Run, "r5").status, s.get(Run, "r5").stop_reason) == ("failed", "ValueError: disk full")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
