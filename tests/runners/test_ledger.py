@@ -157,6 +157,8 @@ def test_a_second_interrupt_while_the_first_is_recorded_is_held_until_the_record
 
     history(store, "r5")
     fail = ledger.fail
+    # SIGINT handled as from a terminal (a pytest-xdist worker has it ignored, and an ignored one stays so)
+    old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def slow_fail(store_, run_id, e):
         os.kill(os.getpid(), signal.SIGINT)         # arrives in the middle of the record
@@ -168,8 +170,16 @@ def test_a_second_interrupt_while_the_first_is_recorded_is_held_until_the_record
     def broken():
         raise ValueError("disk full")
 
-    with pytest.raises(KeyboardInterrupt):
-        ledger.run_to_end(store, "r5", broken)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ledger.run_to_end(store, "r5", broken)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        signal.signal(signal.SIGINT, signal.SIG_IGN)        # ignored (a script's background job): stays so
+        history(store, "r6")
+        with pytest.raises(ValueError):
+            ledger.run_to_end(store, "r6", broken)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, old_int)
     with session(store) as s:
         assert (s.get(Run, "r5").status, s.get(Run, "r5").stop_reason) == ("failed", "ValueError: disk full")
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
