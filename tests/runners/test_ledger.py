@@ -2,6 +2,8 @@
 to the row, the one rewind both trainers resume through (the native trainer's checkpoint load
 and verl's follower end in the same rows), the heartbeat and the end."""
 
+import os
+import signal
 import time
 
 import pytest
@@ -131,9 +133,6 @@ def test_run_to_end_beats_while_training_and_records_the_end_or_the_failure(stor
 
 
 def test_a_sigterm_during_training_is_recorded_as_ctrl_c_and_the_handlers_restored(store):
-    import os
-    import signal
-
     history(store, "r4")
     before = signal.getsignal(signal.SIGTERM)
 
@@ -152,9 +151,6 @@ def test_a_sigterm_during_training_is_recorded_as_ctrl_c_and_the_handlers_restor
 def test_a_second_interrupt_while_the_first_is_recorded_is_held_until_the_record_is_made(store, monkeypatch):
     """Ctrl-C twice, or a sweep passing a SIGTERM on to a cell that had the group's: the record of
     the first interrupt is made whole, then the second is raised."""
-    import os
-    import signal
-
     history(store, "r5")
     fail = ledger.fail
     # SIGINT handled as from a terminal (a pytest-xdist worker has it ignored, and an ignored one stays so)

@@ -195,4 +195,3 @@ def test_a_run_of_zero_steps_is_evaluated_and_no_cell(sqlite_build, tmp_path):
     mine = runs[runs.run == run_id]
     assert list(mine.status) == ["evaluated"] and list(mine.sanity) == ["NO VERDICT"]
     assert mine.config_fp.iloc[0] not in set(cells_frame(runs).config_fp)          # no cell holds it
-
