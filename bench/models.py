@@ -169,8 +169,16 @@ def _warmed_dir(name: str) -> Path:
         import sys
 
         print(f"warming {WARMED[name]} up into {out} (once: {cfg.steps} steps, bench/warmup.py)", file=sys.stderr)
-        warm_model(WARMED[name], cfg, out)
+        warm_model(WARMED[name], cfg, out, progress=_warmup_line)
     return out
+
+
+def _warmup_line(step: int, steps: int, loss: float) -> None:
+    """A warm-up made on first use shows its progress on stderr: a line every 5 steps and the last."""
+    if step % 5 == 0 or step == steps:
+        import sys
+
+        print(f"  warm-up step {step}/{steps}: loss {loss:.4f}", file=sys.stderr, flush=True)
 
 
 def warm_model(name: str, cfg, out: Path, progress=None) -> dict:

@@ -60,9 +60,10 @@ def test_a_warm_up_writes_a_model_its_builds_prompt_like(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]      # no temporary directory left
 
 
-def test_the_warmed_name_is_made_once_on_first_use(tmp_path, monkeypatch):
+def test_the_warmed_name_is_made_once_on_first_use(tmp_path, monkeypatch, capsys):
     """`smollm2-135m-warm` resolves to SmolLM2 warmed with the defaults under the name `bench model
-    warmup` gives it: made on first use, found after (its base stood in by a tiny Llama here)."""
+    warmup` gives it: made on first use (its progress on stderr), found after (its base stood in by a
+    tiny Llama here)."""
     import bench.model_sources as sources
     import bench.models as models
 
@@ -81,6 +82,7 @@ def test_the_warmed_name_is_made_once_on_first_use(tmp_path, monkeypatch):
     assert ref.name == "tiny-warm" and calls == [tmp_path / "home" / "models" / warmed_name("tiny", WarmupConfig())]
     assert ref.path == str(calls[0].resolve()) and models.build_defaults(ref)["source"] == "arithmetic"
     assert models.resolve_model("tiny-warm").path == ref.path and len(calls) == 1
+    assert "warm-up step 1/1: loss " in capsys.readouterr().err
 
 
 def test_the_cli_refuses_what_it_cannot_warm_up(tmp_path):
