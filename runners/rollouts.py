@@ -5,14 +5,24 @@ at every response position, which the built-in engine records while it samples."
 
 from __future__ import annotations
 
+import copy
 from contextlib import contextmanager
 
 import torch
 
-from bench.engines import Sampling
+from bench.engines import Sampling, make_engine
 from bench.errors import ConfigError
 
 from .train_engine import Batch
+
+
+def start_engine(plan, master, tok, **torch_kw):
+    """The rollout engine of RunPlan `plan` (runners/plan.py) at the weights of `master` (the fp32
+    model, copied: the engine converts its copy to the rollout format) with tokenizer `tok`;
+    `torch_kw`: the built-in engine's other options. vLLM loads the model from its path."""
+    kw = ({"model": copy.deepcopy(master), "tokenizer": tok, "device": str(plan.device), **torch_kw}
+          if plan.engine == "torch" else {"gpu_memory_utilization": plan.cfg.gpu_memory_utilization})
+    return make_engine(plan.engine, plan.model.path, plan.precision.rollout, **kw)
 
 
 @contextmanager

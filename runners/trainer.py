@@ -23,7 +23,6 @@ before, bit for bit (tests/runners/test_staleness.py compares stored steps).
 
 from __future__ import annotations
 
-import copy
 import math
 import os
 import random
@@ -36,7 +35,7 @@ import torch
 
 from bench import calibration, statedigest, statuses
 from bench.device import is_cuda, peak_memory_mb, release_free_memory, reset_peak_memory, resident_mb, synchronize
-from bench.engines import Sampling, make_engine
+from bench.engines import Sampling
 from bench.errors import ConfigError
 from bench.engines.torch_engine import TorchEngine
 from bench.grading import Grader
@@ -157,7 +156,7 @@ class NativeTrainer:
 
     def _start(self, store, run_id: str, plan: RunPlan, split: list[Problem], ckpt_dir: Path, progress,
                rollout_engine) -> None:
-        cfg, algo, precision, engine, ref = plan.cfg, plan.algo, plan.precision, plan.engine, plan.model
+        cfg, algo, precision, ref = plan.cfg, plan.algo, plan.precision, plan.model
         self.store, self.run_id, self.cfg, self.algo, self.precision = store, run_id, cfg, algo, precision
         self.loss_fn = get_loss(algo)
         self.ckpt_dir, self.progress, self.ref = ckpt_dir, progress, ref
@@ -176,10 +175,8 @@ class NativeTrainer:
         self.prompt_ids = [self.tok.encode(p, add_special_tokens=False) for p in self.prompts]
         self.benchmarks = [(b, load_problems(SourceSpec(b.source, limit=b.limit))) for b in cfg.benchmarks]
         if rollout_engine is None:
-            kw = ({"model": copy.deepcopy(self.learner.master), "tokenizer": self.tok, "track_updates": True,
-                   "device": str(self.device), "record_routes": True, **self._engine_batch}
-                  if engine == "torch" else {"gpu_memory_utilization": cfg.gpu_memory_utilization})
-            rollout_engine = make_engine(engine, ref.path, precision.rollout, **kw)
+            rollout_engine = rollouts.start_engine(plan, self.learner.master, self.tok, track_updates=True,
+                                                   record_routes=True, **self._engine_batch)
         else:   # a running engine of the rollout dtype (tests share one vLLM engine): start it at our weights
             rollout_engine.update_weights(self.learner.master.named_parameters())
         self.engine = rollout_engine

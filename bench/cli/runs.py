@@ -11,6 +11,8 @@ import typer
 from rich.table import Table
 
 from bench.cli import DB_OPT, _progress, _store, fail, fmt3 as _f, out, runs_app
+from bench.cli.options import knob_options
+from runners.heldback import HeldBackConfig
 
 
 @runs_app.callback()
@@ -133,6 +135,41 @@ def runs_verify(ctx: typer.Context, run_id: str = typer.Argument(..., help="A na
         out.print(_verify_text(result), highlight=False, markup=False, soft_wrap=True)
     if result["verdict"] == "differs":
         raise typer.Exit(1)
+
+
+@runs_app.command("heldback")
+@knob_options(HeldBackConfig, panel="Held-back problems (HeldBackConfig)", before="as_json")
+def runs_heldback(ctx: typer.Context, run_id: str = typer.Argument(..., help="A native run whose checkpoint "
+                                                                   "directory is on this machine."),
+                  source: Optional[str] = typer.Option(None, help="Problems (any `bench build --source`); default: "
+                                                       "the build's own source."),
+                  as_json: bool = typer.Option(False, "--json"), db: Optional[str] = DB_OPT, knobs: dict = None):
+    """Did the run learn the task or its split? The base model and the run's last checkpoint answer
+    the same held-back problems (the build's source drawn at another seed, every problem the build
+    screened left out) with the same sampling seeds, through the run's rollout engine and format:
+    accuracy, pass@n and the paired difference over problems with its 95% interval
+    (runners/heldback.py). Nothing is written to the store."""
+    from bench.knobs import check
+    from runners.heldback import evaluate_held_back
+
+    cfg = check(HeldBackConfig(source=source, **{k: v for k, v in knobs.items() if v is not None}))
+    store = _store(db or (ctx.obj or {}).get("db"), read_only=True)
+    with _progress("answering") as prog:
+        task = prog.add_task("policies", total=2, rate="")
+        r = evaluate_held_back(store, run_id, cfg, progress=lambda done, total: prog.update(task, completed=done))
+    if as_json:
+        out.print_json(json.dumps(r))
+        return
+    d = r["difference"]
+    out.print(f"run {r['run']} ({r['algo']}, {r['precision']}) on {r['problems']} held-back problems of "
+              f"{r['source']} (draw seed {cfg.draw_seed}; {r['left_out']} the build screened left out), "
+              f"avg@{cfg.n}:", highlight=False)
+    t = Table("policy", "accuracy", f"pass@{cfg.n}")
+    t.add_row("base (step 0)", _f(r["base"]["accuracy"]), _f(r["base"]["pass_at_n"]))
+    t.add_row(f"trained (step {r['step']})", _f(r["trained"]["accuracy"]), _f(r["trained"]["pass_at_n"]))
+    out.print(t)
+    out.print(f"trained − base: {d['mean']:+.3f} (95% CI {d['lo']:+.3f} to {d['hi']:+.3f}, paired over problems); "
+              f"{r['wall_s']:.0f} s", highlight=False)
 
 
 def _verify_text(r: dict) -> str:
