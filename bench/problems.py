@@ -203,6 +203,13 @@ def load_problems(spec: SourceSpec) -> list[Problem]:
     return load_source(spec)[0]
 
 
+def drawn_by_seed(source: str) -> bool:
+    """Whether `source` is generated from its seed (`arithmetic[:LEVELS]`, `synthetic[:SPLIT]`,
+    `synthetic-hard`), so that another seed draws other problems; a file, a packaged set or a
+    hub dataset reads the same rows whatever the seed."""
+    return source.partition(":")[0] in ("arithmetic", "synthetic") or source == "synthetic-hard"
+
+
 def load_source(spec: SourceSpec) -> tuple[list[Problem], dict]:
     """(problems, duplicate check): the problems with each normalised text once (the first row
     kept; `limit` counts these) and {"rows": rows read, "problems": problems kept, "repeated":

@@ -18,7 +18,7 @@ from bench.device import device_supports, resolve_device
 from bench.engines import resolve_engine
 from bench.errors import BenchError
 from bench.fingerprint import CONFIG_EXTRAS
-from bench.models import ModelRef, resolve_model, with_prompt
+from bench.models import ModelRef, resolve_model, weights_hash, with_prompt
 from bench.precision import Precision
 from bench.problems import Problem
 from bench.store import Build, Model, Run, session
@@ -101,6 +101,24 @@ def model_ref(m: Model) -> ModelRef:
         return resolve_model(m.name)
     except ValueError:
         return ModelRef(m.name, m.path, False)
+
+
+def trained_model(s, run: Run, build: Build, ref: ModelRef) -> ModelRef:
+    """The model run `run` trained, here: `ref` (its build's), or the run's own model where it is not
+    the build's, prompting as `build` did. RunError where the weights here do not hash to the
+    weights hash the run recorded, or it recorded none (a hub id): then they cannot be confirmed."""
+    model = s.get(Model, run.model_id)
+    if model.weights_hash is None:
+        raise RunError(f"run {run.id}'s model {model.name!r} recorded no weights hash (a hub id): the model "
+                       "cannot be confirmed to be the one it trained")
+    if model.name != ref.name:
+        ref = build_prompt(model_ref(model), build)
+    here = weights_hash(ref)
+    if here != model.weights_hash:
+        raise RunError(f"run {run.id} trained model {model.name!r} with weights hash {model.weights_hash}; "
+                       f"the model here ({ref.path}) has " + (f"weights hash {here}" if here else "no weights")
+                       + ": not the same weights")
+    return ref
 
 
 def config_from_dict(c: dict) -> RunConfig:

@@ -18,9 +18,11 @@ from .train_engine import Batch
 
 def start_engine(plan, master, tok, **torch_kw):
     """The rollout engine of RunPlan `plan` (runners/plan.py) at the weights of `master` (the fp32
-    model, copied: the engine converts its copy to the rollout format) with tokenizer `tok`;
-    `torch_kw`: the built-in engine's other options. vLLM loads the model from its path."""
-    kw = ({"model": copy.deepcopy(master), "tokenizer": tok, "device": str(plan.device), **torch_kw}
+    model, copied: the engine converts its copy to the rollout format) with tokenizer `tok`, at
+    the run's decode batch (`rollout_max_batch`); `torch_kw`: the built-in engine's other options.
+    vLLM loads the model from its path."""
+    batch = {"max_batch": plan.cfg.rollout_max_batch} if plan.cfg.rollout_max_batch else {}
+    kw = ({"model": copy.deepcopy(master), "tokenizer": tok, "device": str(plan.device), **batch, **torch_kw}
           if plan.engine == "torch" else {"gpu_memory_utilization": plan.cfg.gpu_memory_utilization})
     return make_engine(plan.engine, plan.model.path, plan.precision.rollout, **kw)
 

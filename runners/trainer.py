@@ -176,7 +176,7 @@ class NativeTrainer:
         self.benchmarks = [(b, load_problems(SourceSpec(b.source, limit=b.limit))) for b in cfg.benchmarks]
         if rollout_engine is None:
             rollout_engine = rollouts.start_engine(plan, self.learner.master, self.tok, track_updates=True,
-                                                   record_routes=True, **self._engine_batch)
+                                                   record_routes=True)
         else:   # a running engine of the rollout dtype (tests share one vLLM engine): start it at our weights
             rollout_engine.update_weights(self.learner.master.named_parameters())
         self.engine = rollout_engine

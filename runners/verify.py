@@ -41,7 +41,7 @@ from bench import provenance
 from bench.errors import BenchError
 from bench.device import resolve_device
 from bench.engines import resolve_engine
-from bench.models import ModelRef, weights_hash
+from bench.models import ModelRef
 from bench.kernels import cpu_kernel_path
 from bench.precision import Precision
 from bench.problem_ids import split_hash
@@ -49,7 +49,7 @@ from bench.store import Build, Eval, Model, Run, RunDigest, RunStep, RunVerifica
 
 from . import ledger
 from . import verify_compare as vc
-from .plan import RunError, build_prompt, config_from_dict, load_split, model_ref, plan_of_run, resolve_inputs
+from .plan import RunError, config_from_dict, load_split, plan_of_run, resolve_inputs, trained_model
 from .runs import _train
 
 DEFAULT_STEPS = 3
@@ -180,17 +180,11 @@ def _inputs(s, run_id: str, steps: int, start: int = 0, checkpoint: Path | None 
     except (TypeError, KeyError) as e:
         raise VerifyError(f"run {run_id}'s config cannot be read by this bench ({e}): re-run it with the bench "
                           "that made it (its provenance names the commit)") from None
+    try:
+        ref = trained_model(s, run, build, ref)
+    except RunError as e:
+        raise VerifyError(f"{e}, so its steps cannot be re-run") from None
     model = s.get(Model, run.model_id)
-    if model.weights_hash is None:
-        raise VerifyError(f"run {run_id}'s model {model.name!r} recorded no weights hash (a hub id): the model "
-                          "cannot be confirmed to be the one it trained, so the run cannot be verified")
-    if model.name != ref.name:            # the run's model, where it is not its build's
-        ref = build_prompt(model_ref(model), build)
-    here = weights_hash(ref)
-    if here != model.weights_hash:
-        raise VerifyError(f"run {run_id} trained model {model.name!r} with weights hash {model.weights_hash}; "
-                          f"the model here ({ref.path}) has " + (f"weights hash {here}" if here else "no weights")
-                          + ": not the same weights, so its steps cannot be re-run")
     split = load_split(s, build.id)
     if not split:
         raise VerifyError(f"run {run_id}: build {build.id} holds no kept problems in this store")

@@ -160,16 +160,25 @@ def runs_heldback(ctx: typer.Context, run_id: str = typer.Argument(..., help="A 
     if as_json:
         out.print_json(json.dumps(r))
         return
-    d = r["difference"]
-    out.print(f"run {r['run']} ({r['algo']}, {r['precision']}) on {r['problems']} held-back problems of "
-              f"{r['source']} (draw seed {cfg.draw_seed}; {r['left_out']} the build screened left out), "
-              f"avg@{cfg.n}:", highlight=False)
+    out.print(_heldback_text(r), highlight=False)
     t = Table("policy", "accuracy", f"pass@{cfg.n}")
     t.add_row("base (step 0)", _f(r["base"]["accuracy"]), _f(r["base"]["pass_at_n"]))
     t.add_row(f"trained (step {r['step']})", _f(r["trained"]["accuracy"]), _f(r["trained"]["pass_at_n"]))
     out.print(t)
-    out.print(f"trained − base: {d['mean']:+.3f} (95% CI {d['lo']:+.3f} to {d['hi']:+.3f}, paired over problems); "
-              f"{r['wall_s']:.0f} s", highlight=False)
+    d = r["difference"]
+    ci = "no interval" if d["lo"] is None else f"95% CI {d['lo']:+.3f} to {d['hi']:+.3f}"
+    out.print(f"trained − base: {d['mean']:+.3f} ({ci}, paired over problems); {r['wall_s']:.0f} s", highlight=False)
+
+
+def _heldback_text(r: dict) -> str:
+    """What a held-back evaluation answered, in words."""
+    drawn = f"draw seed {r['draw_seed']}" if r["draw_seed"] is not None else "its rows in order"
+    text = (f"run {r['run']} ({r['algo']}, {r['precision']}) on {r['problems']} held-back problems of {r['source']} "
+            f"({drawn}; {r['left_out']} that the build screened left out), avg@{r['settings']['n']}:")
+    if not r["screened_all"]:
+        text += (f"\nnote: this store holds only {r['screened']} of the build's screened problems (an imported build "
+                 "keeps its split only): problems it dropped as too easy or too hard may be among these")
+    return text
 
 
 def _verify_text(r: dict) -> str:

@@ -24,6 +24,9 @@ def test_held_back_leaves_the_screened_problems_out_before_the_limit():
     kept, dropped = held_back(probs, {"b", "d"}, 10)
     assert [p.problem for p in kept] == ["a", "c", "e"] and dropped == 2
     assert held_back(probs, {"a", "b", "c", "d", "e"}, 3) == ([], 5)
+    # screened texts are normalised ones (bench/problem_ids.py): whitespace and case do not hide a problem
+    probs = [Problem("x", "What  is 7 +\n5?", "12"), Problem("y", "What is 8 + 5?", "13")]
+    assert held_back(probs, {"what is 7 + 5?"}, 5) == ([probs[1]], 1)
 
 
 def test_the_paired_summary_by_hand():
@@ -35,6 +38,8 @@ def test_the_paired_summary_by_hand():
     # d = (0.5, 0.5, 0): mean 1/3, s = sqrt(1/12), t(0.975, 2) = 4.302653 → half-width 4.302653 · s / √3
     half = 4.302653 * (1 / 12) ** 0.5 / 3 ** 0.5
     assert r["difference"] == pytest.approx({"mean": 1 / 3, "lo": 1 / 3 - half, "hi": 1 / 3 + half}, abs=1e-5)
+    # one problem: no interval (None, which JSON writes as null, not NaN)
+    assert paired_summary([[False]], [[True]])["difference"] == {"mean": 1.0, "lo": None, "hi": None}
 
 
 def _dump(db) -> list[str]:
@@ -58,7 +63,8 @@ def test_a_run_answers_problems_its_build_never_screened(tmp_path):
     with session(open_store(url)) as s:
         screened = set(s.scalars(select(BuildProblem.problem)))
     assert len(screened) == 12 and out["problems"] == 8 and out["step"] == 3 and out["algo"] == "grpo"
-    assert out["settings"]["n"] == 2 and out["settings"]["draw_seed"] == 1
+    assert out["settings"]["n"] == 2 and out["draw_seed"] == 1 and out["source"] == "synthetic"  # the build's seed + 1
+    assert out["screened"] == 12 and out["screened_all"]
     for side in ("base", "trained"):
         assert 0 <= out[side]["accuracy"] <= out[side]["pass_at_n"] <= 1
     d = out["difference"]
