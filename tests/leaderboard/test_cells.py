@@ -235,6 +235,8 @@ def test_the_sweep_skips_only_a_cell_finished_by_its_engine_and_settings(tmp_pat
         return None
 
     monkeypatch.setattr(sweep, "run_plan", fake_train)
+    # the engine is only named here, never started: planning a vllm cell needs no vLLM installed
+    monkeypatch.setattr("runners.plan.resolve_engine", lambda name: name)
 
     def grid(eng, **overrides):
         started.clear()
