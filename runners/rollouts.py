@@ -16,13 +16,19 @@ from bench.errors import ConfigError
 from .train_engine import Batch
 
 
+def engine_batch(cfg) -> dict:
+    """The built-in engine's decode batch of run config `cfg`: `max_batch` where `rollout_max_batch`
+    is set, else the engine's default."""
+    return {"max_batch": cfg.rollout_max_batch} if cfg.rollout_max_batch else {}
+
+
 def start_engine(plan, master, tok, **torch_kw):
     """The rollout engine of RunPlan `plan` (runners/plan.py) at the weights of `master` (the fp32
     model, copied: the engine converts its copy to the rollout format) with tokenizer `tok`, at
     the run's decode batch (`rollout_max_batch`); `torch_kw`: the built-in engine's other options.
     vLLM loads the model from its path."""
-    batch = {"max_batch": plan.cfg.rollout_max_batch} if plan.cfg.rollout_max_batch else {}
-    kw = ({"model": copy.deepcopy(master), "tokenizer": tok, "device": str(plan.device), **batch, **torch_kw}
+    kw = ({"model": copy.deepcopy(master), "tokenizer": tok, "device": str(plan.device), **engine_batch(plan.cfg),
+           **torch_kw}
           if plan.engine == "torch" else {"gpu_memory_utilization": plan.cfg.gpu_memory_utilization})
     return make_engine(plan.engine, plan.model.path, plan.precision.rollout, **kw)
 

@@ -182,17 +182,14 @@ class NativeTrainer:
         self.engine = rollout_engine
         # split accuracy of the training-precision policy too, where it differs from the rollout format
         self.train_sampler = (TorchEngine(ref.path, precision.train, model=self.learner.compute, tokenizer=self.tok,
-                                          prepared=True, device=str(self.device), **self._engine_batch)
+                                          prepared=True, device=str(self.device),
+                                          **rollouts.engine_batch(cfg))
                               if precision.rollout != precision.train else None)
         self.grader = Grader()
         self.moe = is_moe(self.learner.master)
         if cfg.router_replay and not getattr(self.engine, "record_routes", False):
             raise ConfigError("--router-replay needs a mixture-of-experts model and the built-in rollout engine "
                            "(--engine torch), which records the experts it chose")
-
-    @property
-    def _engine_batch(self) -> dict:
-        return {"max_batch": self.cfg.rollout_max_batch} if self.cfg.rollout_max_batch else {}
 
     def close(self) -> None:
         if self.own_engine and self.engine is not None:
