@@ -91,6 +91,11 @@ class RunConfig:
         None, help="Built-in engine: rows decoded together (unset: 512); its KV cache is rows × (prompt + "
         "max_tokens) × 2·layers·KV width, e.g. 1.5B at 8,192 tokens: 512 rows 114 GiB, 64 rows 14 GiB.",
         unit="rows", ge=1, fingerprint="resource")
+    cascade_attention: bool = knob(
+        False, help="Built-in engine: decode with the shared-prefix attention (a prompt's keys and values read once "
+        "per prompt at every token, not once per sample; bench/engines/cascade.py): FlashAttention's arithmetic "
+        "with the keys in two blocks, so μ moves in its last bits; models whose layers are all full attention.",
+        fingerprint="when-set")
     gpu_memory_utilization: float = knob(
         0.5, help="--engine vllm: the fraction of the GPU vLLM may take for its weights and KV cache; on a GPU "
         "shared with the native trainer leave room for the fp32 master, AdamW state, gradients and the compute "

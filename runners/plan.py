@@ -194,10 +194,10 @@ def plan_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: s
     """Resolve and check a new run once, before anything is written: the algorithm, the settings
     (bounds and the rules between them), the engine (`auto` resolved), the device (`auto`
     resolved) and both formats on it, the build (given, or the latest complete one of `model`),
-    router replay and vLLM's MoE limit, and a split that kept problems. With `verl` (its target),
-    what verl 0.9.1 cannot run (the algorithm, the pair, staleness, router replay, an override of
-    the cell's keys) in place of the native checks: verl rolls out with vLLM on its own GPUs. Every
-    refusal is one BenchError."""
+    router replay and vLLM's MoE limit, the cascade attention's engine, and a split that kept
+    problems. With `verl` (its target), what verl 0.9.1 cannot run (the algorithm, the pair,
+    staleness, router replay, an override of the cell's keys) in place of the native checks: verl
+    rolls out with vLLM on its own GPUs. Every refusal is one BenchError."""
     check_algo(algo)
     check_run_config(cfg)              # samples_per_prompt >= 2 among the bounds (leave-one-out advantages)
     if verl is not None:
@@ -213,6 +213,9 @@ def plan_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: s
         if verl is None:
             if cfg.router_replay:
                 check_router_replay(ref, engine)
+            if cfg.cascade_attention and engine != "torch":
+                raise RunError("--cascade-attention is the built-in engine's decode attention: use --engine torch "
+                               "(vLLM chooses its own cascade attention)")
             check_vllm_moe(ref, engine)
             check_distribution(algo, engine, cfg, ref)
         if s.scalar(select(BuildProblem.problem_id).where(BuildProblem.build_id == build.id,

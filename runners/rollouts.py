@@ -25,10 +25,10 @@ def engine_batch(cfg) -> dict:
 def start_engine(plan, master, tok, **torch_kw):
     """The rollout engine of RunPlan `plan` (runners/plan.py) at the weights of `master` (the fp32
     model, copied: the engine converts its copy to the rollout format) with tokenizer `tok`, at
-    the run's decode batch (`rollout_max_batch`); `torch_kw`: the built-in engine's other options.
-    vLLM loads the model from its path."""
+    the run's decode batch (`rollout_max_batch`) and decode attention (`cascade_attention`);
+    `torch_kw`: the built-in engine's other options. vLLM loads the model from its path."""
     kw = ({"model": copy.deepcopy(master), "tokenizer": tok, "device": str(plan.device), **engine_batch(plan.cfg),
-           **torch_kw}
+           "cascade_attention": plan.cfg.cascade_attention, **torch_kw}
           if plan.engine == "torch" else {"gpu_memory_utilization": plan.cfg.gpu_memory_utilization})
     return make_engine(plan.engine, plan.model.path, plan.precision.rollout, **kw)
 

@@ -164,17 +164,26 @@ class BufferPool:
         return buf[:need].view(shape)
 
 
-def preallocated_cache(model, capacity: int, repeat: torch.Tensor | None = None,
-                       store: torch.dtype | None = None, pool: BufferPool | None = None) -> Cache:
-    """A cache of `capacity` positions per layer for `model` (`repeat`, `store`: see PreallocatedLayer;
-    `pool`: its buffers from there, `BufferPool`), or transformers' DynamicCache where the model's
-    layers are not all plain full attention (sliding windows, linear attention: their own cache layers)."""
-    from transformers import DynamicCache
-
+def plain_attention(model):
+    """The text config of `model` where its layers are all plain full attention (no sliding
+    window, no linear attention: those keep their own cache layers), else None."""
     cfg = getattr(model, "config", None)
     cfg = cfg.get_text_config() if cfg is not None and hasattr(cfg, "get_text_config") else cfg
     types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
     if types != {"full_attention"} or getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
+        return None
+    return cfg
+
+
+def preallocated_cache(model, capacity: int, repeat: torch.Tensor | None = None,
+                       store: torch.dtype | None = None, pool: BufferPool | None = None) -> Cache:
+    """A cache of `capacity` positions per layer for `model` (`repeat`, `store`: see PreallocatedLayer;
+    `pool`: its buffers from there, `BufferPool`), or transformers' DynamicCache where the model's
+    layers are not all plain full attention (`plain_attention`)."""
+    from transformers import DynamicCache
+
+    cfg = plain_attention(model)
+    if cfg is None:
         return DynamicCache()
     return Cache(layers=[PreallocatedLayer(capacity, repeat, store, pool, i) for i in range(cfg.num_hidden_layers)])
 
@@ -202,6 +211,8 @@ def drop_rows(cache: Cache, keep: torch.Tensor) -> torch.Tensor:
     if is_preallocated(cache):
         for layer in cache.layers:
             layer.move_rows(dst, src, len(order))
+        if hasattr(cache, "keep_rows"):              # the rows' prompts (bench/engines/cascade.py)
+            cache.keep_rows(order)
     else:
         cache.reorder_cache(order)           # each layer moves the index to its own device
     return order

@@ -80,7 +80,7 @@ class TorchEngine:
                  threads: int | None = None, model=None, tokenizer=None, track_updates: bool = False,
                  prepared: bool = False, device: str = "cpu", vllm_kernels: bool = True,
                  preallocated_cache: bool = True, record_routes: bool = False, share_prompts: bool = True,
-                 record_distributions: bool = False):
+                 record_distributions: bool = False, cascade_attention: bool = False):
         """`dtype`: any format of bench/formats.py. `model`: an fp32 model to take over (it is
         modified, and moved to `device`). `track_updates`: record `sync_stats` at every
         update_weights (keeps an fp32 copy of the linear weights). `prepared`: sample from
@@ -99,10 +99,15 @@ class TorchEngine:
         a row whatever the row count (the AMD EPYCs measured; an Intel AMX Xeon's fp32 GEMM does not,
         and there fp32 μ moves in its last bits, the tokens unchanged: tests/bench/engines/test_kv_cache.py).
         `record_distributions`: each sample carries the whole distribution every token was drawn
-        from (`Sample.distributions`, fp32 [T, V] log-probs: `bench check`'s full-vocabulary KL)."""
+        from (`Sample.distributions`, fp32 [T, V] log-probs: `bench check`'s full-vocabulary KL).
+        `cascade_attention`: decode with the shared-prefix attention (bench/engines/cascade.py: a
+        prompt's keys read once per prompt, not once per row; the same arithmetic up to the order
+        of fp32 additions, so not the same bits) where the model's layers are all plain full
+        attention and its prompts share one prefill; refused for a `prepared` model (its attention
+        is the trainer's)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from .kv_cache import BufferPool
+        from . import cascade, kv_cache
 
         if threads:
             torch.set_num_threads(threads)
@@ -115,6 +120,8 @@ class TorchEngine:
             model = model.to(self.device)
         self.track_updates = track_updates
         self.sync_stats: dict[str, float] = {}
+        if prepared and cascade_attention:
+            raise ValueError("the cascade attention is the rollout engine's: a prepared model keeps its own attention")
         if prepared:
             self.model, self.weights = model, None
         else:
@@ -124,9 +131,15 @@ class TorchEngine:
             self.model = self.weights.model.eval()
             self.kernels = (apply_rollout_kernels(self.model, self.format, self.device) if vllm_kernels
                             else dict(NO_KERNELS))
+        # the model's own attention implementation; the cascade decodes over it (its prefill runs it)
+        self.cascade = (kv_cache.plain_attention(self.model) if cascade_attention and preallocated_cache
+                        and share_prompts else None)       # the text config where it applies
+        self.attention = cascade.use_cascade(self.model) if self.cascade is not None else \
+            getattr(self.model.config, "_attn_implementation", None)
         self.max_batch = max_batch
         self.preallocated_cache = preallocated_cache
-        self._cache_pool = BufferPool() if self.device.type == "cpu" else None    # cache buffers between batches
+        # the cache's buffers between batches
+        self._cache_pool = kv_cache.BufferPool() if self.device.type == "cpu" else None
         self.share_prompts = share_prompts
         self.record_routes = record_routes and is_moe(self.model)
         self.record_distributions = record_distributions
@@ -173,13 +186,30 @@ class TorchEngine:
         self.model = None
         self._cache_pool = None
 
+    def _cache(self, b: int, n_prompts: int, capacity: int, rows: torch.Tensor | None, prompt_mask: torch.Tensor,
+               pool: BufferPool | None):
+        """The decode's KV cache for b rows of n_prompts prompts (`rows`: each row's prompt, None
+        when each row is its own), `prompt_mask` [n_prompts, W] their attention mask."""
+        from transformers import DynamicCache
+
+        from . import cascade, kv_cache
+
+        # an upcast attention reads fp32 keys and values: the cache holds them so (the same numbers);
+        # the cascade reads them as fp32 too
+        store = torch.float32 if self.attention == UPCAST_ATTENTION or self.cascade is not None else None
+        if self.cascade is not None:
+            prompt = torch.arange(b, device=self.device) if rows is None else rows
+            return cascade.SharedPrefixCache(self.cascade.num_hidden_layers, capacity, prompt, n_prompts, prompt_mask,
+                                             store, pool)
+        if self.preallocated_cache:
+            return kv_cache.preallocated_cache(self.model, capacity, repeat=rows, store=store, pool=pool)
+        return DynamicCache()
+
     # -------------------------------------------------------------- decoding
     @torch.no_grad()
     def _decode(self, prompt_ids: list[list[int]], uniforms: torch.Tensor, sp: Sampling,
                 pool: BufferPool | None = None) -> list[Sample]:
-        from transformers import DynamicCache
-
-        from . import kv_cache
+        from . import cascade, kv_cache
 
         dev = self.device
         b = len(prompt_ids)
@@ -193,12 +223,8 @@ class TorchEngine:
             attn[r, width - len(p):] = 1
         ids, attn = ids.to(dev), attn.to(dev)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        # an upcast attention reads fp32 keys and values: the cache holds them so (the same numbers)
-        upcast = getattr(self.model.config, "_attn_implementation", None) == UPCAST_ATTENTION
-        store = torch.float32 if upcast else None
         rows = None if src is None else torch.tensor(src, device=dev)     # each row's prompt among `uniq`
-        cache = (kv_cache.preallocated_cache(self.model, width + sp.max_tokens, repeat=rows, store=store, pool=pool)
-                 if self.preallocated_cache else DynamicCache())
+        cache = self._cache(b, len(uniq), width + sp.max_tokens, rows, attn, pool)
         routes = DecodeRoutes(self.model, b, width + sp.max_tokens) if self.record_routes else None
         live = torch.arange(b)                       # original row of each batch row (CPU)
         tokens: list[list[int]] = [[] for _ in range(b)]
@@ -206,7 +232,7 @@ class TorchEngine:
         dists: list[list[torch.Tensor]] = [[] for _ in range(b)]
         finish = ["length"] * b
         # the prompt's last position only: a full [B, W, V] prefill would not fit for a real vocabulary
-        with head_over_rows(self.model, rows) as expanded:
+        with head_over_rows(self.model, rows) as expanded, cascade.decoding(cache):
             logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos,
                                 past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
         if rows is not None:                         # each prompt's keys, values (and logits) to each of its rows
@@ -238,8 +264,9 @@ class TorchEngine:
                 od = order.to(dev)
                 live, tok, attn, next_pos = live[order], tok[od], attn[od], next_pos[od]
             attn = torch.cat([attn, torch.ones((len(live), 1), dtype=attn.dtype, device=dev)], dim=-1)
-            logits = self.model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=next_pos,
-                                past_key_values=cache, use_cache=True).logits[:, -1]
+            with cascade.decoding(cache):
+                logits = self.model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=next_pos,
+                                    past_key_values=cache, use_cache=True).logits[:, -1]
             if routes is not None:
                 routes.step(live)
             next_pos = next_pos + 1

@@ -70,6 +70,17 @@ def test_plan_run_refuses_bad_input_before_anything_is_written(store, change, er
     assert _runs(store) == 0
 
 
+def test_the_cascade_attention_is_the_built_in_engines(store, monkeypatch):
+    import bench.engines
+
+    monkeypatch.setattr(bench.engines, "vllm_available", lambda: True)
+    cfg = replace(get_preset("tiny"), cascade_attention=True)
+    with pytest.raises(RunError, match="--cascade-attention is the built-in engine's"):
+        plan_run(store, "grpo", FP32, cfg, engine="vllm", device="cpu")
+    assert plan_run(store, "grpo", FP32, cfg, engine="torch", device="cpu").cfg.cascade_attention
+    assert _runs(store) == 0
+
+
 def test_a_build_that_kept_nothing_is_refused(store):
     with session(store) as s:
         for bp in s.scalars(select(BuildProblem)):
