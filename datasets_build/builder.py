@@ -84,12 +84,16 @@ def plan(cfg: BuildConfig) -> BuildPlan:
     max_tokens = cfg.max_tokens or defaults["max_tokens"]
     sampling = Sampling(cfg.temperature, cfg.top_p, max_tokens, cfg.seed)
     engine = resolve_engine(cfg.engine)
+    if cfg.cascade_attention and engine != "torch":
+        raise BuildError("--cascade-attention is the built-in engine's decode attention: use --engine torch")
     template = template_description(ref, tok)
     settings = {"model": ref.name, "weights": weights_hash(ref), "source": source, "limit": cfg.limit,
                 "columns": asdict(cfg.columns), "engine": engine, "dtype": cfg.dtype, "k": cfg.k,
                 "lo": cfg.lo, "hi": cfg.hi, "sampling": sampling.to_dict(), "template": template,
                 "adaptive": [cfg.round_size, cfg.confidence, cfg.min_samples] if cfg.adaptive else None,
                 "problems": hashlib.sha256("\0".join(p.id for p in problems).encode()).hexdigest()[:16]}
+    if cfg.cascade_attention:                  # only when set: the builds made before it keep their hash
+        settings["cascade_attention"] = True
     return BuildPlan(cfg, ref, tok, problems, prompts, sampling, engine, settings, template, duplicates)
 
 
@@ -181,7 +185,8 @@ def run_build(engine_db, cfg: BuildConfig, progress: Callable[[int, int, int], N
         own_engine = rollout_engine is None and bool(todo)
         if own_engine:
             rollout_engine = make_engine(p.engine, p.model_ref.path, cfg.dtype,
-                                         **({"threads": cfg.threads, "device": cfg.device} if p.engine == "torch"
+                                         **({"threads": cfg.threads, "device": cfg.device,
+                                             "cascade_attention": cfg.cascade_attention} if p.engine == "torch"
                                             else {}))
         try:
             if progress:

@@ -57,6 +57,9 @@ class BuildConfig:
     resume: bool = knob(False, help="Continue the unfinished build with the same settings.")
     force: bool = knob(False, help="Build again although a complete build has the same settings.")
     threads: int | None = knob(None, help="Torch threads for the torch engine.", unit="threads", ge=1)
+    cascade_attention: bool = knob(False, help="The torch engine decodes with the shared-prefix attention (a "
+                                   "prompt's keys read once per prompt, not once per sample; bench/engines/cascade.py"
+                                   "): μ moves in its last bits, so a build with it has other settings.")
     device: str = knob("cpu", help="The torch engine's device (bench/device.py); vLLM picks its own.", cli=False)
     grade_timeout: float = knob(5.0, help="Hard per-answer timeout of the grader.", unit="seconds", gt=0)
     adaptive: bool = knob(False, help="Sample in rounds; stop a problem as soon as a Wilson interval for its "

@@ -173,6 +173,27 @@ def test_identical_settings_reuse_the_complete_build(tmp_path):
     assert forced["build_id"] != first["build_id"] and forced["counts"] == first["counts"]
 
 
+def test_the_cascade_attention_is_a_build_setting_of_its_own(tmp_path):
+    """A build decoded with the shared-prefix attention is another build (its rollouts' μ and
+    tokens may move), recorded in its settings; without it the settings keep their old keys."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    args = ["build", "--limit", "8", "--k", "4", "--engine", "torch", "--dtype", "fp32", "--db", url, "--json"]
+    plain = json.loads(invoke(*args).stdout)
+    cascade = json.loads(invoke(*args, "--cascade-attention").stdout)
+    assert "cascade_attention" not in plain["settings"] and cascade["settings"]["cascade_attention"] is True
+    assert cascade["build_id"] != plain["build_id"] and not cascade.get("reused")
+    assert cascade["rollouts"] == plain["rollouts"] == 32
+
+
+def test_the_cascade_attention_is_refused_with_vllm(bench_home, monkeypatch):
+    import bench.engines
+
+    monkeypatch.setattr(bench.engines, "vllm_available", lambda: True)
+    r = invoke("build", "--limit", "4", "--k", "2", "--engine", "vllm", "--cascade-attention")
+    assert r.exit_code == 2 and "--cascade-attention is the built-in engine's" in " ".join(r.output.split())
+    assert not (bench_home / "builds").exists() or not any((bench_home / "builds").iterdir())
+
+
 @pytest.mark.integration
 @pytest.mark.ray
 def test_ray_shards_merge_to_the_unsharded_split(tmp_path):
