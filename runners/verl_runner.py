@@ -402,12 +402,15 @@ def owner(key: str) -> str | None:
 
 def check_verl_cell(algo: str, cfg: RunConfig) -> None:
     """Refuse what verl 0.9.1 cannot run to its end: pg-seq-mis, a staleness K > 0, router
-    replay (runners/verl_runner.py says why for each); and a --verl-override of a key the cell sets."""
+    replay (runners/verl_runner.py says why for each), the built-in engine's cascade attention; and
+    a --verl-override of a key the cell sets."""
     check_algorithm(algo)
     if cfg.staleness:
         raise VerlError(VERL_STALENESS)
     if cfg.router_replay:
         raise VerlError(VERL_ROUTER_REPLAY)
+    if cfg.cascade_attention:
+        raise VerlError("--cascade-attention is the built-in engine's decode attention; verl rolls out with vLLM")
     check_overrides(algo, cfg)
 
 

@@ -216,6 +216,12 @@ class SharedPrefixCache(Cache):
     def keep_rows(self, order: torch.Tensor) -> None:
         self.shared.keep(order)
 
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Keep rows `beam_idx` (transformers' beam search, `batch_select_indices`): their suffixes
+        and their prompts."""
+        super().reorder_cache(beam_idx)
+        self.keep_rows(beam_idx)
+
 
 @contextmanager
 def decoding(cache: Cache):
@@ -230,14 +236,39 @@ def decoding(cache: Cache):
 
 # ------------------------------------------------------------------ the attention implementation
 
-def _cascade_forward(base):
+def refusal(config) -> str | None:
+    """Why a model of `config` cannot decode with the cascade, or None: its layers must all be
+    plain full attention (a sliding window or linear attention keeps transformers' own cache)."""
+    from .kv_cache import plain_attention
+
+    if plain_attention(config) is None:
+        return ("--cascade-attention needs a model whose layers are all full attention; this one has sliding-window "
+                "or linear-attention layers")
+    return None
+
+
+def request_refusal(model_path: str, engine: str) -> str | None:
+    """Why a run or build asking for the cascade cannot have it, or None, before anything is
+    written: the built-in engine only (vLLM chooses its own cascade attention), and a model of
+    full-attention layers (`refusal`, from its config)."""
+    from transformers import AutoConfig
+
+    if engine != "torch":
+        return ("--cascade-attention is the built-in engine's decode attention: use --engine torch (vLLM chooses its "
+                "own cascade attention)")
+    return refusal(AutoConfig.from_pretrained(model_path))
+
+
+def _cascade_forward(base: str):
     def forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None, **kwargs):
         cache = _ACTIVE.get()
         idx = getattr(module, "layer_idx", None)
         layer = cache.layers[idx] if cache is not None and idx is not None else None
         if layer is None or query.shape[-2] != 1 or not layer.is_initialized or layer.length <= layer.width:
-            return base(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
-                        softcap=softcap, **kwargs)
+            from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+            return ALL_ATTENTION_FUNCTIONS[base](module, query, key, value, attention_mask, scaling=scaling,
+                                                 dropout=dropout, softcap=softcap, **kwargs)
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
         out = cascade_attention(query, layer.k_prefix, layer.v_prefix, cache.prefix_keep.to(query.device),
                                 key, value, cache.shared, scale, query.dtype, softcap)
@@ -248,7 +279,8 @@ def _cascade_forward(base):
 def use_cascade(model) -> str:
     """Give `model` the cascade decode attention over its current implementation (sdpa, or
     bench/kernels.py's upcast), registered with transformers as CASCADE_<base> with the base's
-    masks; the prefill and any forward outside `decoding` run the base. Returns the base's name."""
+    masks; the prefill and any forward outside `decoding` run the base (looked up at each call).
+    Returns the base's name; ValueError where the base is not a registered attention (eager)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -256,9 +288,11 @@ def use_cascade(model) -> str:
     base = model.config._attn_implementation
     if base.startswith(CASCADE):
         return base[len(CASCADE) + 1:]
-    fn = ALL_ATTENTION_FUNCTIONS[base]
+    if base not in ALL_ATTENTION_FUNCTIONS or not hasattr(model, "set_attn_implementation"):
+        raise ValueError(f"the cascade attention decodes over a registered attention (sdpa, bench's upcast); this "
+                         f"model runs {base!r}")
     name = f"{CASCADE}_{base}"
-    AttentionInterface.register(name, _cascade_forward(fn))
+    AttentionInterface.register(name, _cascade_forward(base))
     ALL_MASK_ATTENTION_FUNCTIONS.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base])
     model.set_attn_implementation(name)
     return base

@@ -164,11 +164,10 @@ class BufferPool:
         return buf[:need].view(shape)
 
 
-def plain_attention(model):
-    """The text config of `model` where its layers are all plain full attention (no sliding
-    window, no linear attention: those keep their own cache layers), else None."""
-    cfg = getattr(model, "config", None)
-    cfg = cfg.get_text_config() if cfg is not None and hasattr(cfg, "get_text_config") else cfg
+def plain_attention(config):
+    """The text config of a model's `config` where its layers are all plain full attention (no
+    sliding window, no linear attention: those keep their own cache layers), else None."""
+    cfg = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
     types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
     if types != {"full_attention"} or getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
         return None
@@ -182,7 +181,7 @@ def preallocated_cache(model, capacity: int, repeat: torch.Tensor | None = None,
     layers are not all plain full attention (`plain_attention`)."""
     from transformers import DynamicCache
 
-    cfg = plain_attention(model)
+    cfg = plain_attention(getattr(model, "config", None))
     if cfg is None:
         return DynamicCache()
     return Cache(layers=[PreallocatedLayer(capacity, repeat, store, pool, i) for i in range(cfg.num_hidden_layers)])

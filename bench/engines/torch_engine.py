@@ -102,9 +102,9 @@ class TorchEngine:
         from (`Sample.distributions`, fp32 [T, V] log-probs: `bench check`'s full-vocabulary KL).
         `cascade_attention`: decode with the shared-prefix attention (bench/engines/cascade.py: a
         prompt's keys read once per prompt, not once per row; the same arithmetic up to the order
-        of fp32 additions, so not the same bits) where the model's layers are all plain full
-        attention and its prompts share one prefill; refused for a `prepared` model (its attention
-        is the trainer's)."""
+        of fp32 additions, so not the same bits); ValueError for a model with sliding-window or
+        linear-attention layers, without the preallocated cache, or `prepared` (its attention is
+        the trainer's). Its cache holds fp32 keys and values (twice a 16-bit cache on a GPU)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from . import cascade, kv_cache
@@ -132,8 +132,13 @@ class TorchEngine:
             self.kernels = (apply_rollout_kernels(self.model, self.format, self.device) if vllm_kernels
                             else dict(NO_KERNELS))
         # the model's own attention implementation; the cascade decodes over it (its prefill runs it)
-        self.cascade = (kv_cache.plain_attention(self.model) if cascade_attention and preallocated_cache
-                        and share_prompts else None)       # the text config where it applies
+        self.cascade = None
+        if cascade_attention:
+            why = cascade.refusal(self.model.config) or (None if preallocated_cache else
+                                                          "--cascade-attention decodes into the preallocated cache")
+            if why:
+                raise ValueError(why)
+            self.cascade = kv_cache.plain_attention(self.model.config)
         self.attention = cascade.use_cascade(self.model) if self.cascade is not None else \
             getattr(self.model.config, "_attn_implementation", None)
         self.max_batch = max_batch

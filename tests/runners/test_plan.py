@@ -16,6 +16,7 @@ from bench.store.schema import BuildProblem
 from conftest import add_model_and_build
 from runners.plan import RunError, RunPlan, config_from_dict, plan_of_run, plan_run
 from runners.presets import get_preset
+from runners.verl_runner import VerlError, VerlTarget
 
 FP32 = Precision("fp32", "fp32")
 
@@ -77,6 +78,8 @@ def test_the_cascade_attention_is_the_built_in_engines(store, monkeypatch):
     cfg = replace(get_preset("tiny"), cascade_attention=True)
     with pytest.raises(RunError, match="--cascade-attention is the built-in engine's"):
         plan_run(store, "grpo", FP32, cfg, engine="vllm", device="cpu")
+    with pytest.raises(VerlError, match="verl rolls out with vLLM"):
+        plan_run(store, "grpo", FP32, cfg, verl=VerlTarget())
     assert plan_run(store, "grpo", FP32, cfg, engine="torch", device="cpu").cfg.cascade_attention
     assert _runs(store) == 0
 

@@ -166,13 +166,49 @@ def test_the_prefill_and_other_forwards_keep_the_base_attention():
     assert torch.equal(a.model(input_ids=ids).logits, b.model(input_ids=ids).logits)
 
 
-def test_it_is_refused_for_a_prepared_model_and_left_out_where_a_model_has_windows():
+def test_it_is_refused_where_it_cannot_decode():
+    """A prepared (training) model, a model with sliding-window layers, an eager attention, no
+    preallocated cache: each refused with its reason, never silently decoded without it."""
     from transformers import AutoTokenizer, MistralConfig, MistralForCausalLM
 
+    from bench.engines.cascade import request_refusal
+
     tok = AutoTokenizer.from_pretrained(str(TINY_MATH_DIR))
-    m = MistralForCausalLM(MistralConfig(vocab_size=85, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=2, num_key_value_heads=2, sliding_window=8))
+    windowed = MistralForCausalLM(MistralConfig(vocab_size=85, hidden_size=32, intermediate_size=64,
+                                                num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                                                sliding_window=8))
     with pytest.raises(ValueError, match="rollout engine's"):
-        TorchEngine("m", "fp32", model=m, tokenizer=tok, prepared=True, cascade_attention=True)
-    eng = TorchEngine("m", "fp32", model=m, tokenizer=tok, cascade_attention=True)
-    assert eng.cascade is None and not eng.model.config._attn_implementation.startswith("bench_cascade")
+        TorchEngine("m", "fp32", model=windowed, tokenizer=tok, prepared=True, cascade_attention=True)
+    with pytest.raises(ValueError, match="all full attention; this one has sliding-window"):
+        TorchEngine("m", "fp32", model=windowed, tokenizer=tok, cascade_attention=True)
+    eager = _gqa_llama()
+    eager.set_attn_implementation("eager")
+    with pytest.raises(ValueError, match="this model runs 'eager'"):
+        TorchEngine("m", "fp32", model=eager, tokenizer=tok, cascade_attention=True)
+    with pytest.raises(ValueError, match="preallocated cache"):
+        TorchEngine(str(TINY_MATH_DIR), "fp32", preallocated_cache=False, cascade_attention=True)
+    assert request_refusal(str(TINY_MATH_DIR), "torch") is None
+    assert "use --engine torch" in request_refusal(str(TINY_MATH_DIR), "vllm")
+
+
+def test_one_token_prompts_and_no_shared_prefill():
+    """A prompt of one token (its prefill has one query, the base attention's) and an engine that
+    prefills every row (each row its own prompt): the plain decode's tokens."""
+    plain = TorchEngine(str(TINY_MATH_DIR), "fp32", threads=1)
+    ids = plain.tokenizer.encode("7", add_special_tokens=False)
+    assert len(ids) == 1
+    sp = Sampling(1.0, 1.0, 16, seed=2)
+    cascade = TorchEngine(str(TINY_MATH_DIR), "fp32", threads=1, cascade_attention=True)
+    for share in (True, False):
+        plain.share_prompts = cascade.share_prompts = share
+        a, b = plain.generate(["7", PROMPTS[1]], 3, sp), cascade.generate(["7", PROMPTS[1]], 3, sp)
+        assert [[s.token_ids for s in r] for r in a] == [[s.token_ids for s in r] for r in b]
+
+
+def test_a_reordered_cache_keeps_each_rows_prompt():
+    cache = SharedPrefixCache(1, 6, torch.tensor([0, 0, 1, 1]), 2, torch.ones(2, 2))
+    cache.update(kv(2, 2, 0.0), kv(2, 2, 0.0), 0)
+    cache.update(kv(4, 1, 0.0), kv(4, 1, 0.0), 0)
+    cache.reorder_cache(torch.tensor([3, 1]))
+    assert cache.shared.prompt.tolist() == [1, 0] and cache.layers[0].rows == 2
+    assert cache.layers[0].keys[:, 0, 0, 0].tolist() == [30, 10]
