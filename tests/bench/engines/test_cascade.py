@@ -136,11 +136,12 @@ def _samples(fmt, cascade, gqa):
 
 
 @pytest.mark.parametrize("cpu16", ["none", "all"])
-@pytest.mark.parametrize("fmt", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "fp16", "fp8", "nvfp4", "e8m6"])
 @pytest.mark.parametrize("gqa", [False, True], ids=["tiny-math", "GQA Llama"])
 def test_the_engine_samples_as_its_plain_decode_up_to_the_order_of_sums(fmt, cpu16, gqa, monkeypatch):
     """Four prompts × 4 samples in chunks of 7 rows (a prompt's rows across two chunks), rows
-    finishing apart: the cascade's tokens are the plain decode's and μ within the rounding of the
+    finishing apart, in 16-bit, quantized (FP8, NVFP4: their 16-bit activations) and ladder-rung
+    (e8m6) formats: the cascade's tokens are the plain decode's and μ within the rounding of the
     attention's output (fp32: 1e-5; a 16-bit output a rounding apart moves a logit by up to a
     16-bit step: measured 2026-12-06, mean 6e-4 at most; where torch's native 16-bit kernel
     is the plain path (`all`) the cascade's FlashAttention arithmetic differs from it beyond
