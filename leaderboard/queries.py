@@ -259,7 +259,7 @@ def mismatch_frame(engine: Engine) -> pd.DataFrame:
     df = _read(engine, select(MismatchReport.id, Model.name.label("model"), MismatchReport.rollout_dtype,
                               MismatchReport.train_dtype, MismatchReport.source, MismatchReport.n,
                               MismatchReport.engine, MismatchReport.limit, MismatchReport.max_tokens,
-                              MismatchReport.device, MismatchReport.cpu_16bit,
+                              MismatchReport.device, MismatchReport.cpu_16bit, MismatchReport.attention,
                               MismatchReport.metrics, MismatchReport.plots, MismatchReport.created_at)
                .join(Model, Model.id == MismatchReport.model_id).order_by(MismatchReport.created_at.desc()))
     if df.empty:

@@ -79,7 +79,7 @@ def mismatch_ratios(cells: pd.DataFrame) -> list[dict]:
 
 
 # what an offline report's numbers depend on besides its pair (runners/offline_mismatch.conditions)
-CONDITIONS = ("model", "source", "engine", "limit", "n", "max_tokens", "device", "cpu_16bit")
+CONDITIONS = ("model", "source", "engine", "limit", "n", "max_tokens", "device", "cpu_16bit", "attention")
 
 
 def _condition(v):
@@ -91,14 +91,16 @@ def _condition(v):
 
 def offline_ratios(mismatch: pd.DataFrame | None) -> list[dict]:
     """bf16/bf16 over fp16/fp16 from the newest offline report of each set of conditions (model,
-    source, engine, limit, n, max_tokens, device, CPU 16-bit kernel path): two reports pair only
-    when every condition is the same. Reports that recorded no conditions (from before they were
+    source, engine, limit, n, max_tokens, device, CPU 16-bit kernel path, decode attention): two
+    reports pair only when every condition is the same. Reports that recorded no conditions (from before they were
     stored: no engine) are never paired."""
     if mismatch is None or mismatch.empty or "kl_k3" not in mismatch.columns:
         return []
     if "engine" not in mismatch.columns:
         return []
     num, den = RATIO
+    if "attention" not in mismatch.columns:             # a frame from before the decode attention was recorded
+        mismatch = mismatch.assign(attention=None)
     m = mismatch[(mismatch.rollout_dtype == mismatch.train_dtype) & mismatch.rollout_dtype.isin(RATIO)
                  & mismatch.engine.notna()]
     if "created_at" in m.columns:
@@ -171,7 +173,10 @@ def conditions_text(row: dict) -> str:
     where = str(row.get("device"))
     if row.get("cpu_16bit") is not None:
         where += f" (16-bit path {row['cpu_16bit']})"
-    return f"{row.get('engine')}, {limit} × n {row.get('n')}, ≤{row.get('max_tokens')} tokens, {where}"
+    engine = row.get("engine")
+    if row.get("attention") is not None:
+        engine = f"{engine} ({row['attention']} attention)"
+    return f"{engine}, {limit} × n {row.get('n')}, ≤{row.get('max_tokens')} tokens, {where}"
 
 
 def ratio_text(r: float | None) -> str:

@@ -28,5 +28,8 @@ class MismatchConfig:
     out: Path | None = knob(None, help="Plots; default $BENCH_HOME/mismatch/<model>.", cli=False)
     threads: int | None = knob(None, help="Torch threads.", unit="threads", ge=1)
     device: str = knob("cpu", help="Both engines (bench/device.py; the vllm engine picks its own).", cli=False)
+    cascade_attention: bool = knob(False, help="The torch engine decodes with the shared-prefix attention "
+                                   "(bench/engines/cascade.py); the report records it and pairs only with reports "
+                                   "that did.")
     router_replay: bool = knob(False, help="MoE models (R3): score with the experts the rollout engine chose "
                                "(--engine torch); the router metrics still compare what the trainer would choose.")

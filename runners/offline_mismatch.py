@@ -28,18 +28,20 @@ from bench.store import MismatchReport, bench_home, get_or_create_model, session
 
 from .logprobs import pack, response_logprobs
 from .pair_scoring import compute_copy, rollout_passes, sampled_logprobs
-from .plan import check_router_replay
+from .plan import check_cascade, check_router_replay
 from .mismatch_config import MismatchConfig  # noqa: F401  (re-exported: the old home)
 
 
 def conditions(cfg: MismatchConfig, max_tokens: int) -> dict:
     """What a report's numbers depend on besides the model, the pair and the source: the rollout
-    engine, the problems (limit), responses per problem (n), the response budget, the device and,
-    on a CPU, its 16-bit kernel path (`cpu_kernel_path()`: which instructions bench's kernels take,
-    so an fp16 or bf16 pair is computed differently on another kind of CPU; None on a GPU)."""
+    engine, the problems (limit), responses per problem (n), the response budget, the device, on
+    a CPU its 16-bit kernel path (`cpu_kernel_path()`: which instructions bench's kernels take,
+    so an fp16 or bf16 pair is computed differently on another kind of CPU; None on a GPU), and
+    the decode attention where it is not the plain one ("cascade")."""
     on_cpu = str(cfg.device).startswith("cpu")
     return {"engine": cfg.engine, "limit": cfg.limit, "n": cfg.n, "max_tokens": max_tokens, "device": cfg.device,
-            "cpu_16bit": cpu_kernel_path() if on_cpu else None}
+            "cpu_16bit": cpu_kernel_path() if on_cpu else None,
+            "attention": "cascade" if cfg.cascade_attention else None}
 
 
 def _score(model, tok, prompts: list[str], samples, batch: int, device="cpu", replay: bool = False):
@@ -116,13 +118,14 @@ def _plots(mu, pi, mask, out: Path, title: str) -> dict[str, str]:
 
 
 def _scored_pairs(ref, tok, prompts, base, pairs, engine: str, n: int, sampling: Sampling, batch: int,
-                  device: str = "cpu", threads: int | None = None, replay: bool = False):
+                  device: str = "cpu", threads: int | None = None, replay: bool = False, cascade: bool = False):
     """(pair, μ, π, mask, router metrics) for every pair: one rollout pass per rollout format
-    (from a copy of the fp32 `base`), shared by its training formats, each scored by a fresh
-    compute copy (with the rollout's routes when `replay`)."""
-    with closing(rollout_passes(engine, ref.path, base, pairs, torch_kw={"tokenizer": tok, "threads": threads,
-                                                                         "device": device, "record_routes": True})
-                 ) as passes:
+    (from a copy of the fp32 `base`, decoding with the cascade attention when `cascade`), shared
+    by its training formats, each scored by a fresh compute copy (with the rollout's routes when
+    `replay`)."""
+    torch_kw = {"tokenizer": tok, "threads": threads, "device": device, "record_routes": True,
+                **({"cascade_attention": True} if cascade else {})}
+    with closing(rollout_passes(engine, ref.path, base, pairs, torch_kw=torch_kw)) as passes:
         for eng, mine in passes:
             samples = eng.generate(prompts, n, sampling)
             eng.close()                            # its memory back before the scoring copies (closing twice is fine)
@@ -146,6 +149,8 @@ def analyse(store, cfg: MismatchConfig, pairs: list[Precision], progress=None) -
     ref = resolve_model(cfg.model)
     if cfg.router_replay:               # refused before the model is loaded
         check_router_replay(ref, cfg.engine)
+    if cfg.cascade_attention:
+        check_cascade(ref, cfg.engine)
     tok = load_tokenizer(ref)
     cfg = fill_measure_defaults(replace(cfg), ref)
     problems = load_problems(SourceSpec(cfg.source, limit=cfg.limit, seed=cfg.seed))
@@ -156,7 +161,8 @@ def analyse(store, cfg: MismatchConfig, pairs: list[Precision], progress=None) -
     out_root = Path(cfg.out or bench_home() / "mismatch" / ref.name.replace("/", "_"))
     reports = []
     for pair, mu, pi, mask, router in _scored_pairs(ref, tok, prompts, base, pairs, cfg.engine, cfg.n, sampling,
-                                                    cfg.batch, cfg.device, cfg.threads, cfg.router_replay):
+                                                    cfg.batch, cfg.device, cfg.threads, cfg.router_replay,
+                                                    cfg.cascade_attention):
         metrics = mismatch_metrics(mu, pi, mask)
         metrics["tokens"] = int(mask.sum().item())
         metrics.update(nonfinite_counts(mu, pi, mask))

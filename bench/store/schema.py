@@ -252,6 +252,7 @@ class MismatchReport(Base):
     max_tokens: Mapped[int | None] = mapped_column(Integer)      # the response budget the samples had
     device: Mapped[str | None] = mapped_column(String(20))
     cpu_16bit: Mapped[str | None] = mapped_column(String(10))    # cpu_kernel_path() on a CPU; None on a GPU
+    attention: Mapped[str | None] = mapped_column(String(20))    # "cascade"; None: the engine's plain decode
 
 
 class CheckReport(Base):

@@ -62,7 +62,8 @@ def test_paper_offline_mismatch():
 
 
 # the conditions of the fixture's offline reports (all alike)
-CONDITIONS = {"engine": "torch", "limit": 100, "max_tokens": 64, "device": "cpu", "cpu_16bit": "none"}
+CONDITIONS = {"engine": "torch", "limit": 100, "max_tokens": 64, "device": "cpu", "cpu_16bit": "none",
+              "attention": None}
 
 
 def _store(url):
@@ -195,7 +196,7 @@ def _reports(*rows):
 
 @pytest.mark.parametrize("condition, other", [("engine", "vllm"), ("limit", 8), ("limit", None), ("n", 4),
                                               ("max_tokens", 128), ("device", "cuda:0"), ("cpu_16bit", "all"),
-                                              ("source", "synthetic"), ("model", "other")])
+                                              ("source", "synthetic"), ("model", "other"), ("attention", "cascade")])
 def test_offline_ratios_pair_only_reports_of_the_same_conditions(condition, other):
     from leaderboard.summary import offline_ratios
 

@@ -213,3 +213,26 @@ def test_a_reordered_cache_keeps_each_rows_prompt():
     cache.reorder_cache(torch.tensor([3, 1]))
     assert cache.shared.prompt.tolist() == [1, 0] and cache.layers[0].rows == 2
     assert cache.layers[0].keys[:, 0, 0, 0].tolist() == [30, 10]
+
+
+def test_bench_mismatch_records_the_cascade_and_pairs_it_apart(tmp_path):
+    """`bench mismatch --cascade-attention`: the report's conditions and its store row say
+    "cascade"; a plain report says None (leaderboard.summary pairs reports by these conditions)."""
+    import json
+
+    from sqlalchemy import select
+    from typer.testing import CliRunner
+
+    from bench.cli import app
+    from bench.store import MismatchReport, open_store, session
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    args = ["mismatch", "--model", "tiny-math", "--dtype", "bf16", "--limit", "2", "--n", "2", "--threads", "1",
+            "--db", url, "--json"]
+    for extra, want in (([], None), (["--cascade-attention"], "cascade")):
+        r = CliRunner().invoke(app, [*args, *extra])
+        assert r.exit_code == 0, r.output
+        (report,) = json.loads(r.stdout)
+        assert report["conditions"]["attention"] == want
+    with session(open_store(url)) as s:
+        assert [m.attention for m in s.scalars(select(MismatchReport).order_by(MismatchReport.id))] == [None, "cascade"]
