@@ -133,74 +133,37 @@ def cascade_attention(q: torch.Tensor, k_prefix: torch.Tensor, v_prefix: torch.T
 # ------------------------------------------------------------------ the cache
 
 class SharedPrefixLayer(PreallocatedLayer):
-    """One layer's prompt keys and values once per prompt (`prefix`, [P, H, W, D], the first
-    forward's, which runs over the distinct prompts) and each row's generated ones (`suffix`,
-    [B, H, capacity − W, D]), in `store` (see PreallocatedLayer). After the prefill, `update`
-    writes the rows' new columns and returns the suffix's filled part; `cascade_attention`
-    reads both. `length` counts both parts (the positions attended)."""
+    """One layer's prompt keys and values once per prompt (`k_prefix`, `v_prefix` [P, H, W, D],
+    the first forward's, which runs over the distinct prompts) and each row's generated ones in
+    the rows' buffers ([B, H, capacity − W, D]), in `store` (see PreallocatedLayer: `width` = W
+    positions held apart). After the prefill, `update` writes the rows' new columns and returns
+    their filled part; `cascade_attention` reads both. `length` counts both parts (the positions
+    attended)."""
 
     def __init__(self, capacity: int, rows: PromptRows, store: torch.dtype | None = None,
                  pool=None, index: int | None = None):
         super().__init__(capacity, None, store, pool, index)
         self.shared = rows
-        self.width = 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         p, h, w, d = key_states.shape
-        b = len(self.shared.prompt)
+        b, dv = len(self.shared.prompt), value_states.shape[-1]
         self.dtype, self.device = self.store or key_states.dtype, key_states.device
-        new = self.pool.take if self.pool is not None else (lambda key, shape, dt, dev: torch.empty(shape, dtype=dt,
-                                                                                                      device=dev))
-        dv = value_states.shape[-1]
-        self.k_prefix = new(("kp", self.index), (p, h, w, d), self.dtype, self.device)
-        self.v_prefix = new(("vp", self.index), (p, h, w, dv), self.dtype, self.device)
-        self._k = new(("k", self.index), (b, h, self.capacity - w, d), self.dtype, self.device)
-        self._v = new(("v", self.index), (b, h, self.capacity - w, dv), self.dtype, self.device)
+        self.k_prefix = self._buffer("kp", (p, h, w, d))
+        self.v_prefix = self._buffer("vp", (p, h, w, dv))
+        self._k = self._buffer("k", (b, h, self.capacity - w, d))
+        self._v = self._buffer("v", (b, h, self.capacity - w, dv))
         self.rows, self.length, self.width = b, 0, w
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:                  # the prefill: its own attention over its own rows
-            self.lazy_initialization(key_states, value_states)
-            self.k_prefix.copy_(key_states)
-            self.v_prefix.copy_(value_states)
-            self.length = self.width
-            return key_states, value_states
-        q = key_states.shape[-2]
-        s, end = self.length - self.width, self.length + q
-        if end > self.capacity:
-            raise RuntimeError(f"KV cache full: {end} positions asked of {self.capacity}")
-        self._k[:self.rows, :, s:s + q] = key_states
-        self._v[:self.rows, :, s:s + q] = value_states
-        self.length = end
-        self.keys, self.values = self._k[:self.rows, :, :s + q], self._v[:self.rows, :, :s + q]
-        return self.keys, self.values
-
-    def _suffix_moved(self, rows: int) -> None:
-        t = self.length - self.width
-        self.rows = rows
-        self.keys, self.values = self._k[:rows, :, :t], self._v[:rows, :, :t]
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        if not self.is_initialized:
-            return
-        idx, t = beam_idx.to(self._k.device), self.length - self.width
-        self._k[:len(idx), :, :t] = torch.index_select(self._k[:, :, :t], 0, idx)
-        self._v[:len(idx), :, :t] = torch.index_select(self._v[:, :, :t], 0, idx)
-        self._suffix_moved(len(idx))
-
-    batch_select_indices = reorder_cache
-
-    def move_rows(self, dst: torch.Tensor, src: torch.Tensor, rows: int) -> None:
-        if not self.is_initialized:
-            return
-        t = self.length - self.width
-        if len(dst):
-            dst, src = dst.to(self._k.device), src.to(self._k.device)
-            for buf in (self._k, self._v):
-                filled = buf[:, :, :t]
-                filled.index_copy_(0, dst, torch.index_select(filled, 0, src))
-        self._suffix_moved(rows)
+        if self.is_initialized:                      # a decode step: the rows' own columns
+            return super().update(key_states, value_states)
+        self.lazy_initialization(key_states, value_states)     # the prefill: its own attention over its rows
+        self.k_prefix.copy_(key_states)
+        self.v_prefix.copy_(value_states)
+        self.length = self.width
+        return key_states, value_states
 
 
 class SharedPrefixCache(Cache):

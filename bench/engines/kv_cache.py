@@ -35,7 +35,9 @@ class PreallocatedLayer(DynamicLayer):
     samples: bench/engines/torch_engine.py); B is then len(repeat). `store`: the buffers' dtype
     when not the states' own: fp32 holds 16-bit keys and values exactly, for an attention that
     reads them as fp32 (bench/kernels.py, upcast_attention) and would otherwise convert the
-    whole cache at every token."""
+    whole cache at every token. `width`: the leading positions held apart from the rows' buffers
+    (0 here; a shared prompt in bench/engines/cascade.py), so row buffer column c is position
+    width + c and `filled` columns are written."""
 
     def __init__(self, capacity: int, repeat: torch.Tensor | None = None, store: torch.dtype | None = None,
                  pool: "BufferPool | None" = None, index: int | None = None):
@@ -48,14 +50,24 @@ class PreallocatedLayer(DynamicLayer):
         self.pool, self.index = pool, index         # buffers kept between batches (`BufferPool`), this layer's
         self.length = 0
         self.rows = 0
+        self.width = 0
+
+    @property
+    def filled(self) -> int:
+        """Columns of the rows' buffers written."""
+        return self.length - self.width
+
+    def _buffer(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """A buffer of this layer (`name`: k, v, ...), from the pool where there is one."""
+        new = self.pool.take if self.pool is not None else _empty
+        return new((name, self.index), shape, self.dtype, self.device)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         b, h, _, d = key_states.shape
         n = b if self.repeat is None else len(self.repeat)
         self.dtype, self.device = self.store or key_states.dtype, key_states.device
-        new = self.pool.take if self.pool is not None else _empty
-        self._k = new(("k", self.index), (n, h, self.capacity, d), self.dtype, self.device)
-        self._v = new(("v", self.index), (n, h, self.capacity, value_states.shape[-1]), self.dtype, self.device)
+        self._k = self._buffer("k", (n, h, self.capacity, d))
+        self._v = self._buffer("v", (n, h, self.capacity, value_states.shape[-1]))
         self.rows, self.length = n, 0
         self.is_initialized = True
 
@@ -75,10 +87,11 @@ class PreallocatedLayer(DynamicLayer):
             self.length = end
             self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
             return key_states, value_states
-        self._k[:self.rows, :, self.length:end] = key_states
-        self._v[:self.rows, :, self.length:end] = value_states
+        c = self.filled
+        self._k[:self.rows, :, c:c + q] = key_states
+        self._v[:self.rows, :, c:c + q] = value_states
         self.length = end
-        self.keys, self.values = self._k[:self.rows, :, :end], self._v[:self.rows, :, :end]
+        self.keys, self.values = self._k[:self.rows, :, :c + q], self._v[:self.rows, :, :c + q]
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
@@ -87,17 +100,21 @@ class PreallocatedLayer(DynamicLayer):
     def get_max_length(self) -> int:
         return self.capacity
 
+    def _rows_moved(self, rows: int) -> None:
+        t = self.filled
+        self.rows = rows
+        self.keys, self.values = self._k[:rows, :, :t], self._v[:rows, :, :t]
+
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Keep rows `beam_idx` (in that order): their filled prefix moves to the front."""
         if not self.is_initialized:
             return
         idx = beam_idx.to(self._k.device)
-        n, t = len(idx), self.length
+        n, t = len(idx), self.filled
         # index_select reads a copy first (and is ~5× advanced indexing's speed on these strided views)
         self._k[:n, :, :t] = torch.index_select(self._k[:, :, :t], 0, idx)
         self._v[:n, :, :t] = torch.index_select(self._v[:, :, :t], 0, idx)
-        self.rows = n
-        self.keys, self.values = self._k[:n, :, :t], self._v[:n, :, :t]
+        self._rows_moved(n)
 
     batch_select_indices = reorder_cache
 
@@ -107,14 +124,13 @@ class PreallocatedLayer(DynamicLayer):
         copies at most f rows' prefixes, not every live row's."""
         if not self.is_initialized:
             return
-        t = self.length
+        t = self.filled
         if len(dst):
             dst, src = dst.to(self._k.device), src.to(self._k.device)
             for buf in (self._k, self._v):
                 filled = buf[:, :, :t]
                 filled.index_copy_(0, dst, torch.index_select(filled, 0, src))
-        self.rows = rows
-        self.keys, self.values = self._k[:rows, :, :t], self._v[:rows, :, :t]
+        self._rows_moved(rows)
 
 
 def _empty(key, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
