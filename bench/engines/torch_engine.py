@@ -132,13 +132,13 @@ class TorchEngine:
             self.kernels = (apply_rollout_kernels(self.model, self.format, self.device) if vllm_kernels
                             else dict(NO_KERNELS))
         # the model's own attention implementation; the cascade decodes over it (its prefill runs it)
-        self.cascade = None
+        self.cascade = None          # the text config, where the engine decodes with the cascade
         if cascade_attention:
-            why = cascade.refusal(self.model.config) or (None if preallocated_cache else
-                                                          "--cascade-attention decodes into the preallocated cache")
-            if why:
-                raise ValueError(why)
+            if not preallocated_cache:
+                raise ValueError("--cascade-attention decodes into the preallocated cache")
             self.cascade = kv_cache.plain_attention(self.model.config)
+            if self.cascade is None:
+                raise ValueError(cascade.refusal(self.model.config))
         self.attention = cascade.use_cascade(self.model) if self.cascade is not None else \
             getattr(self.model.config, "_attn_implementation", None)
         self.max_batch = max_batch
