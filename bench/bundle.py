@@ -44,6 +44,7 @@ from datetime import datetime
 from pathlib import Path
 
 from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
 
 from bench.errors import BenchError
 from bench.machine_metrics import deterministic
@@ -391,9 +392,8 @@ def _check_evidence(rid: str, r: dict, b: dict) -> None:
 
 def _further(bundle_run: dict, local: Run) -> bool:
     """Whether the bundle's copy of a run is further along than the store's."""
-    def rank(status, step):
-        return (step, _ENDED_ORDER.get(status, 2))
-    return rank(bundle_run["status"], bundle_run["step"]) > rank(local.status, local.step)
+    return ((bundle_run["step"], _ENDED_ORDER.get(bundle_run["status"], 2))
+            > (local.step, _ENDED_ORDER.get(local.status, 2)))
 
 
 def _show(v) -> str:
@@ -476,8 +476,6 @@ def _not_a_continuation(s, bundle_run: dict, local: Run) -> str | None:
 def import_bundle(engine, path: Path) -> dict:
     """Load the bundle at `path` into the store in one transaction; returns what was added,
     updated and already present. BundleError (store unchanged) on any fault or conflict."""
-    from sqlalchemy.exc import SQLAlchemyError
-
     _, builds, runs = read_bundle(path)
     try:
         return _write(engine, builds, runs)
@@ -540,9 +538,8 @@ def _write(engine, builds: dict, runs: dict) -> dict:
                 s.add(Run(id=rid, **fields))
                 summary["runs_added"].append(rid)
             else:
-                s.query(RunStep).filter(RunStep.run_id == rid).delete()
-                s.query(Eval).filter(Eval.run_id == rid).delete()
-                s.query(RunDigest).filter(RunDigest.run_id == rid).delete()
+                for table in (RunStep, Eval, RunDigest):
+                    s.query(table).filter(table.run_id == rid).delete()
                 for k, v in fields.items():
                     setattr(local, k, v)
                 summary["runs_updated"].append(rid)

@@ -32,11 +32,9 @@ def junit_xml(verdicts: list[Verdict], properties: dict[str, str], seconds: floa
     for v in verdicts:
         case = ET.SubElement(suite, "testcase", classname=f"bench.check.{v.pair}", name=v.metric, time="0")
         if not v.ok:
-            fail = ET.SubElement(case, "failure", message=v.reason, type="contract")
-            fail.text = details.get(v.pair, "")
+            ET.SubElement(case, "failure", message=v.reason, type="contract").text = details.get(v.pair, "")
         else:
-            out = ET.SubElement(case, "system-out")
-            out.text = "" if v.value is None else f"{v.value:.6g}"
+            ET.SubElement(case, "system-out").text = "" if v.value is None else f"{v.value:.6g}"
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
 

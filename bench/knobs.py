@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import typing
 from dataclasses import MISSING, Field, field
 from functools import lru_cache
@@ -84,8 +85,6 @@ def bound_text(f: Field) -> str:
 def types_of(cls) -> dict[str, object]:
     """The resolved annotation of every field of a config dataclass (`object` for one that names
     a type its module imports only for type checkers: a nested config, never a bounded number)."""
-    import sys
-
     ns = vars(sys.modules[cls.__module__])
     out = {}
     for f in dataclasses.fields(cls):

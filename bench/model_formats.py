@@ -53,7 +53,6 @@ from torch import nn
 from . import formats, kernels, ladder, moe
 from .formats import Format
 from .gemms import W8A8STE
-from .grids import float_step
 from .fused_projections import fuse_projections, fused_groups, unfuse_projections
 from .precision import canon
 
@@ -112,11 +111,7 @@ class Head32Linear(nn.Module):
     def forward(self, x):
         return F.linear(x.float(), self.weight, self.bias)
 
-    @torch.no_grad()
-    def load_weight(self, w: torch.Tensor, track: bool = False):
-        old = self.weight.clone() if track else None
-        self.weight.copy_(w.float())
-        return (self.weight != old, float_step(self.weight, 23, -126)) if track else None
+    load_weight = moe.Router32.load_weight      # the same fp32 weight, reloaded in place
 
     @torch.no_grad()
     def load_bias(self, b: torch.Tensor, track: bool = False):
@@ -130,12 +125,9 @@ def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:
 
 @torch.no_grad()
 def _copy_param(p: nn.Parameter, fmt: Format, linear: bool, t: torch.Tensor, track: bool = False):
-    if not (linear and track):
-        p.copy_(t.to(p.dtype))
-        return None
-    old = p.detach().clone()
+    old = p.detach().clone() if linear and track else None
     p.copy_(t.to(p.dtype))
-    return p != old, fmt.step(p.detach())
+    return None if old is None else (p != old, fmt.step(p.detach()))
 
 
 class RolloutWeights:
@@ -313,12 +305,10 @@ def split_k_matmuls(model: nn.Module, sixteen_bit: bool = True) -> int:
     """Every quantized layer's scaled GEMM reduces in kernels.SPLIT_K slices; with `sixteen_bit`,
     every 16-bit nn.Linear computes as a split-K decode GEMM too (kernels.split_k_linears).
     Returns how many layers changed."""
-    n = 0
-    for mod in model.modules():
-        if isinstance(mod, QuantLinear):
-            mod.split_k = kernels.SPLIT_K
-            n += 1
-    return n + (kernels.split_k_linears(model) if sixteen_bit else 0)
+    quant = [mod for mod in model.modules() if isinstance(mod, QuantLinear)]
+    for mod in quant:
+        mod.split_k = kernels.SPLIT_K
+    return len(quant) + (kernels.split_k_linears(model) if sixteen_bit else 0)
 
 
 def apply_rollout_kernels(model: nn.Module, fmt: Format, device) -> dict[str, int]:

@@ -165,28 +165,25 @@ def converted_dir(path: Path, home: str | Path | None = None, progress=_say) -> 
         del model.config.quantization_config
     if any(p.dtype != torch.float32 for p in model.parameters()):
         raise ModelSourceError(f"{path}: transformers left some weights of {facts['architecture']} quantized")
-
-    def write(tmp: Path) -> None:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
-        (tmp / GGUF_MARKER).write_text(json.dumps(
-            {"file": path.name, "sha256": sha, **facts, "bytes": path.stat().st_size, "dequantized_to": "fp32",
-             "transformers": tf_version}, indent=1) + "\n")
-
-    write_model_dir(out, write, GGUF_MARKER)
+    write_model_dir(out, model, tok, GGUF_MARKER, {"file": path.name, "sha256": sha, **facts,
+                                                   "bytes": path.stat().st_size, "dequantized_to": "fp32",
+                                                   "transformers": tf_version})
     return out
 
 
-def write_model_dir(out: Path, write, marker: str) -> None:
-    """Make model directory `out` by `write(tmp)` into a temporary directory beside it, renamed into
-    place, so that a killed writer leaves nothing a later one would take for complete (`marker`,
-    the file written last, says a directory is). An empty `out` is replaced; where another process
-    completed `out` meanwhile, its directory stays."""
+def write_model_dir(out: Path, model, tok, marker: str, record: dict) -> None:
+    """Make model directory `out`, the model as safetensors, its tokenizer and `record` as JSON in
+    `marker`, in a temporary directory beside it, renamed into place, so that a killed writer leaves
+    nothing a later one would take for complete (`marker`, the file written last, says a directory
+    is). An empty `out` is replaced; where another process completed `out` meanwhile, its directory
+    stays."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     tmp.chmod(0o755)                    # mkdtemp makes it private; the cache is read like any model directory
     try:
-        write(tmp)
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        (tmp / marker).write_text(json.dumps(record, indent=1) + "\n")
         if out.is_dir() and not any(out.iterdir()):
             out.rmdir()
         try:
@@ -201,15 +198,11 @@ def write_model_dir(out: Path, write, marker: str) -> None:
 def gguf_provenance(model_dir: str | Path) -> dict | None:
     """The GGUF a cached directory was converted from (`bench-gguf.json`), None for any other."""
     p = Path(model_dir) / GGUF_MARKER
-    if not p.is_file():
-        return None
-    return json.loads(p.read_text())
+    return json.loads(p.read_text()) if p.is_file() else None
 
 
 def model_defaults(model_dir: str | Path) -> dict | None:
     """The build defaults a model directory carries (`bench-model.json`, written by
     bench/warmup.py: prompt, source, max tokens), None where it has none."""
     p = Path(model_dir) / MODEL_FILE
-    if not p.is_file():
-        return None
-    return json.loads(p.read_text()).get("defaults")
+    return json.loads(p.read_text()).get("defaults") if p.is_file() else None

@@ -16,6 +16,7 @@ template and instruction, and its runs prompt as it did (`with_prompt`).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -166,8 +167,6 @@ def _warmed_dir(name: str) -> Path:
     cfg = WarmupConfig()
     out = models_home() / warmed_name(WARMED[name], cfg)
     if not (out / MODEL_FILE).is_file():
-        import sys
-
         print(f"warming {WARMED[name]} up into {out} (once: {cfg.steps} steps, bench/warmup.py)", file=sys.stderr)
         warm_model(WARMED[name], cfg, out, progress=_warmup_line)
     return out
@@ -176,8 +175,6 @@ def _warmed_dir(name: str) -> Path:
 def _warmup_line(step: int, steps: int, loss: float) -> None:
     """A warm-up made on first use shows its progress on stderr: a line every 5 steps and the last."""
     if step % 5 == 0 or step == steps:
-        import sys
-
         print(f"  warm-up step {step}/{steps}: loss {loss:.4f}", file=sys.stderr, flush=True)
 
 
@@ -186,8 +183,6 @@ def warm_model(name: str, cfg, out: Path, progress=None) -> dict:
     `bench-model.json` (where it came from, the settings and losses, the defaults its builds take),
     written into a temporary directory renamed into place: a killed warm-up leaves nothing a later
     one would take for complete. Returns a summary."""
-    import json
-
     import torch
 
     from bench.warmup import checked, train
@@ -205,12 +200,7 @@ def warm_model(name: str, cfg, out: Path, progress=None) -> dict:
               "warmup": train(model, tok, lambda problem: render_prompt(ref, tok, problem), cfg, progress),
               "defaults": {**prompt_settings(ref), "base": ref.base, "source": "arithmetic",
                            "max_tokens": cfg.max_tokens}}
-    def write(tmp: Path) -> None:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
-        (tmp / MODEL_FILE).write_text(json.dumps(record, indent=1) + "\n")
-
-    write_model_dir(out, write, MODEL_FILE)
+    write_model_dir(out, model, tok, MODEL_FILE, record)
     losses = record["warmup"]["losses"]
     return {"out": str(out), "steps": cfg.steps, "first_loss": losses[0], "last_loss": losses[-1],
             "wall_s": record["warmup"]["wall_s"]}
@@ -254,11 +244,9 @@ def render_prompt(ref: ModelRef, tokenizer, problem: str) -> str:
     instruction, where there is one, on its own line before "A: "); chat, the tokenizer's chat
     template around "problem\ninstruction" (plain `problem\ninstruction\n` if the tokenizer has
     no chat template)."""
-    if ref.template == "plain":
-        if not ref.instruction:
-            return PLAIN_TEMPLATE.format(problem=problem)
-        return PLAIN_TEMPLATE.format(problem=f"{problem}\n{ref.instruction}")
     content = f"{problem}\n{ref.instruction}" if ref.instruction else problem
+    if ref.template == "plain":
+        return PLAIN_TEMPLATE.format(problem=content)
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template([{"role": "user", "content": content}],
                                              tokenize=False, add_generation_prompt=True)

@@ -93,12 +93,9 @@ def parse_list(text: str) -> list[Precision]:
     (`fp16;rollout=fp8,train=fp16`, `fp16,rollout=fp8,train=fp16`); `all` → every pair (35: 7
     rollout × 5 train formats); `all16` → the paper's nine pairs of fp32, fp16, bf16; `ladder` →
     every rung of the precision ladder against fp32 training, fp32 first (bench/ladder.py)."""
-    if text.strip() == "all":
-        return list(ALL_PAIRS)
-    if text.strip() == "all16":
-        return list(CLASSIC_PAIRS)
-    if text.strip() == "ladder":
-        return list(LADDER_PAIRS)
+    named = {"all": ALL_PAIRS, "all16": CLASSIC_PAIRS, "ladder": LADDER_PAIRS}
+    if text.strip() in named:
+        return list(named[text.strip()])
     tokens = [t.strip() for t in re.split(r"[;,]", text) if t.strip()]
     pairs, i = [], 0
     while i < len(tokens):

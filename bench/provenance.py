@@ -4,6 +4,7 @@ leaderboard cell can be reproduced, or told apart from one made elsewhere."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
@@ -26,8 +27,6 @@ def package_versions(packages=PACKAGES) -> dict[str, str | None]:
 
 def package_versions_of(python: str, packages=PACKAGES) -> dict[str, str | None]:
     """`package_versions` as seen by another interpreter (verl runs in its own environment)."""
-    import json
-
     code = ("import json, importlib.metadata as m\nout = {}\nfor p in %r:\n    try: out[p] = m.version(p)\n"
             "    except m.PackageNotFoundError: out[p] = None\nprint(json.dumps(out))" % (list(packages),))
     try:

@@ -74,12 +74,10 @@ def router_metrics(a: torch.Tensor, b: torch.Tensor, logp_mu: torch.Tensor, logp
     """Every router metric of the module docstring for one batch: `a` the rollout's routes,
     `b` the trainer's, both [B, T, L, k] at the positions scoring the response tokens."""
     sel = known(a, b, mask)
-    f = flips(a, b)
-    token_flipped = f.any(-1)
     return {"router_flip_frac": router_flip_frac(a, b, mask),
             "router_token_flip_frac": router_token_flip_frac(a, b, mask),
             "router_tokens": float(sel.sum()),
-            **split_mismatch(logp_mu, logp_pi, sel, token_flipped)}
+            **split_mismatch(logp_mu, logp_pi, sel, flips(a, b).any(-1))}
 
 
 def at_positions(routes: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ z is the standard normal quantile (statistics.NormalDist); the formulas are in t
 from __future__ import annotations
 
 import math
+from itertools import combinations
 from statistics import NormalDist
 
 
@@ -117,13 +118,10 @@ def permutation_p(a, b) -> float:
     least the observed |d| (every split enumerated, the observed one among them, so p ≥ 1/C;
     ties within 1e-12 of |d| count, as scipy.stats.permutation_test counts them). 1.0 when either
     side is empty."""
-    from itertools import combinations
-
     xs, ys = [float(v) for v in a], [float(v) for v in b]
     if not xs or not ys:
         return 1.0
-    pooled, na, total = xs + ys, len(xs), sum(xs) + sum(ys)
-    nb = len(ys)
+    pooled, na, nb, total = xs + ys, len(xs), len(ys), sum(xs) + sum(ys)
 
     def diff(sa: float) -> float:
         return sa / na - (total - sa) / nb

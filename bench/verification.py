@@ -39,11 +39,6 @@ class Level:
         return asdict(self)
 
 
-def _covers(start: int, end: int, window: tuple[int, int]) -> bool:
-    a, b = window
-    return start <= a and end >= b
-
-
 def _digests(v: dict) -> str:
     """", state digests not comparable (scheme 1)" where the re-run could not compare the run's
     state digests (a run stored before digest scheme 2: bench/statedigest.py), else "". Its
@@ -66,12 +61,11 @@ def level(run_step: int, window: tuple[int, int] | None, verifications: list[dic
         start, end = int(v.get("window_start") or 0), int(v["steps"])
         if start == 0 and end >= run_step:
             cand = Level(FULLY, f"fully re-run ({run_step} steps{_digests(v)})", True)
-        elif window is not None and _covers(start, end, window):
+        elif window is not None and start <= window[0] and end >= window[1]:
             cand = Level(WINDOW, f"deciding window re-run (steps {start + 1}–{end} of {run_step}{_digests(v)})", True)
-        elif start == 0:
-            cand = Level(PARTLY, f"first {end} of {run_step} steps re-run", False)
         else:
-            cand = Level(PARTLY, f"steps {start + 1}–{end} of {run_step} re-run", False)
+            cand = Level(PARTLY, f"first {end} of {run_step} steps re-run" if start == 0
+                         else f"steps {start + 1}–{end} of {run_step} re-run", False)
         if LEVELS.index(cand.level) > LEVELS.index(best.level):
             best = cand
     return best

@@ -62,8 +62,7 @@ def training_pool(cfg: WarmupConfig) -> list[dict]:
     the default build's draw (seed 0, the first HELD_OUT)."""
     parse_levels(cfg.levels)
     held = {r["problem"] for r in arithmetic_rows("", HELD_OUT, seed=0)}
-    pool = [r for r in arithmetic_rows(cfg.levels, 4 * HELD_OUT, seed=1000 + cfg.seed) if r["problem"] not in held]
-    return pool
+    return [r for r in arithmetic_rows(cfg.levels, 4 * HELD_OUT, seed=1000 + cfg.seed) if r["problem"] not in held]
 
 
 def checked(cfg: WarmupConfig) -> WarmupConfig:

@@ -95,21 +95,16 @@ def _ranking(cells: pd.DataFrame, signers: dict[str, str | None]) -> str:
         links = " ".join(f'<a href="runs/{_esc(r)}.html">{_esc(r)}</a>' for r in c.runs)
         rows.append(f'<tr data-cell="{i}">' + "".join([
             f"<td>{i}</td>", _td("model", c.model), _td("algo", c.algo), _td("precision", c.precision),
-            _td("build", c.build),
-            _td("engine", c.engine),
-            _verdict_td(c.sanity), _td("passes", c.passes), _td("pass_lower", c.pass_lower, f"≥ {c.pass_lower:.2f}",
-                                                                 "num"),
-            _td("peak_mean", c.peak_mean, peak, "num"), _td("steps_to_pass_median", c.steps_to_pass_median, steps,
-                                                            "num"),
-            _td("kl_k3_median", c.kl_k3_median, None if _missing(c.kl_k3_median) else f"{c.kl_k3_median:.2e}",
-                "num"),
+            _td("build", c.build), _td("engine", c.engine), _verdict_td(c.sanity), _td("passes", c.passes),
+            _td("pass_lower", c.pass_lower, f"≥ {c.pass_lower:.2f}", "num"), _td("peak_mean", c.peak_mean, peak, "num"),
+            _td("steps_to_pass_median", c.steps_to_pass_median, steps, "num"),
+            _td("kl_k3_median", c.kl_k3_median, None if _missing(c.kl_k3_median) else f"{c.kl_k3_median:.2e}", "num"),
             _td("verification", c.verification), f'<td data-field="signers">{_esc(", ".join(who))}</td>',
             f"<td>{links}</td>"]) + "</tr>")
     head = ("<tr><th>#</th><th>model</th><th>algorithm</th><th>precision (μ→π)</th><th>build</th><th>engine</th>"
-            "<th>sanity</th>"
-            "<th>passes</th>"
-            "<th>p(pass) ≥</th><th>peak (mean, 95% logit-t interval)</th><th>steps→pass median (min–max)</th>"
-            "<th>KL k3 median</th><th>verified</th><th>signed by</th><th>runs</th></tr>")
+            "<th>sanity</th><th>passes</th><th>p(pass) ≥</th><th>peak (mean, 95% logit-t interval)</th>"
+            "<th>steps→pass median (min–max)</th><th>KL k3 median</th><th>verified</th><th>signed by</th>"
+            "<th>runs</th></tr>")
     return f'<table id="ranking">{head}{"".join(rows)}</table>'
 
 

@@ -94,9 +94,7 @@ def offline_ratios(mismatch: pd.DataFrame | None) -> list[dict]:
     source, engine, limit, n, max_tokens, device, CPU 16-bit kernel path, decode attention): two
     reports pair only when every condition is the same. Reports that recorded no conditions (from before they were
     stored: no engine) are never paired."""
-    if mismatch is None or mismatch.empty or "kl_k3" not in mismatch.columns:
-        return []
-    if "engine" not in mismatch.columns:
+    if mismatch is None or mismatch.empty or "kl_k3" not in mismatch.columns or "engine" not in mismatch.columns:
         return []
     num, den = RATIO
     if "attention" not in mismatch.columns:             # a frame from before the decode attention was recorded
@@ -150,16 +148,15 @@ def report_summary(cells: pd.DataFrame, runs: pd.DataFrame, mismatch: pd.DataFra
     """{"cells", "pass", "fail", "undecided", "running": counts; "per_cell": verdict, passes and
     what they support, status and each run's ending; "mismatch_ratios"; "offline_mismatch_ratios"}
     for the ranked cells."""
-    per_cell = []
-    for c in cells.itertuples():
-        per_cell.append({"algo": c.algo, "precision": c.precision, "build": c.build, "trainer": c.trainer,
-                         "engine": _text(getattr(c, "engine", None)), "config_fp": _text(getattr(c, "config_fp", None)),
-                         "staleness": _int(getattr(c, "staleness", 0)) or 0,
-                         "sanity": c.sanity, "passes": c.passes, "pass_lower": _num(getattr(c, "pass_lower", None)),
-                         "evidence": _text(getattr(c, "evidence", None)), "status": c.status,
-                         "decided": getattr(c, "decided", None),
-                         "steps_to_pass_median": _num(c.steps_to_pass_median),
-                         "kl_k3_median": _num(c.kl_k3_median), "runs": _ended(runs, list(c.runs))})
+    per_cell = [{"algo": c.algo, "precision": c.precision, "build": c.build, "trainer": c.trainer,
+                 "engine": _text(getattr(c, "engine", None)), "config_fp": _text(getattr(c, "config_fp", None)),
+                 "staleness": _int(getattr(c, "staleness", 0)) or 0,
+                 "sanity": c.sanity, "passes": c.passes, "pass_lower": _num(getattr(c, "pass_lower", None)),
+                 "evidence": _text(getattr(c, "evidence", None)), "status": c.status,
+                 "decided": getattr(c, "decided", None),
+                 "steps_to_pass_median": _num(c.steps_to_pass_median),
+                 "kl_k3_median": _num(c.kl_k3_median), "runs": _ended(runs, list(c.runs))}
+                for c in cells.itertuples()]
     verdicts = [c["sanity"] for c in per_cell]
     return {"cells": len(per_cell), "pass": verdicts.count("PASS"), "fail": verdicts.count("FAIL"),
             "undecided": verdicts.count("UNDECIDED"), "running": verdicts.count("RUNNING"), "per_cell": per_cell,

@@ -46,6 +46,7 @@ from pathlib import Path
 import torch
 
 from bench.calibration import buffer_mismatches
+from bench.contract import LAYER
 from bench.engines import Sampling
 from bench.knobs import check as check_knobs
 from bench.mismatch import chi2_token, kl_k1_token, kl_k3
@@ -439,8 +440,6 @@ def plot_layers(rows: list[dict], path: Path, title: str) -> str:
 def judged_values(result: PairResult) -> dict[str, float | None]:
     """What the contract judges of one pair: its metrics (not the token count) and each layer's
     divergence as `layer:<name>`."""
-    from bench.contract import LAYER
-
     return {**{k: v for k, v in result.metrics.items() if k != "tokens"},
             **{f"{LAYER}{r['layer']}": r["divergence"] for r in result.layers}}
 
@@ -450,8 +449,6 @@ def where_it_enters(result: PairResult, broken: list) -> str:
     itself, a buffer that differs, the first layer (in model order) past its bound, or — every
     layer within the contract while the sampled-token lines broke — the sampling after the head.
     A line whose metric this engine cannot measure is said to be so."""
-    from bench.contract import LAYER
-
     if not broken:
         return ""
     if any(v.metric == "(pair)" for v in broken):

@@ -29,7 +29,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.errors import BenchError
+from bench.errors import BenchError, SourceError
 from bench.knobs import knob
 
 
@@ -90,7 +90,6 @@ def _problems(store, build, cfg: HeldBackConfig) -> tuple[list, dict]:
     kept problems: an imported build)}."""
     from sqlalchemy import select
 
-    from bench.errors import SourceError
     from bench.problem_ids import normalise_text
     from bench.problems import SourceSpec, drawn_by_seed, load_problems
     from bench.store import BuildProblem, session

@@ -172,15 +172,11 @@ def response_log_softmax(model, ids, attn, pos) -> torch.Tensor:
     """The whole fp32 log-softmax at every response position [N, T, V], no grad: the rows
     `response_logprobs` gathers its sampled tokens from (the same head, the same fp32
     log-softmax, so the same bits at those tokens on a CPU). [N, T, V] at once: for a full
-    vocabulary only on small batches (`bench check`)."""
-    parts = split_head(model)
-    if parts is None:
-        logits = model(input_ids=ids, attention_mask=attn).logits
-        rows = logits.gather(1, pos.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-        return torch.log_softmax(_at_least_fp32(rows), dim=-1)
-    body, head = parts
-    h = body(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
-    return torch.log_softmax(_at_least_fp32(head(h.gather(1, pos.unsqueeze(-1).expand(-1, -1, h.shape[-1])))), dim=-1)
+    vocabulary only on small batches (`bench check`): `_over_chunks` with one chunk of every position."""
+
+    def whole(head, h, _tok):
+        return torch.log_softmax(_at_least_fp32(head(h)), dim=-1)
+    return _over_chunks(whole, model, ids, attn, pos, pos, chunk=pos.shape[1])[0]
 
 
 def _chunk_logprobs_centered(head, h: torch.Tensor, tok: torch.Tensor, logq: torch.Tensor,

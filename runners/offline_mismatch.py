@@ -163,10 +163,8 @@ def analyse(store, cfg: MismatchConfig, pairs: list[Precision], progress=None) -
     for pair, mu, pi, mask, router in _scored_pairs(ref, tok, prompts, base, pairs, cfg.engine, cfg.n, sampling,
                                                     cfg.batch, cfg.device, cfg.threads, cfg.router_replay,
                                                     cfg.cascade_attention):
-        metrics = mismatch_metrics(mu, pi, mask)
-        metrics["tokens"] = int(mask.sum().item())
-        metrics.update(nonfinite_counts(mu, pi, mask))
-        metrics["length_buckets"] = length_buckets(mu, pi, mask)
+        metrics = {**mismatch_metrics(mu, pi, mask), "tokens": int(mask.sum().item()), **nonfinite_counts(mu, pi, mask),
+                   "length_buckets": length_buckets(mu, pi, mask)}
         if router:
             metrics.update(router, router_replay=float(cfg.router_replay))
         plots = _plots(mu, pi, mask, out_root / f"{pair.rollout}-{pair.train}", pair.name)

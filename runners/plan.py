@@ -25,7 +25,7 @@ from bench.store import Build, Model, Run, session
 from bench.store.schema import BuildProblem
 
 from .algos import AlgoConfig, check_algo
-from .presets import Benchmark, RunConfig, check_run_config
+from .presets import EMBEDDED_ONLY, Benchmark, RunConfig, check_run_config
 from .verl_runner import VerlTarget, check_verl_cell, precision_overrides
 
 
@@ -261,8 +261,6 @@ def default_preset(store, build_id: str | None, model: str | None, device: str) 
 def check_preset_fits(preset: str, ref: ModelRef) -> None:
     """The tiny preset (lr 1e-3, 64 tokens, the synthetic-hard benchmark) was made for the embedded
     tiny-math models: on any other model it is refused, never applied silently."""
-    from .presets import EMBEDDED_ONLY
-
     if preset in EMBEDDED_ONLY and not ref.embedded:
         raise RunError(f"preset {preset!r} is made for the embedded tiny-math models (lr 1e-3, 64 response tokens, "
                        f"the synthetic-hard benchmark), not {ref.name!r}: give --preset small (a small real model "

@@ -3,15 +3,15 @@
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+import json
+from dataclasses import asdict, fields, replace
 
 from bench import configdiff
 from bench.errors import ConfigError, did_you_mean
-from bench.knobs import check, flag_of
+from bench.knobs import check, cli_knobs, flag_of
 from bench.algorithms import ALGO_KNOBS, AlgoConfig
 from bench.runconfig import Benchmark, RunConfig
 from bench.stop import StopConfig
-
 
 
 # what each preset sets of the CLI knobs (the rest keep RunConfig's defaults); their benchmarks
@@ -29,8 +29,6 @@ PRESET_KNOBS = {
 def preset_knobs(name: str) -> dict:
     """{field: value} of every CLI knob of RunConfig in preset `name`, read without building the
     config (no torch import: the CLI's help shows these as each option's default)."""
-    from bench.knobs import cli_knobs
-
     return {f.name: PRESET_KNOBS[name].get(f.name, f.default) for _, f in cli_knobs(RunConfig)}
 
 
@@ -130,7 +128,4 @@ def config_diff(config: dict | None) -> tuple[str | None, list[tuple[str, object
 def preset_defaults(name: str) -> dict:
     """The preset's RunConfig as a run stores it (JSON types); runs keep a copy in their
     provenance so the app can show what else changed without importing the presets."""
-    import json
-    from dataclasses import asdict
-
     return json.loads(json.dumps(asdict(PRESETS[name]())))

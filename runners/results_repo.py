@@ -23,10 +23,10 @@ repository's store: a refused bundle leaves the repository as it was.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shutil
+import sqlite3
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
@@ -36,6 +36,7 @@ from sqlalchemy import select
 from bench import signing, verdicts
 from bench.bundle import BundleError, bundle_checkpoints, import_bundle, read_bundle
 from bench.errors import BenchError
+from bench.model_sources import file_sha256
 from bench.store import Run, RunVerification, open_store, session
 
 FORMAT, VERSION = "bench-results", 1
@@ -91,15 +92,11 @@ def _write_index(root: Path, index: dict) -> None:
     tmp.replace(Path(root) / INDEX)
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def store_url(root: Path) -> str:
     """The repository's store, rebuilt from its bundles when index.json changed since it was built."""
     root = Path(root)
     index = read_index(root)
-    mark = hashlib.sha256((root / INDEX).read_bytes()).hexdigest()
+    mark = file_sha256(root / INDEX)
     db, marker = root / STORE, root / MARK
     if not (db.is_file() and marker.is_file() and marker.read_text().strip() == mark):
         tmp = root / f"{STORE}-building"
@@ -120,7 +117,7 @@ def _build(root: Path, index: dict, url: str) -> None:
     store = open_store(url)
     for entry in index["bundles"]:
         path = root / entry["file"]
-        if not path.is_file() or _sha256(path) != entry["sha256"]:
+        if not path.is_file() or file_sha256(path) != entry["sha256"]:
             raise RepoError(f"{entry['file']} is missing or is not the bundle the index recorded (sha256)")
         if signing.check(path, ring) != entry.get("signer"):
             raise RepoError(f"{entry['file']}: the index says it is signed by {entry.get('signer')!r}, the keyring "
@@ -143,8 +140,6 @@ VERIFICATION_FIELDS = ("window_start", "steps", "verdict", "compared", "differen
 
 def _copy_store(src: Path, dst: Path) -> None:
     """A consistent copy of a SQLite store (its WAL included: SQLite's online backup)."""
-    import sqlite3
-
     with sqlite3.connect(src) as a, sqlite3.connect(dst) as b:
         a.backup(b)
     a.close()
@@ -178,7 +173,7 @@ def add(root: Path, bundle: Path, verify: str = "claimed", device: str | None = 
         except OSError as e:
             raise RepoError(f"cannot read {bundle}: {e.strerror or e}") from None
         manifest, _, _ = read_bundle(copy)
-        sha = _sha256(copy)
+        sha = file_sha256(copy)
         if any(e["sha256"] == sha for e in index["bundles"]):
             raise RepoError(f"{bundle} is in the repository already")
         ring = signing.keyring(root / "keys")
@@ -207,7 +202,7 @@ def add(root: Path, bundle: Path, verify: str = "claimed", device: str | None = 
                  "verify": verify, "verifications": rows}
         staged = root / f"{entry['file']}.tmp"
         shutil.copyfile(copy, staged)
-        if _sha256(staged) != sha:
+        if file_sha256(staged) != sha:
             staged.unlink()
             raise RepoError(f"{staged}: the copy into the repository does not match (sha256); nothing added")
         staged.replace(root / entry["file"])
@@ -220,7 +215,7 @@ def add(root: Path, bundle: Path, verify: str = "claimed", device: str | None = 
         for suffix in ("-wal", "-shm"):
             Path(f"{root / STORE}{suffix}").unlink(missing_ok=True)
         _write_index(root, index)
-    (root / MARK).write_text(hashlib.sha256((root / INDEX).read_bytes()).hexdigest() + "\n")
+    (root / MARK).write_text(file_sha256(root / INDEX) + "\n")
     return entry
 
 

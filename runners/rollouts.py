@@ -13,6 +13,7 @@ import torch
 from bench.engines import Sampling, make_engine
 from bench.errors import ConfigError
 
+from .pair_scoring import sampled_logprobs
 from .train_engine import Batch
 
 
@@ -59,9 +60,7 @@ def draw(engine, prompts: list[str], prompt_ids: list[list[int]], g: int, sp: Sa
         samples = engine.generate(prompts, g, sp)
     flat = [s for row in samples for s in row]
     batch = Batch.pack([p for p in prompt_ids for _ in range(g)], [s.token_ids for s in flat], pad, device)
-    logp_mu = torch.zeros(batch.mask.shape)
-    for i, s in enumerate(flat):
-        logp_mu[i, :len(s.logprobs)] = torch.tensor(s.logprobs)
+    logp_mu = sampled_logprobs(flat, batch.mask.shape[1])
     logq = None
     if distributions:
         logq = torch.zeros((*batch.mask.shape, flat[0].distributions.shape[-1]))

@@ -14,7 +14,7 @@ from bench import provenance
 from bench.model_sources import gguf_provenance
 from bench.models import prompt_settings
 from bench.precision import Precision
-from bench.statuses import RESUMABLE
+from bench.statuses import EXTENDABLE, RESUMABLE, verdict
 from bench.store import Run, bench_home, session
 
 from . import ledger
@@ -96,8 +96,6 @@ def extend_run(store, run_id: str, max_steps: int, progress=None, device: str | 
     a run started with that budget would, bit for bit on the same device and CPU kind. The
     extension is appended to the run's provenance (`extends`). The run becomes a run with the new
     budget: another settings fingerprint, so another cell than its siblings at the old one."""
-    from bench.statuses import EXTENDABLE, verdict
-
     with session(store) as s:
         run = s.get(Run, run_id)
         if run is None:

@@ -66,12 +66,9 @@ class WeightQueue:
     def __init__(self, k: int, learner):
         self.k, self.learner = k, learner
         self.snaps: deque[dict[str, torch.Tensor]] = deque()
-        self.model = None
-        if k:
-            # the compute copy's twin (same format, same module tree and parameter order); for
-            # an fp32 run the compute copy is the master itself
-            self.model = copy.deepcopy(learner.compute)
-            self.model.requires_grad_(False)
+        # the compute copy's twin (same format, same module tree and parameter order; for an fp32
+        # run the compute copy is the master itself); none at K = 0
+        self.model = copy.deepcopy(learner.compute).requires_grad_(False) if k else None
 
     @property
     def effective(self) -> int:

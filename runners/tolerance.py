@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from bench.statuses import PASS, verdict
+from bench.statuses import FINISHED, MAX_STEPS, PASS, verdict
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,6 @@ def run_tolerance(store, algo: str, rungs: list[str], seeds: list[int], build_id
                   ckpt_root=None, progress: bool = True) -> Search:
     """The search with each cell a stored native run at (rung → fp32) (module docstring)."""
     from bench.precision import Precision
-    from bench.statuses import FINISHED, MAX_STEPS
     from bench.store import Run, session
 
     from .runs import extend_run

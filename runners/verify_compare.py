@@ -18,7 +18,7 @@ calling an otherwise identical re-run different."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from bench.machine_metrics import is_machine_metric
 from bench.store.schema import RunStep
@@ -102,8 +102,6 @@ def _name(key: tuple) -> str:
 def comparable_digests(stored: Window, replayed: Window) -> tuple[Window, Window, str | None]:
     """Both windows with the digests of the steps whose schemes differ left out, and what was
     left out in words (None: nothing). A step's scheme defaults to the current one."""
-    from dataclasses import replace
-
     from bench.statedigest import SCHEME
 
     def scheme(w: Window, step: int) -> int:
@@ -114,9 +112,8 @@ def comparable_digests(stored: Window, replayed: Window) -> tuple[Window, Window
     if not apart:
         return stored, replayed, None
     old = sorted({scheme(stored, step) for step in apart})
-    keep = [(w, {k: v for k, v in w.digests.items() if k not in apart}) for w in (stored, replayed)]
-    note = f"not comparable (scheme {', '.join(map(str, old))})"
-    return replace(keep[0][0], digests=keep[0][1]), replace(keep[1][0], digests=keep[1][1]), note
+    kept = (replace(w, digests={k: v for k, v in w.digests.items() if k not in apart}) for w in (stored, replayed))
+    return *kept, f"not comparable (scheme {', '.join(map(str, old))})"
 
 
 def compare(stored: Window, replayed: Window, last_step: int, tolerance: dict | None, start: int = 0) -> dict:
@@ -135,11 +132,10 @@ def compare(stored: Window, replayed: Window, last_step: int, tolerance: dict | 
         note = "not compared (another device or CPU kind)"
     a_all, b_all = flatten(stored, last_step, start, exact_state), flatten(replayed, last_step, start, exact_state)
     keys = set(a_all) | {k for k in b_all if k[1] in (1, 4, 5)}        # a digest only the re-run has: a newer bench
-    compared = differences = exact = 0
+    differences = exact = 0
     first = None
     for key in sorted(keys):
         a, b = a_all.get(key, MISSING), b_all.get(key, MISSING)
-        compared += 1
         if a == b:
             continue
         exact += 1
@@ -148,5 +144,5 @@ def compare(stored: Window, replayed: Window, last_step: int, tolerance: dict | 
             if first is None:
                 first = {"step": key[0], "metric": _name(key), "stored": a, "replayed": b}
     verdict = DIFFERS if differences else (WITHIN_TOLERANCE if exact else BIT_IDENTICAL)
-    return {"compared": compared, "differences": differences, "exact_differences": exact,
+    return {"compared": len(keys), "differences": differences, "exact_differences": exact,
             "first_difference": first, "verdict": verdict, "digests": note}

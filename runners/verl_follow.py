@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -28,9 +29,9 @@ from bench import statuses
 from bench.store import Run, session
 
 from bench import stop as stop_rules
-from . import ledger
+from . import ledger, verl_reward
 from .presets import PRESETS, RunConfig, preset_defaults
-from .verl_runner import VerlTarget, map_metrics
+from .verl_runner import VerlJob, VerlTarget, export_parquet, map_metrics, verl_command
 
 
 @dataclass
@@ -170,10 +171,7 @@ class Follower:
             else:
                 verdict = self.track(step, m)
         m["wall_s"] = self.wall
-        evals = {}
-        for k, v in data.items():
-            if key := _val_key(k):
-                evals[key[0]] = (int(key[1]), v)
+        evals = {key[0]: (int(key[1]), v) for k, v in data.items() if (key := _val_key(k))}
         if "eval/split" in m:
             evals["split"] = (self.split_n, m["eval/split"])
         self._write(step, m, evals, converged=bool(verdict) and verdict[0] == statuses.CONVERGED)
@@ -292,13 +290,9 @@ def prepare(store, algo: str, precision, cfg: RunConfig, build_id: str | None, m
     per run: verl resumes from whatever checkpoints it finds there), copy the reward module and
     build the command for `target` (an interpreter alone: one GPU, one node). Returns what a run
     row keeps to launch and relaunch verl."""
-    import shutil
-
     from bench.problems import SourceSpec, load_problems
 
-    from . import verl_reward
     from .plan import RunError, load_split, resolve_inputs
-    from .verl_runner import VerlJob, export_parquet, verl_command
 
     with session(store) as s:
         build, m, ref = resolve_inputs(s, build_id, model)

@@ -40,7 +40,11 @@ names; the KL early warning and the step-1 calibration read `bypass/kl_k3` when 
 
 from __future__ import annotations
 
+import json
 import shlex
+import shutil
+import subprocess
+import sys
 from fnmatch import fnmatchcase
 from dataclasses import dataclass
 from functools import lru_cache
@@ -178,17 +182,12 @@ def installed_verl_version(python: str | None = None) -> str | None:
     """The verl version importable by `python` (default: this interpreter); None if absent.
     Asked once per interpreter (its path as PATH resolves it) and process: a sweep's or a
     dry-run grid's verl cells ask one subprocess, not one each (~0.4 s apiece)."""
-    import shutil
-    import sys
-
     exe = python or sys.executable
     return _verl_version_of(shutil.which(exe) or exe)
 
 
 @lru_cache(maxsize=None)
 def _verl_version_of(exe: str) -> str | None:
-    import subprocess
-
     r = subprocess.run([exe, "-c", "import importlib.metadata as m; print(m.version('verl'))"],
                        capture_output=True, text=True)
     return r.stdout.strip() if r.returncode == 0 else None
@@ -197,9 +196,6 @@ def _verl_version_of(exe: str) -> str | None:
 def validate_cells(python: str, cells: list[list[str]]) -> list[str | None]:
     """verl's own checks of each override list (runners/verl_check.py, run by verl's
     interpreter `python`): None where verl accepts the cell, else verl's error."""
-    import json
-    import subprocess
-
     r = subprocess.run([python, str(Path(__file__).with_name("verl_check.py"))], input=json.dumps(cells),
                        capture_output=True, text=True, timeout=900)
     if r.returncode != 0:
@@ -213,8 +209,6 @@ LAUNCH_MODULES = {"transfer_queue": "TransferQueue (verl's V1 trainer)", "vllm":
 def missing_launch_modules(python: str) -> list[str]:
     """What `python -m verl.trainer.main_ppo` imports once Ray is up and a base `pip install
     verl` lacks (`pip install "verl[vllm]"` brings both); checked before launching."""
-    import subprocess
-
     code = "import importlib.util as u; print(' '.join(m for m in %r if u.find_spec(m) is None))" % list(LAUNCH_MODULES)
     r = subprocess.run([python, "-c", code], capture_output=True, text=True)
     return [LAUNCH_MODULES[m] for m in r.stdout.split()]
@@ -293,9 +287,8 @@ def algo_overrides(algo: str, max_len: int, C: float = 3.0, algo_cfg: AlgoConfig
                                  f"actor_rollout_ref.actor.clip_ratio_high={a.cispo_eps_hi - 1:g}"],
         "cispo-two-sided": _dr(max_len) + ["actor_rollout_ref.actor.policy_loss.loss_mode=cispo"],
     }
-    if algo in NOT_ON_VERL and algo not in table:
-        check_algorithm(algo)
     if algo not in table:
+        check_algorithm(algo)         # the algorithms of NOT_ON_VERL say why
         raise VerlError(f"unknown algorithm {algo!r}; choose one of {', '.join(table)}")
     common = ["algorithm.adv_estimator=rloo", "actor_rollout_ref.actor.use_kl_loss=False",
               "actor_rollout_ref.actor.ppo_epochs=1", "actor_rollout_ref.rollout.calculate_log_probs=True"]

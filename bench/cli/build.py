@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import List, Optional, Tuple
 
@@ -20,7 +21,6 @@ def _help(name: str) -> str:
     from dataclasses import fields
 
     return next(f for f in fields(BuildConfig) if f.name == name).metadata["help"]
-
 
 
 # ------------------------------------------------------------------ build
@@ -58,7 +58,6 @@ def build(ctx: typer.Context,
     problems whose accuracy lies in [lo, hi], both ends inclusive (default [0.2, 0.8])."""
     if ctx.invoked_subcommand is not None:
         return
-    ctx.ensure_object(dict)
     from bench.device import resolve_device
     from bench.problems import ColumnMap
 
@@ -244,9 +243,7 @@ def grade(file: Path = typer.Argument(..., help="JSONL with `response` and `gold
     with Grader(workers=cfg.workers, timeout=cfg.timeout) as g:
         verdicts = g.grade([r["response"] for r in rows], [str(r["gold"]) for r in rows])
     if as_json:
-        counts = {}
-        for v in verdicts:
-            counts[v.status] = counts.get(v.status, 0) + 1
+        counts = Counter(v.status for v in verdicts)
         out.print_json(json.dumps({"rows": len(rows), "accuracy": counts.get("correct", 0) / len(rows),
                                    "counts": counts, "verdicts": [v.to_dict() for v in verdicts]}))
         return

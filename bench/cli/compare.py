@@ -39,9 +39,8 @@ def compare(cell_a: str = typer.Argument(..., metavar="A", help="A cell as ALGO:
     and stop as soon as AdaStop's group-sequential permutation test decides at the stated level,
     or at --max-seeds: prints the decision, the seeds used and the level."""
     from bench.device import resolve_device
-    from runners.compare import METRICS, parse_cell, run_comparison
-
     from bench.errors import ConfigError
+    from runners.compare import METRICS, parse_cell, run_comparison
 
     if metric not in METRICS:
         raise ConfigError(f"--metric must be one of {', '.join(METRICS)}, got {metric!r}")

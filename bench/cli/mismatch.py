@@ -15,8 +15,7 @@ from runners.mismatch_config import MismatchConfig
 
 
 @app.command()
-@knob_options(MismatchConfig, panel="Analysis settings (MismatchConfig)",
-              before="out_dir")
+@knob_options(MismatchConfig, panel="Analysis settings (MismatchConfig)", before="out_dir")
 def mismatch(model: str = typer.Option("tiny-math"), dtype: str = typer.Option("all", help="A pair (fp16, "
              "rollout=fp32,train=bf16), a list of dtypes and pairs separated by ',' or ';', all (35 pairs) or "
              "all16 (the paper's nine) or ladder (every rung of the precision ladder → fp32)."),

@@ -73,11 +73,7 @@ def knob_help(f, defaults: dict[str, dict] | None = None) -> str:
     when `defaults` {preset: {field: value}} is given and the presets differ)."""
     m = f.metadata
     text = m["help"].rstrip()
-    facts = []
-    if m.get("unit"):
-        facts.append(m["unit"])
-    if bound_text(f):
-        facts.append(bound_text(f))
+    facts = [x for x in (m.get("unit"), bound_text(f)) if x]
     if facts:
         text += f" ({'; '.join(facts)})"
     if defaults:
@@ -136,7 +132,6 @@ def knob_options(cls, *, defaults: dict[str, dict] | None = None, exclude: tuple
         del command.__wrapped__            # Typer reads the signature below, not fn's
         command.__signature__ = inspect.Signature(params)
         command.__annotations__ = {p.name: p.annotation for p in params}
-        command.knob_names = tuple(names)
         return command
 
     return decorate

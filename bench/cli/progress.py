@@ -41,14 +41,12 @@ class LineProgress:
                            "start": self.clock(), "last": None, "shown": None})
         return len(self.tasks) - 1
 
-    def update(self, task_id: int, completed=None, total=None, advance=None, **fields) -> None:
+    def update(self, task_id: int, completed=None, total=None, **fields) -> None:
         task = self.tasks[task_id]
         if total is not None:
             task["total"] = total
         if completed is not None:
             task["completed"] = completed
-        if advance is not None:
-            task["completed"] += advance
         task["fields"].update(fields)
         now = self.clock()
         if task["shown"] == self._state(task):

@@ -100,9 +100,7 @@ def _report_cells(df, csv: Optional[Path], as_json: bool) -> list[dict] | None:
         t.add_row(str(i), r.algo, r.precision, *([str(r.staleness)] if stale else []), _text(r.engine),
                   short(r.config_fp), _sanity(r.sanity),
                   r.passes + (f" ({r.decided})" if isinstance(r.decided, str) else ""),
-                  f"≥ {r.pass_lower:.2f}", peak, steps,
-                  "-" if r.kl_k3_median != r.kl_k3_median else f"{r.kl_k3_median:.2e}",
-                  _text(r.verification),
+                  f"≥ {r.pass_lower:.2f}", peak, steps, _e(r.kl_k3_median), _text(r.verification),
                   " ".join("-" if x is None else str(x) for x in r.seeds),
                   r.runs[0] if len(r.runs) == 1 else f"{len(r.runs)} runs (--runs)")
     out.print(t)
@@ -134,13 +132,11 @@ def _report_runs(df, csv: Optional[Path], as_json: bool) -> list[dict] | None:
         decided = decided[len(r.sanity):].lstrip(": ") or "-"
         if isinstance(r.evidence_problem, str):
             decided += " [red](status not supported)[/]"
+        to_pass = ("-" if r.steps_to_target != r.steps_to_target or r.steps_to_target is None
+                   else str(int(r.steps_to_target)))
         t.add_row(str(i), r.algo, r.precision, *([str(r.staleness)] if stale else []), _text(r.engine),
-                  short(r.config_fp), _sanity(r.sanity), decided, r.status,
-                  _f(r.peak_accuracy), _f(r.final_accuracy),
-                  "-" if r.steps_to_target != r.steps_to_target or r.steps_to_target is None
-                  else str(int(r.steps_to_target)),
-                  _f(r.best_eval), "-" if r.mean_kl != r.mean_kl or r.mean_kl is None else f"{r.mean_kl:.2e}",
-                  "-" if r.max_abs_dp != r.max_abs_dp or r.max_abs_dp is None else f"{r.max_abs_dp:.2e}",
+                  short(r.config_fp), _sanity(r.sanity), decided, r.status, _f(r.peak_accuracy),
+                  _f(r.final_accuracy), to_pass, _f(r.best_eval), _e(r.mean_kl), _e(r.max_abs_dp),
                   _text(r.verification), str(r.steps), r.run)
     out.print(t)
     return None
@@ -221,7 +217,8 @@ def _print_summary(summary: dict) -> None:
 
 
 def _e(x) -> str:
-    return "-" if x is None else f"{x:.2e}"
+    """A number as 2.3e-04, "-" for a missing one (None or NaN)."""
+    return "-" if x is None or x != x else f"{x:.2e}"
 
 
 def _print_reference(reference: dict) -> None:

@@ -219,7 +219,6 @@ def _verify_text(r: dict) -> str:
         "every metric and evaluation was compared)" if note and note.startswith("not comparable") else "")
 
 
-
 def _run_info(store, run_id: str) -> dict:
     from sqlalchemy import select
 

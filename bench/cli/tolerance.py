@@ -81,9 +81,8 @@ def _print_search(algo: str, found, store) -> None:
     ids = [p.run for p in found.probes if p.run]
     with session(store) as s:
         cal = {r.id: r.calibration or {} for r in s.scalars(select(Run).where(Run.id.in_(ids)))}
-    t = Table(title=f"{algo}: the precision ladder (rollout → fp32 training)")
-    for c in ("rung", "seeds", "step-0 k3", "step-0 mean |Δ log p|", "runs"):
-        t.add_column(c)
+    t = Table("rung", "seeds", "step-0 k3", "step-0 mean |Δ log p|", "runs",
+              title=f"{algo}: the precision ladder (rollout → fp32 training)")
     for rung in found.rungs:
         got = found.at(rung)
         if not got:

@@ -25,7 +25,7 @@ import threading
 from contextlib import contextmanager
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 
 class PreallocatedLayer(DynamicLayer):
@@ -48,9 +48,7 @@ class PreallocatedLayer(DynamicLayer):
         self.repeat = repeat
         self.store = store
         self.pool, self.index = pool, index         # buffers kept between batches (`BufferPool`), this layer's
-        self.length = 0
-        self.rows = 0
-        self.width = 0
+        self.length = self.rows = self.width = 0
 
     @property
     def filled(self) -> int:
@@ -195,8 +193,6 @@ def preallocated_cache(model, capacity: int, repeat: torch.Tensor | None = None,
     """A cache of `capacity` positions per layer for `model` (`repeat`, `store`: see PreallocatedLayer;
     `pool`: its buffers from there, `BufferPool`), or transformers' DynamicCache where the model's
     layers are not all plain full attention (`plain_attention`)."""
-    from transformers import DynamicCache
-
     cfg = plain_attention(getattr(model, "config", None))
     if cfg is None:
         return DynamicCache()

@@ -31,6 +31,7 @@ multi-socket server set `VLLM_ENABLE_V1_MULTIPROCESSING=1`).
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import random
@@ -77,8 +78,6 @@ def _caller_state_kept() -> Iterator[None]:
     `torch.set_num_threads` (its CPU worker replaces it with a function that only warns) and the
     thread count, vLLM's environment cache (its engine core freezes every `vllm.envs` value) and
     the garbage collector's freeze (which would keep a closed engine's cycles alive)."""
-    import gc
-
     import numpy as np
     import torch
     from vllm import envs
@@ -197,7 +196,5 @@ class VLLMEngine:
             del self.llm
             self.llm = None
             VLLMEngine.open_in_process -= self.in_process
-            import gc
-
             gc.collect()
         shutil.rmtree(self._dir, ignore_errors=True)

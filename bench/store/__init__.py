@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from sqlalchemy import create_engine, event, inspect, text
-from sqlalchemy.engine import Engine
+from sqlalchemy import create_engine, event, inspect, select, text
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -45,8 +45,6 @@ def default_url() -> str:
 
 
 def _redact(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
     try:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:
@@ -194,8 +192,6 @@ def session(engine: Engine) -> Iterator[Session]:
 def get_or_create_model(s: Session, name: str, path: str, weights_hash: str | None) -> Model:
     """The model row, made if missing; when another process makes it at the same moment (shards
     of one build on PostgreSQL), the loser of the race reads the winner's row."""
-    from sqlalchemy import select
-
     q = select(Model).where(Model.name == name, Model.weights_hash == weights_hash)
     m = s.scalars(q).first()
     if m is None:

@@ -18,10 +18,8 @@ b = builds.set_index("build").loc[build_id]
 m = b.manifest or {}
 counts = m.get("counts", {})
 c = st.columns(5)
-c[0].metric("kept", counts.get("kept", 0))
-c[1].metric("too easy", counts.get("too_easy", 0))
-c[2].metric("too hard", counts.get("too_hard", 0))
-c[3].metric("bad gold", counts.get("bad_gold", 0))
+for col, key in zip(c, ("kept", "too_easy", "too_hard", "bad_gold")):
+    col.metric(key.replace("_", " "), counts.get(key, 0))
 c[4].metric("rollouts/s", "—" if not m.get("rollouts_per_s") else f"{m['rollouts_per_s']:.0f}")
 st.caption(f"model {b.model} · engine {b.engine} · dtype {b['dtype']} · k={b.k} · band [{b.lo}, {b.hi}] (inclusive) · "
            f"sampling {m.get('sampling')} · wall {m.get('wall_s', 0):.0f}s")

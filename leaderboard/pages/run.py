@@ -83,7 +83,6 @@ def curve(df: pd.DataFrame, cols: list[str], title: str, log: bool = False):
                     width="stretch")
 
 
-
 @st.fragment(run_every=data.TTL if live else None)
 def charts():
     steps = data.steps(url, (run_id,))
