@@ -217,11 +217,13 @@ def load_source(spec: SourceSpec) -> tuple[list[Problem], dict]:
     text among the problems returned (see `drop_repeats`)}. Rows that repeat a text may share
     an id; different texts under one id are an error."""
     src = spec.source
-    kind, _, rest = src.partition(":")
     if drawn_by_seed(src):              # arithmetic[:LEVELS], synthetic[:SPLIT], synthetic-hard
-        rows = (arithmetic_rows(rest, spec.limit, seed=spec.seed) if kind == "arithmetic" else
-                synthetic_examples("synthetic-hard" if src == "synthetic-hard" else (rest or "test"), spec.limit or 300,
-                                   seed=spec.seed))
+        kind, _, rest = src.partition(":")
+        if kind == "arithmetic":
+            rows = arithmetic_rows(rest, spec.limit, seed=spec.seed)
+        else:
+            split = "synthetic-hard" if src == "synthetic-hard" else (rest or "test")
+            rows = synthetic_examples(split, spec.limit or 300, seed=spec.seed)
         return _checked(_to_problems(rows, ColumnMap(), src), None, src)
     path = Path(src)
     if path.is_dir():

@@ -55,7 +55,8 @@ from bench.precision import Precision
 from bench.problems import SourceSpec, load_problems
 
 from .check_config import CheckConfig
-from .pair_scoring import compute_copy, rollout_passes, sampled_logprobs
+from .pair_scoring import compute_copy, rollout_passes
+from .rollouts import sampled_logprobs
 from .logprobs import pack, response_log_softmax
 
 LENGTH_BUCKETS = ((1, 16), (17, 32), (33, None))            # response tokens, inclusive

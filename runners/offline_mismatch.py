@@ -27,7 +27,8 @@ from bench.routes import TrainRoutes, pad_routes, routed
 from bench.store import MismatchReport, bench_home, get_or_create_model, session
 
 from .logprobs import pack, response_logprobs
-from .pair_scoring import compute_copy, rollout_passes, sampled_logprobs
+from .pair_scoring import compute_copy, rollout_passes
+from .rollouts import sampled_logprobs
 from .plan import check_cascade, check_router_replay
 from .mismatch_config import MismatchConfig  # noqa: F401  (re-exported: the old home)
 

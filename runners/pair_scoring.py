@@ -11,8 +11,6 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator
 
-import torch
-
 from bench.engines import make_engine
 from bench.model_formats import prepare_compute_model
 from bench.precision import Precision
@@ -41,11 +39,3 @@ def compute_copy(base, pair: Precision, device: str):
     """The training engine's model for `pair`: a copy of the fp32 master in its training format."""
     return prepare_compute_model(copy.deepcopy(base), pair.train, device).eval()
 
-
-def sampled_logprobs(samples: list, t_max: int) -> torch.Tensor:
-    """log μ of each sample's tokens as the rollout engine reported them [N, t_max] (0 beyond a
-    sample's length)."""
-    mu = torch.zeros(len(samples), t_max)
-    for k, s in enumerate(samples):
-        mu[k, :len(s.logprobs)] = torch.tensor(s.logprobs)
-    return mu

@@ -13,7 +13,6 @@ import torch
 from bench.engines import Sampling, make_engine
 from bench.errors import ConfigError
 
-from .pair_scoring import sampled_logprobs
 from .train_engine import Batch
 
 
@@ -49,6 +48,15 @@ def recording_distributions(engine, on: bool):
         yield
     finally:
         engine.record_distributions = False
+
+
+def sampled_logprobs(samples: list, t_max: int) -> torch.Tensor:
+    """log μ of each sample's tokens as the rollout engine reported them [N, t_max] (0 beyond a
+    sample's length)."""
+    mu = torch.zeros(len(samples), t_max)
+    for k, s in enumerate(samples):
+        mu[k, :len(s.logprobs)] = torch.tensor(s.logprobs)
+    return mu
 
 
 def draw(engine, prompts: list[str], prompt_ids: list[list[int]], g: int, sp: Sampling, pad: int, device,
