@@ -337,6 +337,18 @@ def judge(metrics: dict[str, float], rollout: str, train: str, reference: dict |
             why["processing"] = (f"processing: log μ − log π follows the token's surprisal with slope κ = {k:+.3g} "
                                  f"(sign test z = {z:+.1f}; limit |κ| ≤ {KAPPA_MAX:g} unless z < {Z_MIN:g}), as a "
                                  f"rollout temperature of about {processing['temperature']:.2f} gives: " + CAUSES[0])
+    if over and checks.get("reference") and rollout not in (train, "fp32"):
+        # the twin, a copy of the master of its own (never the training engine's), scores the rollout's format
+        # alone: where it is itself beyond the band, the format explains the pair, not the plumbing
+        limits = (("mean |Δ|", "mean_twin", band.mean_abs), ("k3", "k3_twin", band.k3))
+        twin = [f"{name} {reference[k]:.3g}" for name, k, lim in limits if not reference[k] <= lim]
+        if twin:
+            out["band_by_format"] = True
+            why["band"] = (f"band: the engines disagree beyond the {rollout}/{train} band ({'; '.join(over)}), and so "
+                           f"does the format itself: its twin (the training engine's arithmetic in {rollout}, from "
+                           f"the fp32 master) sits that far from fp32 ({'; '.join(twin)}), with the rollout engine "
+                           f"within {reference['ratio_limit']:g}x of it (the reference check passed): {rollout} is "
+                           "too coarse for this model (its band was measured on tiny-math), not a plumbing fault")
     if buffers is not None:
         out["buffers"] = buffers
         bad = [f"{side} engine: {line}" for side, lines in buffers.items() for line in (lines or [])]

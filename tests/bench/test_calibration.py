@@ -304,6 +304,28 @@ def test_each_check_trips_alone_and_is_named():
     assert verl["ok"] and verl["checks"] == {"band": True} and "reference" not in verl
 
 
+def test_a_band_the_format_itself_exceeds_is_said_to_be_the_formats():
+    """SmolLM2-135M's MXFP4 rollouts at step 0 (2026-12-06): mean |Δ| 1.69 and k3 1.58 a token
+    against fp16 training, beyond mxfp4's band (measured on tiny-math), with the rollout engine
+    within 1.5x of its twin. The gate still fails the pair, but names the format, not the plumbing,
+    when the twin (a copy of its own, in the rollout's format) alone is beyond the band; never for a
+    same-format pair (the twin is the training engine) or when the reference check tripped."""
+    m = {"abs_logp_diff_mean": 1.69, "abs_logp_diff_max": 12.0, "k3": 1.58}
+    ref = {"mean_rollout": 1.2, "mean_twin": 1.5, "ratio": 0.8, "ratio_limit": 1.5, "excess": -1.0,
+           "excess_se": 0.1, "z": -10.0, "k3_rollout": 0.9, "k3_twin": 1.1, "k3_rollout_ref": 1.3,
+           "mean_rollout_ref": 1.7, "max_rollout_ref": 12.0}
+    coarse = judge(m, "mxfp4", "fp16", reference=ref)
+    assert coarse["failed"] == ["band"] and coarse["band_by_format"]
+    assert "mxfp4 is too coarse for this model" in coarse["message"]
+    assert "mean |Δ| 1.5; k3 1.1" in coarse["message"] and "lm_head" not in coarse["message"]
+    # the twin within the band (a fault of the rollout engine's own, or of the training side): the usual causes
+    for r, t, kw in (("mxfp4", "fp16", {**ref, "mean_twin": 0.05, "k3_twin": 0.01}),
+                     ("fp8", "fp8", ref),                              # τ is π: a training fault would widen it
+                     ("mxfp4", "fp16", {**ref, "z": 6.0})):           # the reference check tripped too
+        bad = judge(m, r, t, reference=kw)
+        assert "band" in bad["failed"] and "band_by_format" not in bad and CAUSES[2] in bad["message"], (r, t)
+
+
 def test_reference_forward_is_pi_for_fp32_training_and_its_entropy_is_the_softmax_one():
     """For fp32 training the gate's reference replaces π: the same bits, in one part and in
     micro-batches; its entropy is −Σ p log p of the full fp32 distribution at each position."""
