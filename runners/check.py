@@ -231,19 +231,6 @@ def _noise_rollout(first, again) -> float:
     return worst
 
 
-def _generate_again(eng, prompts, n: int, sampling):
-    """The same generation a second time (the rollout's noise floor) without μ's distributions:
-    only its tokens and log μ are compared, and a real vocabulary's distributions (Gemma 3's
-    262,144 a token) would be held twice."""
-    if not getattr(eng, "record_distributions", False):
-        return eng.generate(prompts, n, sampling)
-    eng.record_distributions = False
-    try:
-        return eng.generate(prompts, n, sampling)
-    finally:
-        eng.record_distributions = True
-
-
 def _noise(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
     """max |a − b| over the masked positions' whole rows, where a token both give probability 0
     (−inf on both sides) counts as equal and a NaN anywhere makes the answer NaN."""
@@ -302,7 +289,7 @@ def _judge_rollout(base, eng, mine: list[Precision], prompts, pids, pad_id: int,
     """The PairResults of the pairs `mine` of one rollout engine `eng`."""
     results = []
     samples = eng.generate(prompts, cfg.n, sampling)
-    noise_rollout = _noise_rollout(samples, _generate_again(eng, prompts, cfg.n, sampling))
+    noise_rollout = _noise_rollout(samples, eng.generate(prompts, cfg.n, sampling))
     sides = _measure_rollout(base, eng, mine, [(pids[i], s) for i, row in enumerate(samples) for s in row],
                              pad_id, vocab, cfg.device)
     roll_buffers = buffer_mismatches(base, getattr(eng, "model", None))

@@ -55,13 +55,6 @@ def shared_prompts(prompt_ids: list[list[int]]) -> tuple[list[list[int]], list[i
     return [list(p) for p in first], src          # a dict keeps the order its keys came in
 
 
-def _stacked(dists: list[list[torch.Tensor]], r: int) -> torch.Tensor:
-    """Row `r`'s recorded distributions as one [T, V] tensor, its per-token copies released (so a
-    batch's distributions are held once, not twice, while the samples are made)."""
-    out, dists[r] = torch.stack(dists[r]), []
-    return out
-
-
 @contextmanager
 def head_over_rows(model, rows: torch.Tensor | None):
     """While active, the model's output head (`get_output_embeddings`) takes its input's rows
@@ -260,9 +253,9 @@ class TorchEngine:
             tok = inverse_cdf_sample(lp, uniforms[live, t].to(dev))
             tok_lp = lp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
             done = (tok == self.eos).cpu()
-            if self.record_distributions:            # a copy a row: `_stacked` frees each row's as it goes
+            if self.record_distributions:
                 for row, dist in zip(live.tolist(), lp.float().cpu()):
-                    dists[row].append(dist.clone())
+                    dists[row].append(dist)
             for row, x, l, d in zip(live.tolist(), tok.tolist(), tok_lp.tolist(), done.tolist()):
                 tokens[row].append(x)
                 logps[row].append(l)
@@ -287,5 +280,5 @@ class TorchEngine:
         return [Sample(token_ids=tokens[r], logprobs=logps[r], finish_reason=finish[r],
                        text=self.tokenizer.decode([x for x in tokens[r] if x != self.eos], skip_special_tokens=False),
                        routes=None if routes is None else routes.sample(r),
-                       distributions=_stacked(dists, r) if self.record_distributions else None)
+                       distributions=torch.stack(dists[r]) if self.record_distributions else None)
                 for r in range(b)]

@@ -207,23 +207,6 @@ def test_the_noise_floor_by_hand():
     assert math.isnan(_noise(a, a.masked_fill(a == 0.0, math.nan), torch.ones(1, 2)))
 
 
-def test_the_noise_floors_repeat_records_no_distributions_and_draws_the_same():
-    """The rollout's second generation (the noise floor) compares tokens and log μ only: it is
-    made without μ's distributions (a real vocabulary's would be held twice) and draws the same."""
-    from bench.engines import Sampling, make_engine
-    from bench.models import TINY_MATH_DIR
-    from runners.check import _generate_again
-
-    eng = make_engine("torch", str(TINY_MATH_DIR), "fp32", record_distributions=True, threads=1)
-    sampling = Sampling(max_tokens=6, seed=3)
-    first = eng.generate(["1+2=", "3*4="], 2, sampling)
-    again = _generate_again(eng, ["1+2=", "3*4="], 2, sampling)
-    assert eng.record_distributions                                       # given back
-    for a, b in zip((s for row in first for s in row), (s for row in again for s in row)):
-        assert a.distributions is not None and b.distributions is None
-        assert (a.token_ids, a.logprobs) == (b.token_ids, b.logprobs)
-
-
 def test_a_contract_of_another_model_or_engine_is_refused(tmp_path):
     other = tmp_path / "other.toml"
     other.write_text('version = 1\nmodel = "tiny-math-moe"\nengine = "torch"\n')
