@@ -291,6 +291,13 @@ def _fmt(x: float) -> str:
     return f"{x:.3g}"
 
 
+def _twin_beyond(band: Band, reference: dict) -> list[str]:
+    """The twin's own distances to fp32 (mean |log ρ − log τ|, k3(τ→ρ)) that lie beyond `band`,
+    as "name value" (empty when the rollout format alone stays within it)."""
+    return [f"{name} {reference[k]:.3g}" for name, k, lim in (("mean |Δ|", "mean_twin", band.mean_abs),
+                                                              ("k3", "k3_twin", band.k3)) if not reference[k] <= lim]
+
+
 def judge(metrics: dict[str, float], rollout: str, train: str, reference: dict | None = None,
           processing: dict | None = None, buffers: dict | None = None) -> dict:
     """The stored `calibration` object: the pair's metrics and band, each check's statistics
@@ -305,9 +312,6 @@ def judge(metrics: dict[str, float], rollout: str, train: str, reference: dict |
     out = {**metrics, "band": asdict(band), "pair": f"{rollout}/{train}"}
     checks: dict[str, bool] = {"band": not over}
     why: dict[str, str] = {}
-    if over:
-        why["band"] = (f"band: the engines disagree beyond the {rollout}/{train} band ({'; '.join(over)}); "
-                       "usual causes: " + "; ".join(CAUSES))
     if reference is not None:
         c, fp32 = reference["ratio_limit"], BANDS["fp32"]
         out["reference"] = {**reference, "z_min": Z_REF}
@@ -337,11 +341,10 @@ def judge(metrics: dict[str, float], rollout: str, train: str, reference: dict |
             why["processing"] = (f"processing: log μ − log π follows the token's surprisal with slope κ = {k:+.3g} "
                                  f"(sign test z = {z:+.1f}; limit |κ| ≤ {KAPPA_MAX:g} unless z < {Z_MIN:g}), as a "
                                  f"rollout temperature of about {processing['temperature']:.2f} gives: " + CAUSES[0])
-    if over and checks.get("reference") and rollout not in (train, "fp32"):
+    if over:
         # the twin, a copy of the master of its own (never the training engine's), scores the rollout's format
         # alone: where it is itself beyond the band, the format explains the pair, not the plumbing
-        limits = (("mean |Δ|", "mean_twin", band.mean_abs), ("k3", "k3_twin", band.k3))
-        twin = [f"{name} {reference[k]:.3g}" for name, k, lim in limits if not reference[k] <= lim]
+        twin = _twin_beyond(band, reference) if checks.get("reference") and rollout not in (train, "fp32") else []
         if twin:
             out["band_by_format"] = True
             why["band"] = (f"band: the engines disagree beyond the {rollout}/{train} band ({'; '.join(over)}), and so "
@@ -349,6 +352,9 @@ def judge(metrics: dict[str, float], rollout: str, train: str, reference: dict |
                            f"the fp32 master) sits that far from fp32 ({'; '.join(twin)}), with the rollout engine "
                            f"within {reference['ratio_limit']:g}x of it (the reference check passed): {rollout} is "
                            "too coarse for this model (its band was measured on tiny-math), not a plumbing fault")
+        else:
+            why["band"] = (f"band: the engines disagree beyond the {rollout}/{train} band ({'; '.join(over)}); "
+                           "usual causes: " + "; ".join(CAUSES))
     if buffers is not None:
         out["buffers"] = buffers
         bad = [f"{side} engine: {line}" for side, lines in buffers.items() for line in (lines or [])]

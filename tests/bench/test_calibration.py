@@ -320,7 +320,7 @@ def test_a_band_the_format_itself_exceeds_is_said_to_be_the_formats():
     assert "mean |Δ| 1.5; k3 1.1" in coarse["message"] and "lm_head" not in coarse["message"]
     # the twin within the band (a fault of the rollout engine's own, or of the training side): the usual causes
     for r, t, kw in (("mxfp4", "fp16", {**ref, "mean_twin": 0.05, "k3_twin": 0.01}),
-                     ("fp8", "fp8", ref),                              # τ is π: a training fault would widen it
+                     ("fp8", "fp8", ref),                              # τ is π: a training fault would excuse itself
                      ("mxfp4", "fp16", {**ref, "z": 6.0})):           # the reference check tripped too
         bad = judge(m, r, t, reference=kw)
         assert "band" in bad["failed"] and "band_by_format" not in bad and CAUSES[2] in bad["message"], (r, t)
