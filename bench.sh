@@ -173,14 +173,15 @@ case "${1:-}" in
     ;;
   real)
     # SmolLM2-135M-Instruct from its package through the chain on a CPU (docs/results.md, "A real model"):
-    # the 30-step answer-format warm-up (once), its adaptive split (114 of 500 kept: ~16 min on an AMX CPU,
-    # ~46 on an AVX2 one), the offline mismatch and the shipped contract's check of the plain model, then
+    # the 30-step answer-format warm-up (once), its adaptive split (117-118 of 500 kept at the default bf16: ~10 min on an AMX CPU,
+    # ~16 on a Zen 4 EPYC), the offline mismatch and the shipped contract's check of the plain model, then
     # REAL_STEPS steps (default 20) of pg-seq-is at fp16 on the small preset (~25-60 s a step), and the report
     setup
     setup_models
     bench build --model smollm2-135m-warm --engine torch --adaptive --threads 2
     bench mismatch --model smollm2-135m --dtype "fp32;fp16;bf16" --limit 16 --n 4 --threads 2
-    # its shipped contract was derived on an AMX CPU's 16-bit path: elsewhere a line may break (widen it there, docs/check.md)
+    # its shipped contract covers the three CPU 16-bit paths measured (AMX, AVX512-BF16, AVX2): on another a line may break
+    # (widen it there, docs/check.md); the check peaks at 11-12 GB, training under 8 GiB
     bench check --model smollm2-135m --threads 2 || say "bench check broke a line: see docs/check.md on widening the contract"
     bench run --model smollm2-135m-warm --algo pg-seq-is --dtype fp16 --max-steps "${REAL_STEPS:-20}"
     bench report

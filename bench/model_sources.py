@@ -75,6 +75,9 @@ NAMED = {
 
 # a named model after bench's answer-format warm-up with its defaults (bench/warmup.py): name -> the named base
 WARMED = {"smollm2-135m-warm": "smollm2-135m"}
+# what --model takes, said once for every command that takes it
+MODEL_HELP = ("'tiny-math', " + ", ".join(repr(n) for n in (*NAMED, *WARMED)) + " (real models from their packages), "
+              "a .gguf file, a model directory, or a hub id.")
 
 
 def models_home(home: str | Path | None = None) -> Path:
@@ -116,6 +119,18 @@ def file_sha256(*paths: Path) -> str:
     return h.hexdigest()
 
 
+GGUF_READER = ("gguf", "accelerate")        # what transformers' GGUF reader imports: the `models` extra
+
+
+def need_gguf_reader() -> None:
+    """ModelSourceError naming the `models` extra where a package transformers' GGUF reader needs is
+    missing (transformers' own error would read as a broken file)."""
+    missing = [m for m in GGUF_READER if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ModelSourceError(f"reading a GGUF needs {' and '.join(missing)}, not installed: "
+                               'pip install -e ".[models]"   (or ./bench.sh models)')
+
+
 def gguf_facts(path: Path) -> dict:
     """What a GGUF says of itself: its architecture, name and quantization type (`general.file_type`,
     llama.cpp's names), read by transformers' GGUF reader (metadata only)."""
@@ -145,6 +160,7 @@ def converted_dir(path: Path, home: str | Path | None = None, progress=_say) -> 
     out = models_home(home) / f"gguf-{sha[:16]}"
     if (out / GGUF_MARKER).is_file():
         return out
+    need_gguf_reader()
     facts = gguf_facts(path)
     from transformers import AutoModelForCausalLM, AutoTokenizer, __version__ as tf_version
     import torch

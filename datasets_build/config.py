@@ -8,6 +8,7 @@ from pathlib import Path
 
 from bench.errors import BenchError
 from bench.knobs import check, knob
+from bench.model_sources import MODEL_HELP
 from bench.problems import ColumnMap
 
 
@@ -21,15 +22,16 @@ class BuildConfig:
     from them). Everything here except `out`, `resume`, `threads`, `device` and
     `keep_text` enters the settings hash that shards and resumes must share."""
 
-    model: str = knob("tiny-math", help="'tiny-math', 'smollm2-135m', 'gemma3-270m', a .gguf file, a model "
-                      "directory, or a hub id.", cli=False)
+    model: str = knob("tiny-math", help=MODEL_HELP, cli=False)
     source: str | None = knob(None, help="Problems: a .jsonl/.parquet/.csv file, a saved `datasets` directory, "
                               "'synthetic', 'arithmetic[:LEVELS]', 'math' or a hub id. Default: synthetic for "
                               "tiny-math, arithmetic for smollm2-135m and gemma3-270m, MATH otherwise.",
                               cli=False)
     template: str | None = knob(None, help="Prompt template: chat (the tokenizer's chat template) or plain "
-                                "('Q: problem / instruction / A: '). Default: plain for the embedded models and base "
-                                "models, chat otherwise. Recorded in the build; its runs prompt the same way.")
+                                "('Q: problem / instruction / A: '). Default: plain for the embedded models, "
+                                "gemma3-270m and a directory whose bench-model.json says base; chat otherwise (bench "
+                                "cannot tell a base checkpoint: pass plain for one). Recorded in the build; its runs "
+                                "prompt the same way.")
     instruction: str | None = knob(None, help="The instruction after each problem. Default: the paper's 'Please "
                                    "reason step by step, and put your final answer within \\boxed{}.'; 'Put your "
                                    "final answer within \\boxed{}.' for smollm2-135m and gemma3-270m; none for the "

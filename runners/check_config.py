@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bench.knobs import knob
+from bench.model_sources import MODEL_HELP
 
 
 @dataclass
@@ -13,7 +14,7 @@ class CheckConfig:
     """One consistency check. Sampling is fixed at T = 1, top-p = 1 (μ must be the raw softmax);
     the batch is the step-0 batch of a run: problems × responses from the same weights."""
 
-    model: str = knob("tiny-math", help="'tiny-math', a model directory, or a hub id.", cli=False)
+    model: str = knob("tiny-math", help=MODEL_HELP, cli=False)
     source: str | None = knob(None, help="Problems (any `bench build --source`; default: the model's, "
                               "bench/models.py measure_defaults).", cli=False)
     prompts: int = knob(32, help="Problems sampled.", unit="problems", ge=1)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.knobs import knob
+from bench.model_sources import MODEL_HELP
 
 
 @dataclass
@@ -14,7 +15,7 @@ class MismatchConfig:
     """One offline analysis, each setting a knob (bench/knobs.py). Sampling is fixed at T=1, top-p=1: anything else
     makes μ the log-probability of a reshaped distribution and the comparison meaningless."""
 
-    model: str = knob("tiny-math", help="'tiny-math', a model directory, or a hub id.", cli=False)
+    model: str = knob("tiny-math", help=MODEL_HELP, cli=False)
     source: str | None = knob(None, help="Problems (any `bench build --source`; default: the model's, "
                               "bench/models.py measure_defaults).", cli=False)
     limit: int | None = knob(100, help="The first N problems.", unit="problems", ge=1)

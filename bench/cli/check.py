@@ -14,20 +14,21 @@ from rich.table import Table
 
 from bench.cli import DB_OPT, _store, app, console, fail, out
 from bench.cli.options import DEVICE_METAVAR, ENGINE_OPT, SOURCE_OPT, Engine, knob_options, parse_device
+from bench.model_sources import MODEL_HELP
 from runners.check_config import CheckConfig
 
 CONTRACTS = Path(__file__).resolve().parent.parent / "data" / "contracts"     # shipped: <model>.toml
 
 
 def shipped_contract(model: str, engine: str) -> Path | None:
-    """The contract bench ships for an embedded model and engine (bench/data/contracts)."""
+    """The contract bench ships for a model (tiny-math or a named real one) and engine (bench/data/contracts)."""
     p = CONTRACTS / f"{model}.{engine}.toml"
     return p if p.is_file() else None
 
 
 @app.command()
 @knob_options(CheckConfig, panel="Check settings (CheckConfig)", before="contract")
-def check(model: str = typer.Option("tiny-math", help="'tiny-math', a model directory, or a hub id."),
+def check(model: str = typer.Option("tiny-math", help=MODEL_HELP),
           dtype: Optional[str] = typer.Option(None, help="Pairs: fp16, rollout=fp8,train=fp16, a list separated by "
                                               "';' (or ',' for plain names), all (35 pairs), all16 or ladder (every "
                                               "rung → fp32). Default: all where the contract judges all 35, else "
@@ -35,8 +36,8 @@ def check(model: str = typer.Option("tiny-math", help="'tiny-math', a model dire
           engine: Engine = ENGINE_OPT,
           source: Optional[str] = SOURCE_OPT,
           contract: Optional[Path] = typer.Option(None, help="The tolerance contract (TOML; default: the one bench "
-                                                  "ships for an embedded model). With --derive-contract: where to "
-                                                  "write it."),
+                                                  "ships for the model: tiny-math, smollm2-135m, gemma3-270m). With "
+                                                  "--derive-contract: where to write it."),
           derive_contract: Optional[int] = typer.Option(None, min=1, help="Measure the pairs this many times "
                                                         "(seeds seed … seed+N−1), which you trust, and write a "
                                                         "contract from them to --contract instead of checking; an "

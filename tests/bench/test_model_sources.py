@@ -100,6 +100,10 @@ def test_bad_files_and_missing_packages_say_what_to_do(tmp_path, monkeypatch):
         resolve_model("smollm2")
     with pytest.raises(ModelError, match="--template 'html'"):
         with_prompt(resolve_model("tiny-math"), "html")
+    # without the `models` extra a GGUF is refused naming it, not read as a broken file
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
+    with pytest.raises(ModelError, match=r'needs gguf, not installed: pip install -e "\.\[models\]"'):
+        resolve_model(str(bad))
 
 
 def test_named_models_are_described_with_their_install_lines():
