@@ -50,6 +50,8 @@ def step_line(step: int, total: int | None, m: dict) -> str:
     (and every benchmark) at the steps that evaluated. `m`: the native trainer's step metrics
     (`reward`, `kl_k3`, `eval/<name>`) or verl's (`critic/score/mean`)."""
     parts = [f"step {step}/{total}" if total else f"step {step}"]
+    if isinstance(m.get("gate/k3"), (int, float)):
+        parts.append(f"gate passed, k3 {m['gate/k3']:.2e}")
     reward = m.get("reward", m.get("critic/score/mean"))
     if isinstance(reward, (int, float)):
         parts.append(f"reward {reward:.3f}")

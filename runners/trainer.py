@@ -402,11 +402,13 @@ class NativeTrainer:
             cal = self.calibrate()
             if not cal["ok"]:
                 return statuses.MISCALIBRATED, cal["message"]
+            self._progress({"gate/k3": cal["k3"]})       # a real model's step 0 takes minutes: say where it is
             acc = self.evaluate()
             stop_rules.after_eval(self.stop_state, cfg.stop, 0, acc["split"], len(self.split) * cfg.eval_split_m,
                                   max_steps=cfg.max_steps)
             self._record_decisions()
             self.record_digest()
+            self._progress({f"eval/{k}": v for k, v in acc.items()})
         while True:
             if cfg.max_steps == 0:
                 return statuses.EVALUATED, "max_steps=0: the step-0 calibration gate and evaluation only"
@@ -444,10 +446,15 @@ class NativeTrainer:
             if self.step % cfg.checkpoint_every == 0 or verdict or (cfg.keep_checkpoints
                                                                     and self.step % cfg.keep_checkpoints == 0):
                 self.save_checkpoint()
-            if self.progress:
-                self.progress(self.step, cfg.max_steps, metrics)
+            self._progress(metrics)
             if verdict:
                 return verdict
+
+    def _progress(self, metrics: dict) -> None:
+        """`progress(step, max_steps, metrics)` where the run has a callback: after every step, and at
+        step 0 after the calibration gate (`gate/k3`) and after the evaluation (`eval/<name>`)."""
+        if self.progress:
+            self.progress(self.step, self.cfg.max_steps, metrics)
 
     def calibrate(self) -> dict:
         """The step-0 gate (bench/calibration.py): one batch of B × G rollouts scored by both

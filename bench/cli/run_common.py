@@ -20,12 +20,15 @@ from bench.cli.options import Preset
 _EXIT_1 = (statuses.FAILED, statuses.MISCALIBRATED)
 
 
+# what a run's progress line shows of its step metrics, where present: (label, key, format)
+_PROGRESS_FIELDS = (("gate k3", "gate/k3", ".1e"), ("reward", "reward", ".2f"), ("split", "eval/split", ".2f"),
+                    ("kl", "kl_k1", ".1e"))
+
+
 def _run_progress(prog, task):
     def cb(step, total, m):
-        acc = m.get("eval/split")
-        prog.update(task, completed=step, total=total,
-                    rate=f"reward {m['reward']:.2f}" + (f" split {acc:.2f}" if acc is not None else "")
-                    + f" kl {m['kl_k1']:.1e}")
+        parts = [f"{name} {m[key]:{fmt}}" for name, key, fmt in _PROGRESS_FIELDS if m.get(key) is not None]
+        prog.update(task, completed=step, total=total, rate=" ".join(parts))
     return cb
 
 

@@ -48,3 +48,20 @@ def test_the_end_shows_a_state_not_yet_shown():
         prog.update(task, completed=150, rate="10 rollouts/s")
     assert buf.getvalue().splitlines() == ["rollouts 100/? 10 rollouts/s [0:00 elapsed]",
                                            "rollouts 150/? 10 rollouts/s [0:05 elapsed]"]
+
+
+def test_a_runs_line_says_step_0_the_gate_and_evaluation_then_each_step():
+    from bench.cli.run_common import _run_progress
+
+    buf, clock = io.StringIO(), Clock()
+    with LineProgress("steps", Console(file=buf, force_terminal=False, width=200), clock=clock) as prog:
+        cb = _run_progress(prog, prog.add_task("steps", total=None, rate=""))
+        clock.t = 130.0
+        cb(0, 200, {"gate/k3": 3.53e-1})                          # a real model's gate: minutes in
+        clock.t = 370.0
+        cb(0, 200, {"eval/split": 0.2436, "eval/math500": 0.03})
+        clock.t = 430.0
+        cb(1, 200, {"reward": 0.328, "kl_k1": 5.3, "kl_k3": 0.4})
+    assert buf.getvalue().splitlines() == ["steps 0/200 gate k3 3.5e-01 [2:10 elapsed]",
+                                           "steps 0/200 split 0.24 [6:10 elapsed]",
+                                           "steps 1/200 reward 0.33 kl 5.3e+00 [7:10 elapsed]"]
