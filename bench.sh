@@ -181,7 +181,7 @@ case "${1:-}" in
     bench build --model smollm2-135m-warm --engine torch --adaptive --threads 2
     bench mismatch --model smollm2-135m --dtype "fp32;fp16;bf16" --limit 16 --n 4 --threads 2
     # its shipped contract covers the three CPU 16-bit paths measured (AMX, AVX512-BF16, AVX2): on another a line may break
-    # (widen it there, docs/check.md); the check peaks at 11-12 GB, training under 8 GiB
+    # (widen it there, docs/check.md); the check peaked at 11-12 GB deriving that contract, training stays under 8 GiB
     bench check --model smollm2-135m --threads 2 || say "bench check broke a line: see docs/check.md on widening the contract"
     bench run --model smollm2-135m-warm --algo pg-seq-is --dtype fp16 --max-steps "${REAL_STEPS:-20}"
     bench report
