@@ -9,7 +9,8 @@ one column per rung of the precision ladder (rollouts at the rung, fp32 training
 finest on the left. A square is one cell over its seeds, coloured by the share of seeds that
 PASSed, with its verdict mark and k/N; blank where the search did not run that rung (it bisects).
 The tolerance — the coarsest rung whose cell PASSes on every seed, as `bench tolerance` answers it —
-is outlined. The cells are leaderboard/tolerance.py's, over native, non-stale runs.
+is outlined. The cells are leaderboard/tolerance.py's (`search_cells`: an extended seed stays in its
+rung's cell), over native, non-stale runs.
 
 `--bundle` reads run bundles (`bench runs export`) into a scratch SQLite store instead of `--db`:
 a search's runs outlive the machine that ran them that way.
@@ -54,9 +55,9 @@ def row_order(squares: list[dict]) -> list[str]:
 def squares_of(engine) -> tuple[list[dict], list[str]]:
     """Every build's squares in the store, and the rungs any of them ran (finest first)."""
     from bench.formats import LADDER
-    from leaderboard.cells import cells_frame, with_staleness
+    from leaderboard.cells import with_staleness
     from leaderboard.queries import runs_frame
-    from leaderboard.tolerance import ladder_frame, tolerances
+    from leaderboard.tolerance import ladder_frame, search_cells, tolerances
 
     runs = runs_frame(engine)
     if runs.empty:
@@ -66,7 +67,7 @@ def squares_of(engine) -> tuple[list[dict], list[str]]:
     builds = list(dict.fromkeys(runs.build))
     out = []
     for b in builds:
-        ladder = ladder_frame(cells_frame(runs[runs.build == b]))
+        ladder = ladder_frame(search_cells(runs[runs.build == b]))
         if not ladder.empty:
             out += grid(ladder, tolerances(ladder), f" ({b[:8]})" if len(builds) > 1 else "")
     return out, [r for r in LADDER if r in {s["rung"] for s in out}]

@@ -147,14 +147,17 @@ def _corrections(cells: pd.DataFrame) -> str:
     return "".join(out) or "<p class=note>No paper algorithm's cell FAILs yet: nothing to rescue.</p>"
 
 
-def _tolerance(cells: pd.DataFrame) -> str:
+def _tolerance(frame: pd.DataFrame) -> str:
     """The tolerance table (leaderboard/tolerance.py) of every build, engine and settings with ladder
-    cells: one row per algorithm, one column per rung run, and its tolerance."""
+    cells among the runs `frame` (`runs_frame`; the cells pooled as a search pools them, extended seeds
+    in their rung's cell): one row per algorithm, one column per rung run, and its tolerance."""
     from bench.formats import LADDER
 
-    from .tolerance import ladder_frame, tolerances
+    from .cells import with_staleness
+    from .tolerance import ladder_frame, search_cells, tolerances
 
     out = []
+    cells = search_cells(with_staleness(frame)) if not frame.empty else frame
     flat = cells[(cells.staleness == 0) if "staleness" in cells else cells.algo.notna()]
     flat = flat[flat.trainer == "native"]
     for (build, engine, fp), g in flat.groupby(["build", "engine", "config_fp"], sort=False):
@@ -239,7 +242,8 @@ def write_site(url: str, out_dir: Path, title: str = "bench leaderboard",
     """Write the static site of the store at `url` to `out_dir`; returns the number of pages."""
     signers = signers or {}
     store = open_store(url)
-    cells, runs, summary, reference = report_data(store, runs_frame(store))
+    frame = runs_frame(store)
+    cells, runs, summary, reference = report_data(store, frame)
     out_dir, run_dir = Path(out_dir), Path(out_dir) / "runs"
     run_dir.mkdir(parents=True, exist_ok=True)
     run_records = records(runs)
@@ -269,7 +273,7 @@ def write_site(url: str, out_dir: Path, title: str = "bench leaderboard",
             f"accuracy.</p>{_corrections(cells)}"
             "<h2>Tolerance</h2><p class=note>Rollouts at each rung of the precision ladder, fp32 training: each "
             "algorithm's cell per rung over its seeds, and its tolerance (the coarsest rung that PASSes on every "
-            f"seed, with the mean k3 of its runs there).</p>{_tolerance(cells)}"
+            f"seed, with the mean k3 of its runs there).</p>{_tolerance(frame)}"
             "<h2>Reference — the paper's published results (never ranked)</h2><p class=note>Qi et al. 2025, "
             "DeepSeek-R1-Distill-Qwen-1.5B on its 1,460-problem split: another model, another split, thousands "
             f"of steps.</p>{_reference(reference['rows'])}")

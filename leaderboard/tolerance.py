@@ -14,6 +14,7 @@ import math
 
 import pandas as pd
 
+from bench.fingerprint import fingerprint
 from bench.formats import LADDER
 from bench.precision import Precision
 
@@ -25,6 +26,19 @@ def rung_of(precision: str) -> str | None:
     """The ladder rung of a cell's pair (`e8m3→fp32` → e8m3, `fp32` → fp32), None off the ladder."""
     p = Precision.parse(precision)
     return p.rollout if p.train == "fp32" and p.rollout in LADDER else None
+
+
+def search_cells(runs: pd.DataFrame) -> pd.DataFrame:
+    """The cells (leaderboard/cells.py) of `runs` (`runs_frame`) as a search pools them: keyed by the
+    settings fingerprint without the step budget (`max_steps`). A search extends a rung that ends
+    UNDECIDED (`--extend-to`: `bench runs extend` raises the run's max_steps), and the extended seed
+    is still a seed of its rung's cell, not a cell of its own."""
+    from leaderboard.cells import cells_frame
+
+    if runs.empty:
+        return cells_frame(runs)
+    return cells_frame(runs.assign(config_fp=[fingerprint({k: v for k, v in (c or {}).items() if k != "max_steps"})
+                                              for c in runs.config]))
 
 
 def ladder_frame(cells: pd.DataFrame) -> pd.DataFrame:

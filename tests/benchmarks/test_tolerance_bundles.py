@@ -46,13 +46,12 @@ def stored_runs(tmp_path_factory):
 @pytest.mark.integration
 @pytest.mark.parametrize("row", index_rows(), ids=lambda r: r["bundle"])
 def test_the_bundle_recomputes_its_row(row, stored_runs):
-    from leaderboard.cells import cells_frame
-    from leaderboard.tolerance import ladder_frame, tolerances
+    from leaderboard.tolerance import ladder_frame, search_cells, tolerances
 
     runs = stored_runs[stored_runs.algo == row["algorithm"]]
     assert set(runs.build) == {row["build"]}, "one search, one build"
     assert set(runs.trainer) == {"native"} and not set(runs.status) & {"running", "failed", "interrupted"}
-    tol = tolerances(ladder_frame(cells_frame(runs))).iloc[0]
+    tol = tolerances(ladder_frame(search_cells(runs))).iloc[0]
     got = {"tolerance": tol.tolerance or "none", "passed there": tol.passes or "-",
            "next rung run": tol.above or "-", "passed at the next": tol.above_passes or "-"}
     assert got == {k: row[k] for k in got}

@@ -310,11 +310,13 @@ def test_rescue_table_by_hand(tmp_path, monkeypatch):
 def test_tolerance_table_by_hand(tmp_path, monkeypatch):
     """grpo PASSes at fp32 and e8m5 on both seeds and FAILs at e8m4 on seed 0 (its tolerance: e8m5,
     next rung e8m4 0/1); pg-seq-is converges nowhere (no tolerance); a bf16 run is off the ladder.
-    The page and the static site render it."""
+    grpo's e8m5 seed 1 was extended (`--extend-to`: its max_steps raised), so its settings
+    fingerprint is another; the search's cells pool it with seed 0 all the same. The page and the
+    static site render it."""
     from conftest import app_page
     from leaderboard.cells import cells_frame
     from leaderboard.queries import runs_frame
-    from leaderboard.tolerance import ladder_frame, tolerances
+    from leaderboard.tolerance import ladder_frame, search_cells, tolerances
 
     url = f"sqlite:///{tmp_path / 'r.db'}"
     engine = open_store(url)
@@ -325,10 +327,13 @@ def test_tolerance_table_by_hand(tmp_path, monkeypatch):
         model_id = add_model_and_build(s)
         for i, (rid, algo, rollout, seed, status) in enumerate(rows):
             s.add(Run(id=rid, model_id=model_id, build_id="b0", algo=algo, rollout_dtype=rollout, train_dtype="fp32",
-                      trainer="native", engine="torch", config={**stored(), "seed": seed}, seed=seed, status=status,
+                      trainer="native", engine="torch", seed=seed, status=status,
+                      config={**stored(), "seed": seed, **({"max_steps": 200} if rid == "g2" else {})},
                       peak_accuracy=0.96, steps_to_target=60 if status == "converged" else None, step=80,
                       created_at=T0 + timedelta(minutes=i)))
-    ladder = ladder_frame(cells_frame(runs_frame(engine)))
+    split = ladder_frame(cells_frame(runs_frame(engine)))           # by the full fingerprint: two e8m5 cells
+    assert list(split[split.algo == "grpo"].rung).count("e8m5") == 2
+    ladder = ladder_frame(search_cells(runs_frame(engine)))
     assert list(zip(ladder.algo, ladder.rung, ladder.passes)) == [
         ("grpo", "fp32", "1/1"), ("grpo", "e8m5", "2/2"), ("grpo", "e8m4", "0/1"), ("pg-seq-is", "e8m5", "0/1")]
     t = tolerances(ladder).set_index("algo")
@@ -341,6 +346,7 @@ def test_tolerance_table_by_hand(tmp_path, monkeypatch):
     page = (tmp_path / "site" / "index.html").read_text()
     section = page.split("<h2>Tolerance</h2>")[1].split("<h2>")[0]
     assert section.count('data-field="rung" data-value="PASS"') == 2 and "<td data-field=tolerance>e8m5" in section
+    assert "2/2" in section and section.count("<h3>") == 1             # one table: the extended seed pooled
     assert "<td data-field=tolerance>none" in section
     monkeypatch.setenv("BENCH_DB_URL", url)
     at = app_page("pages/tolerance.py")
