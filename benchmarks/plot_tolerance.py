@@ -2,15 +2,16 @@
 
     python benchmarks/plot_tolerance.py                                  # the store's ladder cells
     python benchmarks/plot_tolerance.py --bundle benchmarks/results/tolerance/*.tar.gz \\
-        --out docs/img/tolerance_tiny_math.png
+        --out docs/img/tolerance.png
 
-One row per algorithm and build (a build is one machine's split: rows of several builds say which),
-one column per rung of the precision ladder (rollouts at the rung, fp32 training: bench/ladder.py),
-finest on the left. A square is one cell over its seeds, coloured by the share of seeds that
-PASSed, with its verdict mark and k/N; blank where the search did not run that rung (it bisects).
-The tolerance — the coarsest rung whose cell PASSes on every seed, as `bench tolerance` answers it —
-is outlined. The cells are leaderboard/tolerance.py's (`search_cells`: an extended seed stays in its
-rung's cell), over native, non-stale runs.
+One row per algorithm and table (build, engine and settings, as the static site's tables; a build is
+one machine's split; rows of several tables say which), one column per rung of the precision ladder
+(rollouts at the rung, fp32 training: bench/ladder.py), finest on the left. A square is one cell
+over its seeds, coloured by the share of seeds that PASSed, with its verdict mark and k/N; blank
+where the search did not run that rung (it bisects). The tolerance, the coarsest rung whose cell
+PASSes on every seed as `bench tolerance` answers it, is outlined. The tables are
+leaderboard/tolerance.py's (`ladder_tables`: native, non-stale runs; an extended seed stays in its
+rung's cell).
 
 `--bundle` reads run bundles (`bench runs export`) into a scratch SQLite store instead of `--db`:
 a search's runs outlive the machine that ran them that way.
@@ -53,23 +54,16 @@ def row_order(squares: list[dict]) -> list[str]:
 
 
 def squares_of(engine) -> tuple[list[dict], list[str]]:
-    """Every build's squares in the store, and the rungs any of them ran (finest first)."""
+    """Every tolerance table's squares in the store (leaderboard/tolerance.ladder_tables: per build,
+    engine and settings), and the rungs any of them ran (finest first)."""
     from bench.formats import LADDER
-    from leaderboard.cells import with_staleness
     from leaderboard.queries import runs_frame
-    from leaderboard.tolerance import ladder_frame, search_cells, tolerances
+    from leaderboard.tolerance import ladder_tables
 
-    runs = runs_frame(engine)
-    if runs.empty:
-        return [], []
-    runs = with_staleness(runs[runs.trainer == "native"])
-    runs = runs[runs.staleness == 0]
-    builds = list(dict.fromkeys(runs.build))
+    tables = ladder_tables(runs_frame(engine))
     out = []
-    for b in builds:
-        ladder = ladder_frame(search_cells(runs[runs.build == b]))
-        if not ladder.empty:
-            out += grid(ladder, tolerances(ladder), f" ({b[:8]})" if len(builds) > 1 else "")
+    for (build, eng, fp), ladder, tol in tables:
+        out += grid(ladder, tol, f" ({build[:8]} · {eng} · {str(fp)[:6]})" if len(tables) > 1 else "")
     return out, [r for r in LADDER if r in {s["rung"] for s in out}]
 
 

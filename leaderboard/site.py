@@ -153,19 +153,12 @@ def _tolerance(frame: pd.DataFrame) -> str:
     in their rung's cell): one row per algorithm, one column per rung run, and its tolerance."""
     from bench.formats import LADDER
 
-    from .cells import with_staleness
-    from .tolerance import ladder_frame, search_cells, tolerances
+    from .tolerance import ladder_tables
 
     out = []
-    cells = search_cells(with_staleness(frame)) if not frame.empty else frame
-    flat = cells[(cells.staleness == 0) if "staleness" in cells else cells.algo.notna()]
-    flat = flat[flat.trainer == "native"]
-    for (build, engine, fp), g in flat.groupby(["build", "engine", "config_fp"], sort=False):
-        ladder = ladder_frame(g)
-        if ladder.empty:
-            continue
+    for (build, engine, fp), ladder, tol in ladder_tables(frame):
         rungs = [r for r in LADDER if r in set(ladder.rung)]
-        tol = tolerances(ladder).set_index("algo")
+        tol = tol.set_index("algo")
         rows = []
         for algo, a in ladder.groupby("algo", sort=False):
             tds = _squares("rung", [_first(a[a.rung == rung]) for rung in rungs], '<td data-field="rung"></td>')

@@ -41,6 +41,23 @@ def search_cells(runs: pd.DataFrame) -> pd.DataFrame:
                                               for c in runs.config]))
 
 
+def ladder_tables(frame: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame, pd.DataFrame]]:
+    """The tolerance tables among the native, non-stale runs of `frame` (`runs_frame`): per (build,
+    engine, config_fp) with ladder cells (`search_cells`, so config_fp is the fingerprint without
+    max_steps), that key, its ladder (`ladder_frame`) and its `tolerances`."""
+    from leaderboard.cells import with_staleness
+
+    if frame.empty:
+        return []
+    runs = with_staleness(frame[frame.trainer == "native"])
+    out = []
+    for key, g in search_cells(runs[runs.staleness == 0]).groupby(["build", "engine", "config_fp"], sort=False):
+        ladder = ladder_frame(g)
+        if not ladder.empty:
+            out.append((key, ladder, tolerances(ladder)))
+    return out
+
+
 def ladder_frame(cells: pd.DataFrame) -> pd.DataFrame:
     """The ladder cells, one row each, by algorithm then rung (finest first)."""
     rows = []
