@@ -128,14 +128,15 @@ case "${1:-}" in
     # page, the report's ratios, bf16 ÷ fp16 among them); the sanity test for pg-seq-is with MXFP4
     # rollouts (the negative control: a rule FAILs it on every CPU kind measured, where NVFP4 ran out
     # of budget on an AVX2 one) and fp16 (the positive control), the two cells at once on one thread
-    # each (at most DEMO_STEPS steps a cell; the futility rule, on by default, ends a cell that
-    # cannot reach the PASS bound by then; bf16 left the demo: it ends PASS on an AVX512-BF16 CPU
-    # and UNDECIDED at 80 steps on an AVX2 one); the report with the paper's rows
+    # each (at most DEMO_STEPS steps a cell, 100 by default: the positive control converged at steps
+    # 55-80 in every seed measured, 2026-12-01 to 12-07, so 80 left it no headroom; the futility rule, on by default,
+    # ends a cell that cannot reach the PASS bound by then; bf16 left the demo: it ends PASS on an
+    # AVX512-BF16 CPU and UNDECIDED at 80 steps on an AVX2 one); the report with the paper's rows
     setup
     bench build --model tiny-math --engine torch     # reuses an identical complete build
     bench mismatch --model tiny-math --limit 32 --n 8 \
       --dtype "fp16;bf16;rollout=fp8,train=fp16;rollout=nvfp4,train=fp16;rollout=mxfp4,train=fp16"
-    bench sweep --algo pg-seq-is --dtype "rollout=mxfp4,train=fp16;fp16" --max-steps "${DEMO_STEPS:-80}" \
+    bench sweep --algo pg-seq-is --dtype "rollout=mxfp4,train=fp16;fp16" --max-steps "${DEMO_STEPS:-100}" \
       --jobs 2 --threads 1
     bench report
     ;;
