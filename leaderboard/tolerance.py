@@ -28,17 +28,23 @@ def rung_of(precision: str) -> str | None:
     return p.rollout if p.train == "fp32" and p.rollout in LADDER else None
 
 
+def with_search_key(runs: pd.DataFrame) -> pd.DataFrame:
+    """`runs` (`runs_frame`) with `config_fp` the settings fingerprint without the step budget
+    (`max_steps`), the key a search's cells share. A search extends a rung that ends UNDECIDED
+    (`--extend-to`: `bench runs extend` raises the run's max_steps), and the extended seed is still a
+    seed of its rung's cell, not a cell of its own."""
+    if runs.empty:
+        return runs
+    return runs.assign(config_fp=[fingerprint({k: v for k, v in (c or {}).items() if k != "max_steps"})
+                                  for c in runs.config])
+
+
 def search_cells(runs: pd.DataFrame) -> pd.DataFrame:
-    """The cells (leaderboard/cells.py) of `runs` (`runs_frame`) as a search pools them: keyed by the
-    settings fingerprint without the step budget (`max_steps`). A search extends a rung that ends
-    UNDECIDED (`--extend-to`: `bench runs extend` raises the run's max_steps), and the extended seed
-    is still a seed of its rung's cell, not a cell of its own."""
+    """The cells (leaderboard/cells.py) of `runs` (`runs_frame`) as a search pools them: keyed by
+    `with_search_key`'s fingerprint."""
     from leaderboard.cells import cells_frame
 
-    if runs.empty:
-        return cells_frame(runs)
-    return cells_frame(runs.assign(config_fp=[fingerprint({k: v for k, v in (c or {}).items() if k != "max_steps"})
-                                              for c in runs.config]))
+    return cells_frame(with_search_key(runs))
 
 
 def ladder_tables(frame: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame, pd.DataFrame]]:

@@ -8,15 +8,16 @@ import streamlit as st
 from bench.formats import LADDER
 from leaderboard import colours, data
 from leaderboard.cell_filter import engine_and_settings
-from leaderboard.cells import with_staleness
-from leaderboard.tolerance import ladder_frame, search_cells, tolerances
+from leaderboard.cells import cells_frame, with_staleness
+from leaderboard.tolerance import ladder_frame, tolerances, with_search_key
 
 st.title("Tolerance")
 url, runs = data.runs_or_stop()
 build = st.selectbox("Build", list(dict.fromkeys(runs.build)), key="tol_build")
 view = with_staleness(runs[(runs.build == build) & (runs.trainer == "native")])
-view = engine_and_settings(view[view.staleness == 0], st.columns(2))
-ladder = ladder_frame(search_cells(view))
+# the settings to choose among are the search's (without max_steps): an extended seed stays in its rung's cell
+view = engine_and_settings(with_search_key(view[view.staleness == 0]), st.columns(2))
+ladder = ladder_frame(cells_frame(view))
 if ladder.empty:
     st.info(f"No cell on the precision ladder on build {build} yet. One search (rollouts at each rung, fp32 "
             f"training; a stored run per cell, resumable):\n\n```\nbench tolerance --algo grpo --seeds 3 --build "

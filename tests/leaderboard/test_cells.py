@@ -352,3 +352,5 @@ def test_tolerance_table_by_hand(tmp_path, monkeypatch):
     at = app_page("pages/tolerance.py")
     assert not at.exception
     assert any("e8m5" in str(df.value.tolerance.tolist()) for df in at.dataframe)
+    assert "Settings" not in [s.label for s in at.selectbox]           # the extended seed is no other setting
+    assert any("2/2" in str(df.value.passes.tolist()) for df in at.dataframe if "passes" in df.value)
