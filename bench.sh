@@ -35,7 +35,7 @@ base_venv() {
   local v=$1
   [ -x "$v/bin/python" ] || { say "creating $v"; python3 -m venv "$v"; }
   [ -x "$v/bin/uv" ] || "$v/bin/python" -m pip install -q uv
-  "$v/bin/python" -c "import torch" 2>/dev/null || { say "installing torch==2.13.0 into $v"; torch_install "$v/bin/python"; }
+  "$v/bin/python" -c "import importlib.util as u; exit(u.find_spec('torch') is None)" 2>/dev/null || { say "installing torch==2.13.0 into $v"; torch_install "$v/bin/python"; }
 }
 
 # torch_install PY: torch==2.13.0 into PY's environment. Where pip's find-links (its config or
@@ -56,8 +56,15 @@ setup() {
   base_venv "$VENV"
   # shellcheck disable=SC1091
   . "$VENV/bin/activate"
-  say "installing bench"
-  pkg_install "$VENV/bin/python" -e ".[test,app,postgres,ray,models]"
+  # bench and its extras: installed again only where this checkout or its pyproject.toml changed since
+  # the last install into this venv (uv's check of an installed tree costs ~3 s of each command)
+  local stamp="$VENV/.bench-installed" want
+  want="$PWD $(sha256sum < pyproject.toml)"
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    say "installing bench"
+    pkg_install "$VENV/bin/python" -e ".[test,app,postgres,ray,models]"
+    printf '%s\n' "$want" > "$stamp"
+  fi
 }
 
 setup_models() {
@@ -143,10 +150,10 @@ case "${1:-}" in
   test)
     shift
     if [ "${1:-}" = "--quick" ]; then
-      # a newcomer's first minutes: the unit tests only, no vLLM, verl, Chromium or PostgreSQL set-up
+      # a newcomer's first minute: the fast unit tests (no test marked slow), no vLLM, verl, Chromium or PostgreSQL set-up
       shift
       setup
-      python -m pytest -n "${BENCH_TEST_WORKERS:-2}" --dist loadgroup -m "not (integration or postgres or vllm or browser or verl or ray or registry)" "$@"
+      python -m pytest -n "${BENCH_TEST_WORKERS:-2}" --dist loadgroup -m "not (integration or postgres or vllm or browser or verl or ray or registry or slow)" "$@"
       exit
     fi
     setup

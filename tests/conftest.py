@@ -187,6 +187,23 @@ def one_gemm_by_default(gemm):
     return default
 
 
+# the algorithms a table over every algorithm keeps in the quick lane: a sequence-level
+# importance weight (the demo's pg-seq-is), a token-level clip (grpo), a sequence ratio with an
+# empty-row batch (gspo) and a clipped stop-gradient weight (cispo)
+QUICK_ALGOS = ("pg-seq-is", "grpo", "gspo", "cispo")
+
+
+def quick_sample(values, quick, ids=None) -> list:
+    """`values` for a `parametrize`, each outside `quick` marked `slow`: the quick lane
+    (`./bench.sh test --quick`, which deselects `slow`) runs the sample, `./bench.sh test` and CI
+    run every value. For tables whose rows repeat one code path over many inputs (every
+    algorithm, every bad value of every knob), sampled so the quick lane keeps each path."""
+    quick = set(quick)
+    assert quick <= set(values), quick - set(values)          # a sample names values of the table
+    names = ids if ids is not None else [None] * len(values)
+    return [pytest.param(v, id=i, marks=() if v in quick else pytest.mark.slow) for v, i in zip(values, names)]
+
+
 APP = str(Path(__file__).parent.parent / "leaderboard" / "app.py")
 
 

@@ -46,6 +46,7 @@ print(before, resident_mb())
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
                     reason="malloc_trim is glibc's")
+@pytest.mark.slow
 def test_release_free_memory_hands_free_heap_pages_back():
     """Freed tensors between live ones stay resident in glibc's heap until malloc_trim(0) gives
     their pages back: ~50 MiB freed around 12 live blocks must mostly leave the resident set."""

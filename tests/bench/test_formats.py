@@ -206,6 +206,7 @@ def _int_mm_in_a_fresh_process(isa: str | None) -> tuple[bool, ...]:
     return tuple(v == "True" for v in r.stdout.split()[-5:])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("isa", [None, "AVX2"])
 def test_int8_probe_agrees_with_the_int_mm_of_this_process(isa):
     """Whatever torch._int_mm does in a fresh process (oneDNN as the CPU is, or held to AVX2),
@@ -219,6 +220,7 @@ def test_int8_probe_agrees_with_the_int_mm_of_this_process(isa):
     assert same
 
 
+@pytest.mark.slow
 def test_int8_saturating_int_mm_keeps_the_fp32_gemm():
     """Where oneDNN held to AVX2 saturates the int8 sums (seen on an AVX512-VNNI CPU: 128
     products of 127·127 come out 16,320), the probe says not exact, torch._int_mm is not called
@@ -231,6 +233,7 @@ def test_int8_saturating_int_mm_keeps_the_fp32_gemm():
     assert not exact and not called and same
 
 
+@pytest.mark.slow
 def test_int8_rollouts_are_those_of_the_fp32_gemm(monkeypatch):
     """A whole int8 rollout (fused projections, split-K, the quantized head) with the integer
     GEMM against the fp32 GEMM it replaces: token ids and μ identical."""
@@ -363,6 +366,7 @@ def test_nvfp4_block_scale_clamps_at_the_smallest_e4m3_subnormal():
     assert z_codes.eq(0).all() and z_scale.flatten().tolist() == [2.0 ** -9] * 2     # g = 1
 
 
+@pytest.mark.slow
 def test_nvfp4_fused_projections_share_one_global_scale():
     """q/k/v (and gate/up) are one layer in vLLM: their weights take the global scale of the
     group's amax, as Model-Optimizer's export gives a fused layer one weight_scale_2. Here q_proj

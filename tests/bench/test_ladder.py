@@ -187,6 +187,7 @@ def test_a_low_rung_leaves_every_tensor_of_the_forward_on_its_grid(tiny_math, mo
     assert params and all(_on_grid(p.detach(), rung) for p in params)
 
 
+@pytest.mark.slow
 def test_the_mismatch_grows_down_the_ladder(tiny_math, monkeypatch):
     """Offline on tiny-math (the same prompts, 8 × 4 responses a rung, fp32 scoring): mean |π − μ|
     per token rises at every rung from fp32 to e8m1 (k3 is carried by a few tokens and may dip

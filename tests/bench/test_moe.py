@@ -48,6 +48,7 @@ def gate_of(model, layer=0):
 
 # ------------------------------------------------------------------ finding the layers
 
+@pytest.mark.slow
 def test_moe_blocks_are_found_and_dense_models_have_none(tok):
     from bench.tinymath import TinyConfig
 
@@ -76,6 +77,7 @@ def _hand_experts(tok):
     return m
 
 
+@pytest.mark.slow
 def test_int8_quantizes_each_expert_per_output_channel(tok):
     m = _hand_experts(tok)
     q = moe.QuantExperts(experts_of(m), INT8)

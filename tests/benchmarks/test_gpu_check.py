@@ -63,6 +63,7 @@ def test_shrunk_check_writes_every_section(tmp_path):
     assert res["wall_s"] > 0
 
 
+@pytest.mark.slow
 def test_a_spent_budget_skips_sections_and_still_writes_the_json(tmp_path):
     out = tmp_path / "g.json"
     r = _run("--shrink", "--device", "cpu", "--budget-s", "0", "--out", str(out))
@@ -73,6 +74,7 @@ def test_a_spent_budget_skips_sections_and_still_writes_the_json(tmp_path):
     assert len(res["skipped"]) == 7 and all(v.startswith("time budget") for v in res["skipped"].values())
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where there is no CUDA")
 def test_cuda_without_cuda_is_refused(tmp_path):
     r = _run("--device", "cuda", "--out", str(tmp_path / "x.json"))

@@ -10,6 +10,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from bench.cli.serve import STREAMLIT_FLAGS, streamlit_argv
 
 ROOT = Path(__file__).parents[2]
@@ -227,6 +229,7 @@ def _grid_store(url: str, config: dict) -> None:
                       created_at=datetime(2026, 1, 1) + timedelta(minutes=i)))
 
 
+@pytest.mark.slow
 def test_grid_fills_its_empty_cells_with_one_sweep_of_its_settings(tmp_path, monkeypatch):
     from bench.fingerprint import fingerprint
     from bench.formats import ROLLOUT_FORMATS, TRAIN_FORMATS

@@ -177,6 +177,7 @@ def _page(url, monkeypatch, path=None, **query):
     return app_page(path, **query)
 
 
+@pytest.mark.slow
 def test_pages_keep_engines_and_settings_apart(tmp_path, monkeypatch):
     url = f"sqlite:///{tmp_path / 's.db'}"
     _store(url)
@@ -257,6 +258,7 @@ def test_the_sweep_skips_only_a_cell_finished_by_its_engine_and_settings(tmp_pat
 
 # ------------------------------------------------------------------ the rescue table (Corrections page)
 
+@pytest.mark.slow
 def test_rescue_table_by_hand(tmp_path, monkeypatch):
     """pg-seq-is FAILs at mxfp4→fp16 (futile) and PASSes at fp16; icepop PASSes at mxfp4→fp16 on both
     seeds (a rescue), trm on one of two (FAIL: no rescue). The table has the one failing pair, every
@@ -307,6 +309,7 @@ def test_rescue_table_by_hand(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------ the tolerance table (Tolerance page)
 
+@pytest.mark.slow
 def test_tolerance_table_by_hand(tmp_path, monkeypatch):
     """grpo PASSes at fp32 and e8m5 on both seeds and FAILs at e8m4 on seed 0 (its tolerance: e8m5,
     next rung e8m4 0/1); pg-seq-is converges nowhere (no tolerance); a bf16 run is off the ladder.

@@ -296,6 +296,7 @@ def test_a_batch_measured_in_chunks_of_sequences_agrees_with_one_chunk(monkeypat
     assert parts[0].layers and all(r["divergence"] == 0 for r in parts[0].layers)   # fp32 both sides: bit for bit
 
 
+@pytest.mark.slow
 def test_a_check_measures_on_what_its_contract_was_derived_on(tmp_path):
     """A contract derived at 2 problems × 1 response records it; a check against it measures so
     unless told otherwise, and the stored conditions say so."""

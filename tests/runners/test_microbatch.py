@@ -20,6 +20,8 @@ from runners.logprobs import response_log_softmax
 from runners.presets import get_preset
 from runners.train_engine import Batch, TrainingEngine
 
+from conftest import QUICK_ALGOS, quick_sample
+
 
 @pytest.fixture(scope="module")
 def tiny():
@@ -102,7 +104,7 @@ def whole_and_micro(model, algo, budget, batch, seed=1):
     return grads(whole, x, idx, batch), grads(micro, x, idx, batch)
 
 
-@pytest.mark.parametrize("algo", list(REGISTRY))
+@pytest.mark.parametrize("algo", quick_sample(list(REGISTRY), QUICK_ALGOS))
 def test_micro_batches_give_the_whole_batch_gradient_fp32(tiny, algo):
     """Parts at the batch's padded width: each row's arithmetic is the whole batch's, so the
     weighted sum is the whole-batch gradient to 1e-6 (fp32)."""
@@ -116,14 +118,14 @@ def test_micro_batches_give_the_whole_batch_gradient_fp32(tiny, algo):
         assert m_m[k] == pytest.approx(m_w[k], rel=1e-5, abs=1e-7), k
 
 
-@pytest.mark.parametrize("algo", list(REGISTRY))
+@pytest.mark.parametrize("algo", quick_sample(list(REGISTRY), QUICK_ALGOS))
 def test_trimmed_micro_batches_are_exact_in_float64(tiny, algo):
     batch = make_batch(empty=algo == "gspo", dtype=torch.float64)
     (_, _, g_w, _), (_, _, g_m, _) = whole_and_micro(copy.deepcopy(tiny).double(), algo, 80, batch)
     assert_grads_close(g_m, g_w, 1e-10)
 
 
-@pytest.mark.parametrize("algo", list(REGISTRY))
+@pytest.mark.parametrize("algo", quick_sample(list(REGISTRY), ["pg-seq-is", "gspo"]))
 def test_rows_grouped_by_length_give_the_whole_batch_gradient(tiny, algo):
     """The default (`group_by_length`, no budget): the rows sorted by length and cut where the
     padding costs more than a pass; the gradient is the one padded batch's, exactly in float64

@@ -104,6 +104,7 @@ def test_a_decider_that_is_off_decides_nothing():
     assert d.why(("grpo", FP32, None)) is None and h.interrupts == 0
 
 
+@pytest.mark.slow
 def test_a_process_cell_reports_its_refusal(tmp_path):
     """A real spawned cell given a plan (made in this process, as the sweep makes it) whose
     checkpoint root cannot hold a directory: the run's own refusal comes back as the cell's end,

@@ -169,6 +169,7 @@ def test_another_models_weights_are_refused(source, tmp_path):
     assert _verifications(url) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, needle", [(["nope"], "no run 'nope'"), (["RUN", "--steps", "0"], "give at least 1")])
 def test_bad_input_is_one_message(source, args, needle):
     url = source["url"]

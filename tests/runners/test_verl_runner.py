@@ -187,6 +187,7 @@ def test_pg_seq_mis_is_refused_for_verl_before_launch(tmp_path):
         assert s.scalars(select(Run)).all() == []
 
 
+@pytest.mark.slow
 def test_dry_run_cli(tmp_path):
     from bench.cli import app
 

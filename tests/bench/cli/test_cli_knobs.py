@@ -69,16 +69,20 @@ def _bad_values(f, typ) -> list[str]:
 
 
 def _table():
+    """Every bad value of every numeric knob of every verb. The quick lane keeps each verb's first
+    row (beside the EXAMPLES below); the rest are `slow`: ./bench.sh test and CI run all ~530."""
     rows = []
     for verb, (cls, _) in VERBS.items():
+        first = len(rows)
         for f in _numeric(cls):
             typ = _type(cls, f)
             if verb == "sweep" and f.name == "staleness":
-                rows.append(pytest.param(verb, "staleness", "-1", id="sweep--staleness=-1"))
+                rows.append((verb, "staleness", "-1", "sweep--staleness=-1"))
                 continue
             for v in _bad_values(f, typ):
-                rows.append(pytest.param(verb, f.name, v, id=f"{verb}--{flag_of(f)}={v}"))
-    return rows
+                rows.append((verb, f.name, v, f"{verb}--{flag_of(f)}={v}"))
+        rows[first + 1:] = [(*r[:3], r[3], pytest.mark.slow) for r in rows[first + 1:]]
+    return [pytest.param(*r[:3], id=r[3], marks=r[4:]) for r in rows]
 
 
 # the issue's own examples, spelled out (the generated table holds them too)

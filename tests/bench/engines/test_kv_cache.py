@@ -89,6 +89,7 @@ def _prefill_keeps_its_bits(eng, prompts, n: int) -> bool:
 @pytest.mark.parametrize("fmt", ["fp32", "bf16", "fp16", "fp8", "nvfp4"])
 @pytest.mark.parametrize("prompts", [[f"Q: Compute {a}+{b}.\nA: " for a, b in [(3, 4), (12, 30), (7, 8), (100, 23)]],
                                      ["Q: 7+8=?\nA: "]], ids=["4 prompts", "1 prompt"])
+@pytest.mark.slow
 def test_a_prompt_prefilled_once_samples_as_one_prefilled_per_row(fmt, prompts):
     """Shared prefill (a prompt's keys and values copied to its n rows, the head over every row)
     against one prefill per row: token ids and μ identical, over a batch cut into chunks across a
@@ -166,6 +167,7 @@ def test_the_pool_hands_one_buffer_per_key_and_grows_it():
         PreallocatedLayer(8, pool=pool)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cpu16", ["none", "all"])
 @pytest.mark.parametrize("fmt", ["fp32", "bf16"])
 def test_pooled_buffers_sample_as_fresh_ones(fmt, cpu16, monkeypatch):

@@ -90,6 +90,7 @@ def _writers(url: str, tmp_path: Path, n: int = STEPS, tags=("a", "b"), timeout:
     return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fresh", [True, False], ids=["fresh", "migrated"])
 def test_two_processes_write_the_same_store(db_url, tmp_path, fresh):
     """`fresh`: both writers find an empty database and migrate it at the same moment;
