@@ -58,12 +58,13 @@ setup() {
   . "$VENV/bin/activate"
   # bench and its extras: installed again only where this checkout or its pyproject.toml changed since
   # the last install into this venv (uv's check of an installed tree costs ~3 s of each command)
-  local stamp="$VENV/.bench-installed" want
-  want="$PWD $(sha256sum < pyproject.toml)"
+  # (rm "$VENV/.bench-installed" forces it, e.g. after installing another checkout into a shared venv)
+  local stamp="$VENV/.bench-installed" spec=".[test,app,postgres,ray,models]" want
+  want="$PWD $spec $(cksum < pyproject.toml)"
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     say "installing bench"
-    pkg_install "$VENV/bin/python" -e ".[test,app,postgres,ray,models]"
-    printf '%s\n' "$want" > "$stamp"
+    pkg_install "$VENV/bin/python" -e "$spec"
+    printf '%s\n' "$want" > "$stamp" 2>/dev/null || true
   fi
 }
 

@@ -189,8 +189,9 @@ def one_gemm_by_default(gemm):
 
 # the algorithms a table over every algorithm keeps in the quick lane: a sequence-level
 # importance weight (the demo's pg-seq-is), a token-level clip (grpo), a sequence ratio with an
-# empty-row batch (gspo) and a clipped stop-gradient weight (cispo)
-QUICK_ALGOS = ("pg-seq-is", "grpo", "gspo", "cispo")
+# empty-row batch (gspo), a clipped stop-gradient weight (cispo) and the one loss that reads the
+# rollout's full distribution (sc: the trainer's logq path)
+QUICK_ALGOS = ("pg-seq-is", "grpo", "gspo", "cispo", "sc")
 
 
 def quick_sample(values, quick, ids=None) -> list:
@@ -201,7 +202,8 @@ def quick_sample(values, quick, ids=None) -> list:
     quick = set(quick)
     assert quick <= set(values), quick - set(values)          # a sample names values of the table
     names = ids if ids is not None else [None] * len(values)
-    return [pytest.param(v, id=i, marks=() if v in quick else pytest.mark.slow) for v, i in zip(values, names)]
+    return [pytest.param(v, id=i, marks=() if v in quick else pytest.mark.slow)
+            for v, i in zip(values, names, strict=True)]
 
 
 APP = str(Path(__file__).parent.parent / "leaderboard" / "app.py")
