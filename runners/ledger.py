@@ -185,6 +185,8 @@ def fail(store, run_id: str, e: BaseException) -> None:
     """Mark a run failed (resumable) by the exception that stopped it."""
     with session(store) as s:
         run = s.get(Run, run_id)
+        if run is None:                  # `create` itself failed: there is no row to mark
+            return
         run.status = FAILED
         run.stop_reason = "interrupted" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"[:1000]
 
@@ -272,10 +274,16 @@ def _interrupts_held():
         raise Terminated if held[0] == signal.SIGTERM else KeyboardInterrupt
 
 
-def run_to_end(store, run_id: str, train: Callable[[], tuple[str, str]]) -> None:
+def run_to_end(store, run_id: str, train: Callable[[], tuple[str, str]],
+               create: Callable[[], None] | None = None) -> None:
     """Call `train` (returns (status, reason)) under a heartbeat and record its end; any exception
-    (Ctrl-C or SIGTERM included) marks the run failed, resumable, and is raised again."""
+    (Ctrl-C or SIGTERM included) marks the run failed, resumable, and is raised again. `create`
+    makes a new run's row first, with interrupts held until it is committed: a Ctrl-C as the run
+    starts is recorded against its row, never leaving it `running` with no process behind it."""
     try:
+        if create is not None:
+            with _interrupts_held():
+                create()
         with sigterm_as_interrupt(), heartbeat(store, run_id):
             status, reason = train()
     except BaseException as e:

@@ -59,16 +59,19 @@ def run_plan(store, plan: RunPlan, progress=None, rollout_engine=None, log=None)
     cfg = plan.cfg
     with session(store) as s:
         split = load_split(s, plan.build_id)
-        run_id = uuid.uuid4().hex[:12]
-        ckpt_dir = Path(plan.ckpt_root or bench_home() / "runs") / run_id
-        _check_ckpt_dir(ckpt_dir)
-        facts = provenance.collect(plan.device, plan.precision.train,
-                                   split_accuracy_estimator=SPLIT_ESTIMATOR.format(m=cfg.eval_split_m),
-                                   preset_defaults=preset_defaults(plan.preset) if plan.preset in PRESETS else None,
-                                   prompt=prompt_settings(plan.model), model_source=gguf_provenance(plan.model.path))
-        ledger.create(s, run_id, plan.model_id, plan.build_id, plan.algo, plan.precision, "native", plan.engine,
-                    {"preset": plan.preset, **asdict(cfg)}, ckpt_dir, facts)
-    _train(store, run_id, plan, split, ckpt_dir, progress, rollout_engine)
+    run_id = uuid.uuid4().hex[:12]
+    ckpt_dir = Path(plan.ckpt_root or bench_home() / "runs") / run_id
+    _check_ckpt_dir(ckpt_dir)
+    facts = provenance.collect(plan.device, plan.precision.train,
+                               split_accuracy_estimator=SPLIT_ESTIMATOR.format(m=cfg.eval_split_m),
+                               preset_defaults=preset_defaults(plan.preset) if plan.preset in PRESETS else None,
+                               prompt=prompt_settings(plan.model), model_source=gguf_provenance(plan.model.path))
+
+    def create() -> None:                # under run_to_end, so an interrupt as it commits is recorded
+        with session(store) as s:
+            ledger.create(s, run_id, plan.model_id, plan.build_id, plan.algo, plan.precision, "native", plan.engine,
+                          {"preset": plan.preset, **asdict(cfg)}, ckpt_dir, facts)
+    _train(store, run_id, plan, split, ckpt_dir, progress, rollout_engine, create=create)
     return run_id
 
 
@@ -123,7 +126,7 @@ def extend_run(store, run_id: str, max_steps: int, progress=None, device: str | 
 
 
 def _train(store, run_id: str, plan: RunPlan, split, ckpt_dir: Path, progress=None, rollout_engine=None,
-           replay_stop_rules: bool = False) -> None:
+           replay_stop_rules: bool = False, create=None) -> None:
     def fit() -> tuple[str, str]:
         from .trainer import NativeTrainer  # here: torch and the engines (which verl's runner does not need),
         trainer = None                      # imported under run_to_end, so an interrupt meanwhile is recorded
@@ -137,4 +140,4 @@ def _train(store, run_id: str, plan: RunPlan, split, ckpt_dir: Path, progress=No
             if trainer is not None:
                 trainer.close()
 
-    ledger.run_to_end(store, run_id, fit)
+    ledger.run_to_end(store, run_id, fit, create)

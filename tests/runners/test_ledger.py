@@ -179,3 +179,37 @@ def test_a_second_interrupt_while_the_first_is_recorded_is_held_until_the_record
         signal.signal(signal.SIGINT, old_int)
     with session(store) as s:
         assert (s.get(Run, "r5").status, s.get(Run, "r5").stop_reason) == ("failed", "ValueError: disk full")
+
+
+def test_an_interrupt_as_a_new_run_commits_is_recorded_against_its_row(store):
+    """A Ctrl-C that lands as a new run's row is committed (a sweep interrupting a cell that has just
+    started) is held until the row exists, then recorded there: failed, interrupted, resumable,
+    where it once left the row `running` with no process behind it; `train` never runs."""
+    old_int = signal.signal(signal.SIGINT, signal.default_int_handler)     # as from a terminal (see above)
+    trained = []
+
+    def create():
+        with session(store) as s:
+            ledger.create(s, "r7", 1, "b0", "grpo", FP16, "native", "torch", {"preset": "tiny"}, None, {})
+            os.kill(os.getpid(), signal.SIGINT)     # arrives before the commit
+            time.sleep(0.2)
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ledger.run_to_end(store, "r7", lambda: trained.append(1) or ("converged", "never"), create)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, old_int)
+    assert not trained
+    with session(store) as s:
+        assert (s.get(Run, "r7").status, s.get(Run, "r7").stop_reason) == ("failed", "interrupted")
+
+
+def test_a_run_whose_row_could_not_be_made_raises_its_error_and_records_nothing(store):
+    def create():
+        raise RuntimeError("database is locked")
+
+    with pytest.raises(RuntimeError, match="locked"):
+        ledger.run_to_end(store, "r8", lambda: ("converged", "never"), create)
+    with session(store) as s:
+        assert s.get(Run, "r8") is None

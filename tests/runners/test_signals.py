@@ -42,21 +42,35 @@ def built(tmp_path_factory):
 def _start(args: list[str], tmp) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "bench.cli", *args], env={**os.environ, "BENCH_HOME": str(tmp)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True,       # _kill stops its cells and their graders with it
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def _kill(proc: subprocess.Popen) -> str:
+    """SIGKILL the command and all it started (cells, graders, the resource tracker that holds its
+    stderr open), so a failed test leaves no training behind; the tail of its stderr."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        return proc.communicate(timeout=30)[1][-2000:]
+    except subprocess.TimeoutExpired:
+        return "(its stderr stayed open)"
 
 
 def _running(url: str, before: set[str], n: int, proc: subprocess.Popen, at: int = 3) -> dict[str, int]:
     """The `n` runs started since `before`, once each is running at step `at` or later: {id: step}."""
-    engine, deadline = open_store(url), time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
+    engine, t0, runs = open_store(url), time.time(), {}
+    while time.time() < t0 + 300 and proc.poll() is None:
         with session(engine) as s:
             runs = {r.id: r.step for r in s.scalars(select(Run).where(Run.status == "running"))
                     if r.id not in before}
         if len(runs) == n and min(runs.values()) >= at:
             return runs
         time.sleep(0.05)
-    proc.kill()
-    pytest.fail(f"{n} runs were not running at step {at} to be signalled: {proc.communicate()[1][-2000:]}")
+    pytest.fail(f"{n} runs were not running at step {at} after {time.time() - t0:.0f} s (exit code {proc.poll()}, "
+                f"running {runs}): {_kill(proc)}")
 
 
 def _ids(url: str) -> set[str]:
@@ -68,8 +82,7 @@ def _ended(proc: subprocess.Popen, sig: signal.Signals) -> str:
     try:
         err = proc.communicate(timeout=90)[1]
     except subprocess.TimeoutExpired:
-        proc.kill()
-        pytest.fail(f"it went on for 90 s after {sig.name}")
+        pytest.fail(f"it went on for 90 s after {sig.name}: {_kill(proc)}")
     assert proc.returncode != 0, err
     assert "Traceback" not in err, err[-2000:]
     return err
