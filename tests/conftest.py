@@ -194,16 +194,14 @@ def one_gemm_by_default(gemm):
 QUICK_ALGOS = ("pg-seq-is", "grpo", "gspo", "cispo", "sc")
 
 
-def quick_sample(values, quick, ids=None) -> list:
+def quick_sample(values, quick) -> list:
     """`values` for a `parametrize`, each outside `quick` marked `slow`: the quick lane
     (`./bench.sh test --quick`, which deselects `slow`) runs the sample, `./bench.sh test` and CI
     run every value. For tables whose rows repeat one code path over many inputs (every
     algorithm, every bad value of every knob), sampled so the quick lane keeps each path."""
     quick = set(quick)
     assert quick <= set(values), quick - set(values)          # a sample names values of the table
-    names = ids if ids is not None else [None] * len(values)
-    return [pytest.param(v, id=i, marks=() if v in quick else pytest.mark.slow)
-            for v, i in zip(values, names, strict=True)]
+    return [pytest.param(v, marks=() if v in quick else pytest.mark.slow) for v in values]
 
 
 APP = str(Path(__file__).parent.parent / "leaderboard" / "app.py")

@@ -318,8 +318,6 @@ def test_leaderboard_chart_carries_each_cells_peak_interval_and_the_pass_line(tm
     import json
     import math
 
-    import pytest
-
     from conftest import app_page
 
     url = f"sqlite:///{tmp_path / 's.db'}"

@@ -74,15 +74,17 @@ def _table():
     rows = []
     for verb, (cls, _) in VERBS.items():
         first = len(rows)
+
+        def row(name, value, flag):
+            return pytest.param(verb, name, value, id=f"{verb}--{flag}={value}",
+                                marks=() if len(rows) == first else pytest.mark.slow)
         for f in _numeric(cls):
-            typ = _type(cls, f)
             if verb == "sweep" and f.name == "staleness":
-                rows.append((verb, "staleness", "-1", "sweep--staleness=-1"))
+                rows.append(row("staleness", "-1", "staleness"))
                 continue
-            for v in _bad_values(f, typ):
-                rows.append((verb, f.name, v, f"{verb}--{flag_of(f)}={v}"))
-        rows[first + 1:] = [(*r[:3], r[3], pytest.mark.slow) for r in rows[first + 1:]]
-    return [pytest.param(*r[:3], id=r[3], marks=r[4:]) for r in rows]
+            for v in _bad_values(f, _type(cls, f)):
+                rows.append(row(f.name, v, flag_of(f)))
+    return rows
 
 
 # the issue's own examples, spelled out (the generated table holds them too)
