@@ -224,9 +224,6 @@ def app_page(path: str | None = None, timeout: float = 60, **query):
     return at
 
 
-def pytest_itemcollected(item):
-    """Under pytest-xdist (`./bench.sh test` runs `-n 2 --dist loadgroup`), a test file runs on one
-    worker, so its module fixtures (builds, short runs) are made once, and every verl test runs on
-    one worker: one Ray cluster and one verl job at a time."""
-    if item.config.pluginmanager.hasplugin("xdist"):
-        item.add_marker(pytest.mark.xdist_group("verl" if item.get_closest_marker("verl") else item.path.stem))
+# the order and grouping of the suite's files under pytest-xdist (its hooks, registered from here)
+from xdist_order import (pytest_addoption, pytest_collection_modifyitems, pytest_configure,  # noqa: E402,F401
+                         pytest_itemcollected, pytest_runtest_logreport, pytest_terminal_summary)

@@ -96,16 +96,18 @@ def _copy_store(built, name: str) -> str:
     return f"sqlite:///{dst}"
 
 
-@pytest.mark.parametrize("dtype, extra", [("fp32", []), ("fp16", []), ("bf16", []), ("fp32", ["--staleness", "2"])],
+@pytest.mark.parametrize("dtype, extra, again", [("fp32", [], False), ("fp16", [], False), ("bf16", [], True),
+                                                 ("fp32", ["--staleness", "2"], False)],
                          ids=["fp32", "fp16", "bf16", "staleness2"])
-def test_verify_from_step_0_in_another_process_is_bit_identical(built, dtype, extra):
+def test_verify_from_step_0_in_another_process_is_bit_identical(built, dtype, extra, again):
     url = _copy_store(built, f"v-{dtype}-{len(extra)}")
     run = as_json(bench(built["home"], "run", "--algo", "grpo", "--dtype", dtype, "--max-steps", "3", "--eval-every",
                         "1", *extra, *SMALL, "--db", url, "--json"))["id"]
     assert [d[0] for d in digests(url, run)] == [0, 1, 2, 3]
     got = verify(built["home"], url, run, "--steps", "3")
     assert got["steps"] == 3 and got["same_kind"]
-    verify(built["home"], url, run, "--steps", "3")          # and again: a second re-run agrees with both
+    if again:           # bf16, whose kernels depend most on the CPU: a second re-run (another process) agrees too
+        verify(built["home"], url, run, "--steps", "3")
 
 
 def test_a_window_extend_and_results_add_full_in_other_processes(built):
