@@ -149,13 +149,14 @@ def test_the_module_map_lists_every_module():
 def test_the_tests_mirror_the_packages():
     """tests/ mirrors the packages (issue 36): a test file lives in tests/<package>/ beside the
     code it tests (tests/bench/engines/ for bench/engines/), its name unique (pytest imports
-    test modules by basename); only the suite-wide checks (docs, packaging) sit at the top."""
+    test modules by basename); only the suite-wide checks (docs, packaging, the order of the
+    suite's files: tests/xdist_order.py) sit at the top."""
     files = sorted((ROOT / "tests").rglob("test_*.py"))
     misplaced = [str(f.relative_to(ROOT)) for f in files
                  if f.parent != ROOT / "tests" and not (ROOT / f.parent.relative_to(ROOT / "tests")).is_dir()]
     assert not misplaced, misplaced
     top = sorted(f.name for f in files if f.parent == ROOT / "tests")
-    assert top == ["test_docs.py", "test_packaging.py"], top
+    assert top == ["test_docs.py", "test_packaging.py", "test_xdist_order.py"], top
     names = [f.name for f in files]
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
 

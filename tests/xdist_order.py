@@ -4,14 +4,17 @@ is made from.
 `./bench.sh test` runs `-n 2 --dist loadgroup`: a file (or the verl group) is one unit of work,
 run whole by one worker (tests/conftest.py). xdist hands units out in a fixed order as workers
 free up; by default it sorts them by their number of tests. Bench's costliest files hold few
-tests (test_real_model: one test of minutes, test_verify_processes: seven of ~40 processes), so
-that order ran them last, when the other worker had little left: the run waited on one worker
-for minutes. Here the units are handed out longest first (the longest-processing-time rule of
-list scheduling), by the seconds each took in a recorded full run (`group_seconds.json`); a unit
-the record does not know (a new file) goes last, in collection order.
+tests (test_real_model: one test of five minutes on a Zen 3, test_verify_processes: seven tests
+of ~30 processes), so that order handed them out last: replayed on the record
+(benchmarks/suite_order.py), one worker ran alone for the last 316 s of a 1,623 s run. Here the
+units are handed out longest first (the longest-processing-time rule of list scheduling), by the
+seconds each took in a recorded full run (`group_seconds.json`); a unit the record does not know
+(a new file) goes last, in collection order. Measured on that Zen 3 (2026-12-07): both workers
+busy 1,466 s and ending together at 1,485 s, the whole suite in 1,493 s.
 
-`pytest -n 2 --dist loadgroup --record-group-seconds PATH` (e.g. `./bench.sh test
---record-group-seconds tests/group_seconds.json`) writes that record from the run, and the
+`pytest -n 2 --dist loadgroup --record-group-seconds=PATH` (e.g. `./bench.sh test
+--record-group-seconds=tests/group_seconds.json`; with the `=`: pytest reads a separate word as a
+path to test before this file's option is known) writes that record from the run, and the
 summary says how long each worker was busy and when it ended: the gap between their ends is what
 the order costs."""
 
@@ -59,8 +62,9 @@ def pytest_itemcollected(item):
 
 def pytest_addoption(parser):
     parser.addoption("--record-group-seconds", metavar="PATH", default=None,
-                     help="write each xdist group's seconds in this run (setup, call and teardown of its "
-                          "tests) to PATH as JSON: the record tests/xdist_order.py orders the groups by")
+                     help="--record-group-seconds=PATH (with the =) writes each xdist group's seconds in this "
+                          "run (setup, call and teardown of its tests) to PATH as JSON: the record "
+                          "tests/xdist_order.py orders the groups by")
 
 
 def pytest_configure(config):
