@@ -23,8 +23,9 @@ RECORD = Path(__file__).resolve().parent.parent / "tests" / "group_seconds.json"
 
 
 def by_test_count(record: dict) -> list[str]:
-    """xdist's default order (`--loadscope-reorder`): units by number of tests, most first (a
-    stable sort of the collection order, which the record keeps as longest first)."""
+    """xdist's default order (`--loadscope-reorder`): units by number of tests, most first. xdist
+    breaks ties by collection order, which the record does not keep: here by the record's order
+    (longest first), an approximation among units of equal counts."""
     return sorted(record["groups"], key=lambda g: -record["tests"][g])
 
 

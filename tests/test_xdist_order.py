@@ -19,3 +19,4 @@ def test_group_of_reads_the_loadgroup_suffix():
     assert group_of("tests/x/test_y.py::test_z[fp16]@test_y") == "test_y"
     assert group_of("tests/x/test_y.py::test_z[a@b]@verl") == "verl"
     assert group_of("tests/x/test_y.py::test_z") is None
+    assert group_of("tests/x/test_y.py::test_z[a@b]") is None          # an "@" inside a parameter only

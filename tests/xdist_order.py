@@ -4,17 +4,18 @@ is made from.
 `./bench.sh test` runs `-n 2 --dist loadgroup`: a file (or the verl group) is one unit of work,
 run whole by one worker (tests/conftest.py). xdist hands units out in a fixed order as workers
 free up; by default it sorts them by their number of tests. Bench's costliest files hold few
-tests (test_real_model: one test of five minutes on a Zen 3, test_verify_processes: seven tests
-of ~30 processes), so that order handed them out last: replayed on the record
-(benchmarks/suite_order.py), one worker ran alone for the last 316 s of a 1,623 s run. Here the
+tests (test_real_model: one test of five minutes on a Zen 3), so that order handed the longest
+out last: replayed on the record (benchmarks/suite_order.py), one worker ran alone for the last
+316 s of a 1,623 s run. Here the
 units are handed out longest first (the longest-processing-time rule of list scheduling), by the
 seconds each took in a recorded full run (`group_seconds.json`); a unit the record does not know
 (a new file) goes last, in collection order. Measured on that Zen 3 (2026-12-07): both workers
 busy 1,466 s and ending together at 1,485 s, the whole suite in 1,493 s.
 
 `pytest -n 2 --dist loadgroup --record-group-seconds=PATH` (e.g. `./bench.sh test
---record-group-seconds=tests/group_seconds.json`; with the `=`: pytest reads a separate word as a
-path to test before this file's option is known) writes that record from the run, and the
+--record-group-seconds=tests/group_seconds.json`; with the `=`: a separate word can be taken for
+a path to test before this file's option is known) writes that record from a whole suite that
+passed, and the
 summary says how long each worker was busy and when it ended: the gap between their ends is what
 the order costs."""
 
@@ -32,8 +33,9 @@ RECORD = Path(__file__).with_name("group_seconds.json")
 
 
 def group_of(nodeid: str) -> str | None:
-    """The xdist_group a test's node id carries under `--dist loadgroup` ("…::test@group")."""
-    return nodeid.rpartition("@")[2] if "@" in nodeid.rpartition("::")[2] else None
+    """The xdist_group a test's node id carries under `--dist loadgroup` ("…::test@group"), by
+    xdist's own rule (an "@" after the last "]": a parameter may hold one)."""
+    return nodeid[nodeid.rfind("@") + 1:] if nodeid.rfind("@") > nodeid.rfind("]") else None
 
 
 def longest_first(items: list, group, seconds: dict[str, float]) -> list:
@@ -77,7 +79,8 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    if config.pluginmanager.hasplugin("xdist") and RECORD.is_file():
+    # a worker of `--dist loadgroup` (xdist sets `loadgroup` there); a run without workers keeps its order
+    if getattr(config.option, "loadgroup", False) and RECORD.is_file():
         items[:] = longest_first(items, group_name, json.loads(RECORD.read_text())["groups"])
 
 
@@ -124,14 +127,19 @@ def _cpu() -> str:
         return platform.machine()
 
 
-def pytest_terminal_summary(terminalreporter, config):
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if _times is None or not _times.busy:
         return
     t = _times
     terminalreporter.write_line("xdist workers: " + "; ".join(
         f"{w} {t.tests[w]} tests, busy {t.busy[w]:.0f} s, last report at {t.ended[w]:.0f} s" for w in sorted(t.busy)))
     path = config.getoption("--record-group-seconds")
-    if path:
+    whole = (exitstatus == 0 and not terminalreporter.stats.get("deselected")
+             and config.args_source == pytest.Config.ArgsSource.TESTPATHS)
+    if path and not whole:
+        terminalreporter.write_line(f"group seconds NOT written to {path}: only a whole suite that passed "
+                                    "(no paths given, nothing deselected) makes a record")
+    elif path:
         record = {"recorded": f"{time.strftime('%Y-%m-%d')}, {_cpu()}, {len(t.busy)} workers",
                   "groups": {g: round(s, 1) for g, s in sorted(t.groups.items(), key=lambda kv: -kv[1])},
                   "tests": {g: len(t.group_tests[g]) for g in sorted(t.groups, key=lambda g: -t.groups[g])}}
