@@ -15,11 +15,17 @@ out collection, start-up and the workers' contention for memory and cores.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 from collections import deque
 from pathlib import Path
 
-RECORD = Path(__file__).resolve().parent.parent / "tests" / "group_seconds.json"
+TESTS = Path(__file__).resolve().parent.parent / "tests"
+RECORD = TESTS / "group_seconds.json"
+# the suite's own ordering rule, replayed as the suite runs it
+_spec = importlib.util.spec_from_file_location("_xdist_order", TESTS / "xdist_order.py")
+_xdist_order = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_xdist_order)
 
 
 def by_test_count(record: dict) -> list[str]:
@@ -30,8 +36,8 @@ def by_test_count(record: dict) -> list[str]:
 
 
 def longest_first(record: dict) -> list[str]:
-    """tests/xdist_order.py's order: units by recorded seconds, longest first."""
-    return sorted(record["groups"], key=lambda g: -record["groups"][g])
+    """tests/xdist_order.py's order (its `longest_first`): units by recorded seconds, longest first."""
+    return _xdist_order.longest_first(list(record["groups"]), lambda g: g, record["groups"])
 
 
 def simulate(order: list[str], record: dict, workers: int = 2) -> list[float]:

@@ -6,23 +6,21 @@ run whole by one worker (tests/conftest.py). xdist hands units out in a fixed or
 free up; by default it sorts them by their number of tests. Bench's costliest files hold few
 tests (test_real_model: one test of five minutes on a Zen 3), so that order handed the longest
 out last: replayed on the record (benchmarks/suite_order.py), one worker ran alone for the last
-316 s of a 1,623 s run. Here the
-units are handed out longest first (the longest-processing-time rule of list scheduling), by the
-seconds each took in a recorded full run (`group_seconds.json`); a unit the record does not know
-(a new file) goes last, in collection order. Measured on that Zen 3 (2026-12-07): both workers
-busy 1,466 s and ending together at 1,485 s, the whole suite in 1,493 s.
+316 s of a 1,623 s run. Here the units are handed out longest first (the longest-processing-time
+rule of list scheduling), by the seconds each took in a recorded full run (`group_seconds.json`);
+a unit the record does not know (a new file) goes last, in collection order. Measured on that
+Zen 3 (2026-12-07): both workers busy 1,466 s and ending together at 1,485 s, the whole suite in
+1,493 s.
 
 `pytest -n 2 --dist loadgroup --record-group-seconds=PATH` (e.g. `./bench.sh test
 --record-group-seconds=tests/group_seconds.json`; with the `=`: a separate word can be taken for
 a path to test before this file's option is known) writes that record from a whole suite that
-passed, and the
-summary says how long each worker was busy and when it ended: the gap between their ends is what
-the order costs."""
+passed, and the summary says how long each worker was busy and when it ended: the gap between
+their ends is what the order costs."""
 
 from __future__ import annotations
 
 import json
-import platform
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -116,17 +114,6 @@ def pytest_runtest_logreport(report):
         _times.add(report)
 
 
-def _cpu() -> str:
-    """The CPU as /proc/cpuinfo names it (model name, family, model), else the platform's word."""
-    try:
-        info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
-                    if ":" in line)
-        info = {k.strip(): v.strip() for k, v in info.items()}
-        return f"{info['model name']} (family {info['cpu family']}, model {info['model']})"
-    except (OSError, KeyError):
-        return platform.machine()
-
-
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if _times is None or not _times.busy:
         return
@@ -140,7 +127,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_line(f"group seconds NOT written to {path}: only a whole suite that passed "
                                     "(no paths given, nothing deselected) makes a record")
     elif path:
-        record = {"recorded": f"{time.strftime('%Y-%m-%d')}, {_cpu()}, {len(t.busy)} workers",
+        from bench.provenance import cpu_name
+
+        record = {"recorded": f"{time.strftime('%Y-%m-%d')}, {cpu_name()}, {len(t.busy)} workers",
                   "groups": {g: round(s, 1) for g, s in sorted(t.groups.items(), key=lambda kv: -kv[1])},
                   "tests": {g: len(t.group_tests[g]) for g in sorted(t.groups, key=lambda g: -t.groups[g])}}
         Path(path).write_text(json.dumps(record, indent=1) + "\n")
