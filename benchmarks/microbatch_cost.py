@@ -100,7 +100,7 @@ def main() -> None:
                 passes[name].append(m["micro_batches"])
     # the padded tokens of one batch cut each way
     g = sides["grouped"]
-    _, batch, _ = g._rollouts(g._step_prompts(0), _sampling(g))
+    _, batch, *_ = g._rollouts(g._step_prompts(0), _sampling(g))
     rows = list(range(len(batch.lengths)))
     tokens = {name: padded(t.learner.parts(rows, batch), batch.lengths) for name, t in sides.items()}
     a_s, b_s = pass_cost(g, batch)

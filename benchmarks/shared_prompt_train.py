@@ -1,0 +1,158 @@
+"""A prototype, not a product path: the training forward + backward of the demo's step with each
+prompt computed once for its G responses ("shared prompt"), against the trainer's packed rows
+(every row carries its own copy of its prompt), on one step's batch: tiny-math, pg-seq-is,
+64 prompts × 8 responses, fp32, one torch thread.
+
+    python benchmarks/shared_prompt_train.py [--repeats 5] [--prompts-per-pass 16] [--threads 1]
+
+Packed (the trainer's arithmetic): the rows cut as `TrainingEngine.parts` cuts them (grouped by
+length), each part one forward of prompt + response and the backward of Σ log π(y_t).
+Shared: per pass, a group of prompts runs forward once with its KV cache kept (with grad); the
+cache is repeated to each prompt's G rows (`DynamicCache.batch_repeat_interleave`, whose
+backward sums the rows' gradients into the prompt's keys and values); the responses run forward
+on it (explicit positions, the prompt's padding masked); log π(y_0) comes from the prompt's last
+hidden state, log π(y_t) from the response's hidden state at t − 1. The same function of the
+weights: the script prints the largest difference of log π and of the gradient (relative to its
+norm) beside the times. Both sides run in turn, `--repeats` times; the fastest of each.
+
+What it measures is the lever, not a change: prompt tokens are computed G times in the packed
+rows, once here. A product path would also need the 16-bit formats, MoE routing replay, sc's
+centering term, micro-batch budgets and the equivalence protocol (docs/development.md)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+
+import torch
+
+from bench.problems import Problem
+from bench.provenance import cpu_summary
+from bench.synthetic import synthetic_examples
+from runners.logprobs import _chunk_logprobs, response_logprobs, split_head
+
+
+def packed_pass(model, batch, parts) -> torch.Tensor:
+    """Σ over the trainer's parts of forward + backward of Σ_t log π(y_t); log π [N, T]."""
+    out = torch.zeros_like(batch.mask)
+    for part in parts:
+        ids, attn, tok, pos, m = batch.rows(part)
+        lp = response_logprobs(model, ids, attn, tok, pos) * m
+        lp.sum().backward()
+        out[torch.tensor(part), :m.shape[1]] = lp.detach()
+    return out
+
+
+def shared_pass(model, prompt_ids: list[list[int]], responses: list[list[int]], g: int, parts: list[list[int]],
+                pad: int, t_max: int) -> torch.Tensor:
+    """The same Σ_t log π(y_t) and its backward, one pass per part of rows (row i answers prompt
+    i // g), each prompt of a part run forward once (module doc). log π [N, t_max]."""
+    from transformers import DynamicCache
+
+    body, head = split_head(model)
+    out = torch.zeros(len(responses), t_max, dtype=next(model.parameters()).dtype)
+    for part in parts:
+        ps = sorted({i // g for i in part})
+        which = torch.tensor([ps.index(i // g) for i in part])              # row → its prompt in this pass
+        rs = [responses[i] for i in part]
+        wp, wr = max(len(prompt_ids[p]) for p in ps), max(1, max(map(len, rs)))
+        pids = torch.full((len(ps), wp), pad)
+        pattn = torch.zeros((len(ps), wp), dtype=torch.long)
+        for k, p in enumerate(ps):
+            pids[k, :len(prompt_ids[p])], pattn[k, :len(prompt_ids[p])] = torch.tensor(prompt_ids[p]), 1
+        cache = DynamicCache(config=model.config)
+        hp = body(input_ids=pids, attention_mask=pattn, past_key_values=cache, use_cache=True).last_hidden_state
+        cache.batch_select_indices(which)
+        plen = pattn.sum(1)[which]
+        rids = torch.full((len(rs), wr), pad)
+        rattn = torch.zeros((len(rs), wr), dtype=torch.long)
+        for k, r in enumerate(rs):
+            if r:
+                rids[k, :len(r)], rattn[k, :len(r)] = torch.tensor(r), 1
+        attn = torch.cat([pattn[which], rattn], 1)
+        positions = plen[:, None] + torch.arange(wr)[None]
+        hr = body(input_ids=rids, attention_mask=attn, position_ids=positions, past_key_values=cache,
+                  use_cache=True).last_hidden_state
+        first = hp[which, plen - 1]                                                     # [n, H]: predicts y_0
+        h = torch.cat([first[:, None], hr[:, :wr - 1]], 1)                              # [n, wr, H]
+        lp = _chunk_logprobs(head, h, rids) * rattn
+        lp.sum().backward()
+        out[torch.tensor(part), :wr] = lp.detach()
+    return out
+
+
+def by_prompt(n_prompts: int, g: int, per_pass: int) -> list[list[int]]:
+    """Parts of `per_pass` whole prompts each (every prompt in one pass: computed once a step)."""
+    return [list(range(p0 * g, min(n_prompts, p0 + per_pass) * g)) for p0 in range(0, n_prompts, per_pass)]
+
+
+def by_response_length(lengths: list[int], n_parts: int) -> list[list[int]]:
+    """The rows sorted by response length and cut into `n_parts` equal parts: little response
+    padding, a prompt computed once in each pass where its rows fall."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    k = -(-len(order) // n_parts)
+    return [order[i:i + k] for i in range(0, len(order), k)]
+
+
+def grads(model) -> torch.Tensor:
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+def main() -> None:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from microbatch_cost import _sampling, trainer
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--prompts-per-pass", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args()
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    torch.set_num_threads(a.threads)
+    problems = [Problem(r["id"], r["problem"], r["answer"]) for r in synthetic_examples("test", 300)]
+    t = trainer(problems, "fp32", True, a.threads)
+    g = t.cfg.samples_per_prompt
+    idx = t._step_prompts(0)
+    _, batch, *_ = t._rollouts(idx, _sampling(t))
+    model = t.learner.compute
+    prompt_ids = [t.prompt_ids[i] for i in idx]
+    responses = [batch.tok[i, :n].tolist() for i, n in enumerate(batch.response_lengths)]
+    parts = t.learner.parts(list(range(len(responses))), batch)
+    t_max = batch.tok.shape[1]
+    shared_parts = {"shared, whole prompts": by_prompt(len(prompt_ids), g, a.prompts_per_pass),
+                    "shared, by response length": by_response_length(batch.response_lengths, len(parts))}
+    times = {"packed": [], **{k: [] for k in shared_parts}}
+    lps, gs = {}, {}
+    for _ in range(a.repeats):
+        for name in times:
+            model.zero_grad(set_to_none=True)
+            t0 = time.perf_counter()
+            lp = (packed_pass(model, batch, parts) if name == "packed" else
+                  shared_pass(model, prompt_ids, responses, g, shared_parts[name], t.tok.pad_token_id, t_max))
+            times[name].append(time.perf_counter() - t0)
+            lps[name], gs[name] = lp, grads(model)
+    real_prompt = sum(len(p) for p in prompt_ids) * g
+    real_resp = sum(batch.response_lengths)
+    best = {k: min(v) for k, v in times.items()}
+    print(f"training forward + backward of one step's batch, tiny-math, 64 × {g}, fp32, {a.threads} thread(s), "
+          f"fastest of {a.repeats} in turn; {cpu_summary()}")
+    print(f"  tokens: prompts {real_prompt} (each of {len(prompt_ids)} prompts {g} times), responses {real_resp}; "
+          f"shared computes the prompts once: {real_prompt // g + real_resp} tokens "
+          f"({(real_prompt // g + real_resp) / (real_prompt + real_resp):.2f}× the packed rows' real ones)")
+    print(f"  packed ({len(parts)} parts, grouped by length): {best['packed']:.3f} s")
+    for name, sp in shared_parts.items():
+        computed = sum(len({i // g for i in part}) for part in sp)
+        dlp = (lps[name] - lps["packed"]).abs().max().item()
+        dg = ((gs[name] - gs["packed"]).norm() / gs["packed"].norm()).item()
+        print(f"  {name} ({len(sp)} passes, {computed} prompt forwards): {best[name]:.3f} s, "
+              f"ratio to packed {best[name] / best['packed']:.2f}; max |Δ log π| {dlp:.2e}, "
+              f"|Δ gradient| / |gradient| {dg:.2e}")
+    t.close()
+
+
+if __name__ == "__main__":
+    main()
