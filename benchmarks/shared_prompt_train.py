@@ -3,7 +3,7 @@ prompt computed once for its G responses ("shared prompt"), against the trainer'
 (every row carries its own copy of its prompt), on one step's batch: tiny-math, pg-seq-is,
 64 prompts × 8 responses, fp32, one torch thread.
 
-    python benchmarks/shared_prompt_train.py [--repeats 5] [--prompts-per-pass 16] [--threads 1]
+    python benchmarks/shared_prompt_train.py [--repeats 5] [--prompts-per-pass 16] [--threads 1] [--dtype fp16]
 
 Packed (the trainer's arithmetic): the rows cut as `TrainingEngine.parts` cuts them (grouped by
 length), each part one forward of prompt + response and the backward of Σ log π(y_t).
@@ -51,7 +51,7 @@ def shared_pass(model, prompt_ids: list[list[int]], responses: list[list[int]], 
     from transformers import DynamicCache
 
     body, head = split_head(model)
-    out = torch.zeros(len(responses), t_max, dtype=next(model.parameters()).dtype)
+    out = torch.zeros(len(responses), t_max, dtype=torch.promote_types(next(model.parameters()).dtype, torch.float32))
     for part in parts:
         ps = sorted({i // g for i in part})
         which = torch.tensor([ps.index(i // g) for i in part])              # row → its prompt in this pass
@@ -110,11 +110,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--prompts-per-pass", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dtype", default="fp32", help="the training format (rollouts in the same): fp32, or fp16 "
+                                                    "as the demo's positive control trains")
     a = ap.parse_args()
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     torch.set_num_threads(a.threads)
     problems = [Problem(r["id"], r["problem"], r["answer"]) for r in synthetic_examples("test", 300)]
-    t = trainer(problems, "fp32", True, a.threads)
+    t = trainer(problems, a.dtype, True, a.threads)
     g = t.cfg.samples_per_prompt
     idx = t._step_prompts(0)
     _, batch, *_ = t._rollouts(idx, _sampling(t))
@@ -135,15 +137,22 @@ def main() -> None:
                   shared_pass(model, prompt_ids, responses, g, shared_parts[name], t.tok.pad_token_id, t_max))
             times[name].append(time.perf_counter() - t0)
             lps[name], gs[name] = lp, grads(model)
+    # the yardstick: how far the trainer's own cut moves log π and the gradient (one padded batch
+    # against the grouped parts: `--no-group-by-length`), arithmetic the runs already accept
+    model.zero_grad(set_to_none=True)
+    lp_one = packed_pass(model, batch, [list(range(len(responses)))])
+    d_one = ((lp_one - lps["packed"]).abs().max().item(),
+             ((grads(model) - gs["packed"]).norm() / gs["packed"].norm()).item())
     real_prompt = sum(len(p) for p in prompt_ids) * g
     real_resp = sum(batch.response_lengths)
     best = {k: min(v) for k, v in times.items()}
-    print(f"training forward + backward of one step's batch, tiny-math, 64 × {g}, fp32, {a.threads} thread(s), "
+    print(f"training forward + backward of one step's batch, tiny-math, 64 × {g}, {a.dtype}, {a.threads} thread(s), "
           f"fastest of {a.repeats} in turn; {cpu_summary()}")
     print(f"  tokens: prompts {real_prompt} (each of {len(prompt_ids)} prompts {g} times), responses {real_resp}; "
           f"shared computes the prompts once: {real_prompt // g + real_resp} tokens "
           f"({(real_prompt // g + real_resp) / (real_prompt + real_resp):.2f}× the packed rows' real ones)")
-    print(f"  packed ({len(parts)} parts, grouped by length): {best['packed']:.3f} s")
+    print(f"  packed ({len(parts)} parts, grouped by length): {best['packed']:.3f} s; as one padded batch instead: "
+          f"max |Δ log π| {d_one[0]:.2e}, |Δ gradient| / |gradient| {d_one[1]:.2e} (the trainer's own cut)")
     for name, sp in shared_parts.items():
         computed = sum(len({i // g for i in part}) for part in sp)
         dlp = (lps[name] - lps["packed"]).abs().max().item()
