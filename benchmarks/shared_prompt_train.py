@@ -13,7 +13,12 @@ backward sums the rows' gradients into the prompt's keys and values); the respon
 on it (explicit positions, the prompt's padding masked); log π(y_0) comes from the prompt's last
 hidden state, log π(y_t) from the response's hidden state at t − 1. The same function of the
 weights: the script prints the largest difference of log π and of the gradient (relative to its
-norm) beside the times. Both sides run in turn, `--repeats` times; the fastest of each.
+norm) beside the times, and, as the yardstick, how far the trainer's own cut moves them (one
+padded batch against the grouped parts). Three cuts: whole prompts a pass; rows by response
+length (a prompt computed once in each pass its rows fall in); the same with each row's keys in
+the packed row's order (prompt, response, padding: `_packed_layout`, a 4-D mask) instead of the
+cache's (prompt, its padding, response), so that 16-bit reductions sum the same terms in the same
+places. All run in turn, `--repeats` times; the fastest of each.
 
 What it measures is the lever, not a change: prompt tokens are computed G times in the packed
 rows, once here. A product path would also need the 16-bit formats, MoE routing replay, sc's
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import logging
 import time
+from functools import partial
 
 import torch
 
@@ -44,10 +50,32 @@ def packed_pass(model, batch, parts) -> torch.Tensor:
     return out
 
 
+def _packed_layout(cache, plen: torch.Tensor, wp: int, wr: int) -> None:
+    """Make each layer of `cache` (the prompts' keys and values [n, h, wp, d], a row's prompt in
+    its first plen_i slots) lay a row's keys out as a packed row does after the response's
+    update: its prompt, its response, then the padding, [n, h, wp + wr, d] (a gather, so the
+    gradient reaches the prompt's keys)."""
+    n = plen.shape[0]
+    k = torch.arange(wp + wr)[None].expand(n, -1)
+    resp = k - plen[:, None]                              # response slot of key k, where ≥ 0
+    pad_slot = k - wr                                     # the prompt's padding after the response
+    src = torch.where(k < plen[:, None], k, torch.where(resp < wr, wp + resp, pad_slot))
+
+    def update(layer, key_states, value_states, *args, **kwargs):
+        keys, values = torch.cat([layer.keys, key_states], -2), torch.cat([layer.values, value_states], -2)
+        idx = src[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[-1])
+        return keys.gather(2, idx), values.gather(2, idx)
+    for layer in cache.layers:
+        layer.update = partial(update, layer)
+
+
 def shared_pass(model, prompt_ids: list[list[int]], responses: list[list[int]], g: int, parts: list[list[int]],
-                pad: int, t_max: int) -> torch.Tensor:
+                pad: int, t_max: int, layout: str = "prompt, padding, response") -> torch.Tensor:
     """The same Σ_t log π(y_t) and its backward, one pass per part of rows (row i answers prompt
-    i // g), each prompt of a part run forward once (module doc). log π [N, t_max]."""
+    i // g), each prompt of a part run forward once (module doc). log π [N, t_max]. `layout` of a
+    row's keys in the response's attention: "prompt, padding, response" (the cache as
+    transformers extends it, a 2-D mask) or "packed" (`_packed_layout`, a 4-D mask: the packed
+    row's own order of keys, so its reductions sum the same terms in the same places)."""
     from transformers import DynamicCache
 
     body, head = split_head(model)
@@ -72,6 +100,10 @@ def shared_pass(model, prompt_ids: list[list[int]], responses: list[list[int]], 
                 rids[k, :len(r)], rattn[k, :len(r)] = torch.tensor(r), 1
         attn = torch.cat([pattn[which], rattn], 1)
         positions = plen[:, None] + torch.arange(wr)[None]
+        if layout == "packed":
+            _packed_layout(cache, plen, wp, wr)
+            key = torch.arange(wp + wr)[None, None]
+            attn = ((key <= positions[:, :, None]) & (key < (plen + rattn.sum(1))[:, None, None]))[:, None]
         hr = body(input_ids=rids, attention_mask=attn, position_ids=positions, past_key_values=cache,
                   use_cache=True).last_hidden_state
         first = hp[which, plen - 1]                                                     # [n, H]: predicts y_0
@@ -126,7 +158,9 @@ def main() -> None:
     parts = t.learner.parts(list(range(len(responses))), batch)
     t_max = batch.tok.shape[1]
     shared_parts = {"shared, whole prompts": by_prompt(len(prompt_ids), g, a.prompts_per_pass),
-                    "shared, by response length": by_response_length(batch.response_lengths, len(parts))}
+                    "shared, by response length": by_response_length(batch.response_lengths, len(parts)),
+                    "shared, by response length, packed layout": by_response_length(batch.response_lengths,
+                                                                                      len(parts))}
     times = {"packed": [], **{k: [] for k in shared_parts}}
     lps, gs = {}, {}
     for _ in range(a.repeats):
@@ -134,7 +168,8 @@ def main() -> None:
             model.zero_grad(set_to_none=True)
             t0 = time.perf_counter()
             lp = (packed_pass(model, batch, parts) if name == "packed" else
-                  shared_pass(model, prompt_ids, responses, g, shared_parts[name], t.tok.pad_token_id, t_max))
+                  shared_pass(model, prompt_ids, responses, g, shared_parts[name], t.tok.pad_token_id, t_max,
+                              "packed" if "packed layout" in name else "prompt, padding, response"))
             times[name].append(time.perf_counter() - t0)
             lps[name], gs[name] = lp, grads(model)
     # the yardstick: how far the trainer's own cut moves log π and the gradient (one padded batch

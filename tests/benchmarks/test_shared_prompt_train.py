@@ -46,8 +46,10 @@ def _grad(model) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("which", ["tiny-math", "llama"])
-@pytest.mark.parametrize("cut", ["whole prompts", "by response length"])
-def test_each_prompt_once_is_the_packed_rows_function(which, cut):
+@pytest.mark.parametrize("cut,layout", [("whole prompts", "prompt, padding, response"),
+                                        ("by response length", "prompt, padding, response"),
+                                        ("by response length", "packed")])
+def test_each_prompt_once_is_the_packed_rows_function(which, cut, layout):
     model = (load_model(resolve_model("tiny-math")) if which == "tiny-math" else _llama()).double()
     prompts, responses = _case(model.config.vocab_size)
     batch = Batch.pack([p for p in prompts for _ in range(G)], responses, pad=0)
@@ -61,7 +63,7 @@ def test_each_prompt_once_is_the_packed_rows_function(which, cut):
     if cut == "by response length":
         assert sum(len({i // G for i in part}) for part in parts) > len(prompts)     # a prompt in both passes
     model.zero_grad(set_to_none=True)
-    shared = spt.shared_pass(model, prompts, responses, G, parts, 0, batch.tok.shape[1])
+    shared = spt.shared_pass(model, prompts, responses, G, parts, 0, batch.tok.shape[1], layout)
     g_shared = _grad(model)
     assert shared.shape == packed.shape and torch.all(shared[4] == 0)              # the empty response
     assert torch.allclose(shared, packed.to(shared.dtype), atol=1e-10, rtol=0)
