@@ -7,9 +7,9 @@ prompt computed once for its G responses ("shared prompt"), against the trainer'
 
 Packed (the trainer's arithmetic): the rows cut as `TrainingEngine.parts` cuts them (grouped by
 length), each part one forward of prompt + response and the backward of Σ log π(y_t).
-Shared: per pass, a group of prompts runs forward once with its KV cache kept (with grad); the
-cache is repeated to each prompt's G rows (`DynamicCache.batch_repeat_interleave`, whose
-backward sums the rows' gradients into the prompt's keys and values); the responses run forward
+Shared: per pass, the prompts of its rows run forward once with their KV cache kept (with grad);
+the cache is indexed to the pass's rows (`DynamicCache.batch_select_indices`, whose backward sums
+the rows' gradients into the prompt's keys and values); the responses run forward
 on it (explicit positions, the prompt's padding masked); log π(y_0) comes from the prompt's last
 hidden state, log π(y_t) from the response's hidden state at t − 1. The same function of the
 weights: the script prints the largest difference of log π and of the gradient (relative to its
@@ -17,12 +17,16 @@ norm) beside the times, and, as the yardstick, how far the trainer's own cut mov
 padded batch against the grouped parts). Three cuts: whole prompts a pass; rows by response
 length (a prompt computed once in each pass its rows fall in); the same with each row's keys in
 the packed row's order (prompt, response, padding: `_packed_layout`, a 4-D mask) instead of the
-cache's (prompt, its padding, response), so that 16-bit reductions sum the same terms in the same
-places. All run in turn, `--repeats` times; the fastest of each.
+cache's (prompt, its padding, response), in the hope that 16-bit reductions then sum the same
+terms in the same places (the key widths and GEMM shapes still differ: measured, not guaranteed).
+All run in turn, `--repeats` times; the fastest of each. A CPU prototype (its index tensors are
+built on the CPU).
 
 What it measures is the lever, not a change: prompt tokens are computed G times in the packed
-rows, once here. A product path would also need the 16-bit formats, MoE routing replay, sc's
-centering term, micro-batch budgets and the equivalence protocol (docs/development.md)."""
+rows, once here. A product path would also need MoE route recording and replay (the trainer
+records routes at every packed position), sc's centering term, the head's vocabulary chunks,
+micro-batch budgets, gradient checkpointing (which turns the cache off) and the equivalence
+protocol (docs/development.md)."""
 
 from __future__ import annotations
 
@@ -79,9 +83,13 @@ def shared_pass(model, prompt_ids: list[list[int]], responses: list[list[int]], 
     from transformers import DynamicCache
 
     body, head = split_head(model)
+    if layout == "packed" and model.config._attn_implementation not in ("sdpa", "bench_upcast"):
+        raise ValueError("the packed layout's 4-D boolean mask is read as a mask by sdpa and bench's upcast "
+                         f"attention only, not by {model.config._attn_implementation!r}")
     out = torch.zeros(len(responses), t_max, dtype=torch.promote_types(next(model.parameters()).dtype, torch.float32))
     for part in parts:
         ps = sorted({i // g for i in part})
+        assert all(prompt_ids[p] for p in ps), "an empty prompt has no last token to predict y_0 from"
         which = torch.tensor([ps.index(i // g) for i in part])              # row → its prompt in this pass
         rs = [responses[i] for i in part]
         wp, wr = max(len(prompt_ids[p]) for p in ps), max(1, max(map(len, rs)))

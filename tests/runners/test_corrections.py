@@ -242,11 +242,12 @@ TWINS = {"grpo": ("cispo", "cispo-two-sided", "opsm-old"), "pg-seq-mis": ("grpo-
 
 @pytest.mark.parametrize("first,twin", [(a, b) for a, bs in TWINS.items() for b in bs])
 def test_at_one_update_per_batch_twins_take_the_same_step_whatever_mu_is(first, twin):
-    """π_old = π_θ (one update per batch, every preset's) with a mismatch that masks one sequence
-    (ρ = π_old/μ = 4 > C = 3 on the second, 1/2 on the first): r_t = 1, so GRPO's clip, CISPO's
-    truncation (one- or two-sided) and OPSM-old's drift are idle and each gives −A_i/(B·L) per token;
-    pg-seq-mis (w = π_θ/μ) and grpo-seq-mis (ρ = π_old/μ) weigh each sequence by the same number, and
-    both mask the second. docs/results.md ("Tolerances on tiny-math") gives twins one tolerance."""
+    """π_old = π_θ (one update per batch: the tiny and small presets', not paper's 4; no staleness)
+    and a mismatch that masks one sequence (ρ = π_old/μ = 4 > C = 3 on the second, 1/2 on the first):
+    r_t = 1, so GRPO's clip, CISPO's truncation (one- or two-sided) and OPSM-old's drift are idle and
+    each gives −A_i/(B·L) per token; pg-seq-mis (w = π_θ/μ) and grpo-seq-mis (ρ = π_old/μ) weigh each
+    sequence by the same number, and both mask the second. docs/results.md ("Tolerances on
+    tiny-math") gives twins one tolerance."""
     rho = dict(rho=[[.5, 1], [4, 1]])
     _, g_first, _ = run(first, inputs(**rho), AlgoConfig(max_len=4, C=3.0))
     _, g_twin, _ = run(twin, inputs(**rho), AlgoConfig(max_len=4, C=3.0))
