@@ -4,7 +4,7 @@ of the model's body on the training forward + backward of the demo's step: tiny-
 model eager. Measured, not adopted: it is an arithmetic change (inductor fuses and reorders), so
 a product path goes through the equivalence protocol (docs/development.md).
 
-    python benchmarks/compile_step.py [--dtype fp32|fp16] [--repeats 3] [--threads 1]
+    python benchmarks/compile_step.py [--dtype fp32|fp16] [--repeats 3] [--threads 1] [--emulate-precision-casts]
 
 Prints the compile (the first pass's time), the fastest of `--repeats` each way after it, their
 ratio, and how far the compiled model's log π and gradient are from eager's on the same batch.
@@ -40,7 +40,14 @@ def main() -> None:
     ap.add_argument("--dtype", default="fp32", help="the training format: fp32, or fp16 as the demo trains")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--emulate-precision-casts", action="store_true",
+                    help="inductor's emulate_precision_casts: round where eager rounds (by default a fused kernel "
+                         "may keep fp32 between the 16-bit casts bench's formats write)")
     a = ap.parse_args()
+    if a.emulate_precision_casts:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.emulate_precision_casts = True
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     torch.set_num_threads(a.threads)
     problems = [Problem(r["id"], r["problem"], r["answer"]) for r in synthetic_examples("test", 300)]
@@ -72,8 +79,9 @@ def main() -> None:
     dlp = (compiled[-1][1] - eager[-1][1]).abs().max().item()
     dg = ((compiled[-1][2] - eager[-1][2]).norm() / eager[-1][2].norm()).item()
     even = f"break-even after {(first[0] - c) / (e - c):.0f} passes" if c < e else "never breaks even"
-    print(f"training forward + backward of the demo's step, tiny-math pg-seq-is {a.dtype}, 64 × 8, {len(parts)} parts, "
-          f"{a.threads} thread(s), torch {torch.__version__}; {cpu_summary()}")
+    casts = ", emulate_precision_casts" if a.emulate_precision_casts else ""
+    print(f"training forward + backward of the demo's step, tiny-math pg-seq-is {a.dtype}{casts}, 64 × 8, "
+          f"{len(parts)} parts, {a.threads} thread(s), torch {torch.__version__}; {cpu_summary()}")
     print(f"  eager {e:.3f} s; compiled (inductor, dynamic) {c:.3f} s: ratio {c / e:.2f}; compile + first pass "
           f"{first[0]:.1f} s ({even}); graphs compiled {counters['stats']['unique_graphs']} (one step's shapes: "
           f"later steps' widths may recompile)")
