@@ -13,7 +13,6 @@ The compile is cold (inductor's cache in a new folder) unless TORCHINDUCTOR_CACH
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import tempfile
 import time
@@ -23,9 +22,7 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="induct
 
 import torch  # noqa: E402
 
-from bench.problems import Problem  # noqa: E402
 from bench.provenance import cpu_summary  # noqa: E402
-from bench.synthetic import synthetic_examples  # noqa: E402
 
 
 def main() -> None:
@@ -33,7 +30,7 @@ def main() -> None:
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from microbatch_cost import _sampling, trainer
+    from microbatch_cost import first_step
     from shared_prompt_train import grads, packed_pass
 
     ap = argparse.ArgumentParser()
@@ -48,11 +45,7 @@ def main() -> None:
         import torch._inductor.config as inductor_config
 
         inductor_config.emulate_precision_casts = True
-    logging.getLogger("math_verify").setLevel(logging.ERROR)
-    torch.set_num_threads(a.threads)
-    problems = [Problem(r["id"], r["problem"], r["answer"]) for r in synthetic_examples("test", 300)]
-    t = trainer(problems, a.dtype, True, a.threads)
-    _, batch, *_ = t._rollouts(t._step_prompts(0), _sampling(t))
+    t, _, batch = first_step(a.dtype, a.threads)
     model = t.learner.compute
     parts = t.learner.parts(list(range(len(batch.lengths))), batch)
 

@@ -78,6 +78,22 @@ def _sampling(t: NativeTrainer):
     return Sampling(c.temperature, c.top_p, c.max_tokens, seed=c.seed * 1_000_003)
 
 
+def demo_problems() -> list[Problem]:
+    """The 300 synthetic problems the demo's builds draw from."""
+    return [Problem(r["id"], r["problem"], r["answer"]) for r in synthetic_examples("test", 300)]
+
+
+def first_step(dtype: str, threads: int) -> tuple[NativeTrainer, list[int], object]:
+    """A grouped-by-length trainer of the demo's cell in `dtype` (math-verify's warnings off, torch
+    at `threads`), its step-0 prompts and their rollouts packed as the trainer packs them (a Batch)."""
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    torch.set_num_threads(threads)
+    t = trainer(demo_problems(), dtype, True, threads)
+    idx = t._step_prompts(0)
+    _, batch, *_ = t._rollouts(idx, _sampling(t))
+    return t, idx, batch
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=6)
@@ -86,7 +102,7 @@ def main() -> None:
     a = ap.parse_args()
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     torch.set_num_threads(a.threads)
-    problems = [Problem(r["id"], r["problem"], r["answer"]) for r in synthetic_examples("test", 300)]
+    problems = demo_problems()
     sides = {"grouped": trainer(problems, a.dtype, True, a.threads), "one batch": trainer(problems, a.dtype, False,
                                                                                          a.threads)}
     times = {k: [] for k in sides}

@@ -31,15 +31,12 @@ protocol (docs/development.md)."""
 from __future__ import annotations
 
 import argparse
-import logging
 import time
 from functools import partial
 
 import torch
 
-from bench.problems import Problem
 from bench.provenance import cpu_summary
-from bench.synthetic import synthetic_examples
 from runners.logprobs import _chunk_logprobs, response_logprobs, split_head
 
 
@@ -144,7 +141,7 @@ def main() -> None:
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from microbatch_cost import _sampling, trainer
+    from microbatch_cost import first_step
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
@@ -153,22 +150,16 @@ def main() -> None:
     ap.add_argument("--dtype", default="fp32", help="the training format (rollouts in the same): fp32, or fp16 "
                                                     "as the demo's positive control trains")
     a = ap.parse_args()
-    logging.getLogger("math_verify").setLevel(logging.ERROR)
-    torch.set_num_threads(a.threads)
-    problems = [Problem(r["id"], r["problem"], r["answer"]) for r in synthetic_examples("test", 300)]
-    t = trainer(problems, a.dtype, True, a.threads)
+    t, idx, batch = first_step(a.dtype, a.threads)
     g = t.cfg.samples_per_prompt
-    idx = t._step_prompts(0)
-    _, batch, *_ = t._rollouts(idx, _sampling(t))
     model = t.learner.compute
     prompt_ids = [t.prompt_ids[i] for i in idx]
     responses = [batch.tok[i, :n].tolist() for i, n in enumerate(batch.response_lengths)]
     parts = t.learner.parts(list(range(len(responses))), batch)
     t_max = batch.tok.shape[1]
+    by_len = by_response_length(batch.response_lengths, len(parts))
     shared_parts = {"shared, whole prompts": by_prompt(len(prompt_ids), g, a.prompts_per_pass),
-                    "shared, by response length": by_response_length(batch.response_lengths, len(parts)),
-                    "shared, by response length, packed layout": by_response_length(batch.response_lengths,
-                                                                                      len(parts))}
+                    "shared, by response length": by_len, "shared, by response length, packed layout": by_len}
     times = {"packed": [], **{k: [] for k in shared_parts}}
     lps, gs = {}, {}
     for _ in range(a.repeats):
