@@ -9,11 +9,13 @@ recorded knob through the equivalence protocol (docs/development.md).
         [--threads 1] [--part model|body|layers]
 
 `--part model` compiles the whole causal LM's forward (body, head, the KV cache's writes),
-`body` only the decoder stack, `layers` each decoder layer's MLP and its two norms (what a
-decode step computes outside attention and the cache, with a static width). Prints the
-compile (the first rollout's time), the fastest of
-`--repeats` rollouts each way after it (in turn), their ratio and break-even, the graphs dynamo
-compiled and its graph breaks, and how far the compiled rollout's samples are from eager's: the
+`body` only the decoder stack, `layers` each decoder layer's MLP and its two norms (modules
+whose width is fixed; their rows still change; the projections, rotary, attention, cache and
+head stay eager). Prints the compile with the first rollout, the fastest of `--repeats`
+rollouts each way after it (in turn), compiled time over eager time and the break-even, the
+graphs dynamo compiled, its graph breaks with their most frequent reasons (a frame past dynamo's
+recompile limit runs eager from then on, and dynamo warns), and how far the compiled rollout's
+samples are from eager's: the
 share of samples with the same tokens, and the largest |Δ μ| over the tokens both drew alike
 (the sampler's uniforms are the same, so tokens part only where a logit moves across a
 sampling boundary). The compile is cold (inductor's cache in a new folder) unless
@@ -40,8 +42,8 @@ def sample_distance(eager: list, compiled: list) -> tuple[float, float]:
     alike): per sample, the log-probabilities of the common prefix of the two token lists."""
     same = total = 0
     worst = 0.0
-    for re_, rc in zip(eager, compiled):
-        for se, sc in zip(re_, rc):
+    for re_, rc in zip(eager, compiled, strict=True):
+        for se, sc in zip(re_, rc, strict=True):
             total += 1
             same += se.token_ids == sc.token_ids
             k = 0
@@ -56,7 +58,7 @@ def sample_distance(eager: list, compiled: list) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--dtype", default="fp32", help="the rollout format")
+    ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"), help="the rollout format")
     ap.add_argument("--problems", type=int, default=100)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
@@ -103,12 +105,14 @@ def main() -> None:
     tokens = sum(len(s.token_ids) for r in eager[-1][1] for s in r)
     even = f"break-even after {(first[0] - c) / (e - c):.0f} rollouts" if c < e else "never breaks even"
     breaks = sum(counters["graph_break"].values())
+    reasons = "; ".join(f"{n}× {r[:80]}" for r, n in counters["graph_break"].most_common(3))
     print(f"a rollout of tiny-math, {a.problems} prompts × {a.n}, ≤ {sp.max_tokens} tokens ({tokens} drawn), "
           f"{a.dtype}, compiled: {a.part} ({len(modules)} forward(s)), {a.threads} thread(s), "
           f"torch {torch.__version__}; "
           f"{cpu_summary()}; 16-bit kernels: {cpu_kernel_path()}")
-    print(f"  eager {e:.3f} s; compiled (inductor, dynamic) {c:.3f} s: ratio {c / e:.2f}; compile + first rollout "
-          f"{first[0]:.1f} s ({even}); graphs compiled {counters['stats']['unique_graphs']}, graph breaks {breaks}")
+    print(f"  eager {e:.3f} s; compiled (inductor, dynamic) {c:.3f} s: {c / e:.2f}× eager's time; compile + first "
+          f"rollout {first[0]:.1f} s ({even}); graphs compiled {counters['stats']['unique_graphs']}, graph breaks "
+          f"{breaks}{': ' + reasons if reasons else ''}")
     print(f"  compiled against eager: samples with the same tokens {same:.1%}, max |Δ μ| over tokens drawn alike "
           f"{dmu:.2e}")
     engine.close()

@@ -133,7 +133,8 @@ def main() -> None:
     print(f"GRPO step, {ref.name}, {B} prompts × {G} completions, ≤{max_new} tokens, fp32, "
           f"{a.threads} thread(s), mean of {a.steps}; {cpu_summary()}")
     print(f"  bench native trainer  {t_ours:6.2f} s/step   rollout {phases['time_rollout']:.2f} s, "
-          f"grading + forward {phases['time_scoring']:.2f} s, backward + AdamW + sync {phases['time_update']:.2f} s; "
+          f"grading (+ π_old's forward where the update does not make it) {phases['time_scoring']:.2f} s, "
+          f"the update (forward, backward, AdamW) + weight sync {phases['time_update']:.2f} s; "
           f"peak RSS {peak_gib():.1f} GiB", flush=True)         # before TRL's side, which may be killed for memory
     t_trl, t_gen = trl(ref, problems, a.steps, a.threads, max_new,
                        lr=5e-4 if ref.embedded else get_preset("small").lr)

@@ -32,6 +32,16 @@ def test_sample_distance_reads_only_the_common_prefix():
     assert worst == pytest.approx(0.5)
 
 
+def test_sample_distance_stops_at_the_first_token_that_differs_and_takes_either_sign():
+    # the tokens meet again at index 2 (3 against 3), but the texts before it differ: not compared;
+    # the compiled log-probability above eager's counts as much as one below
+    eager = [[_s([1, 2, 3], [-0.3, -0.5, -4.0])]]
+    compiled = [[_s([1, 9, 3], [-0.1, -0.6, -1.0])]]
+    same, worst = cd.sample_distance(eager, compiled)
+    assert same == 0.0
+    assert worst == pytest.approx(0.2)
+
+
 def test_sample_distance_of_a_rollout_with_itself():
     out = [[_s([3, 1], [-0.7, -1.2]), _s([], [])]]
     assert cd.sample_distance(out, out) == (1.0, 0.0)
