@@ -46,13 +46,10 @@ def sample_distance(eager: list, compiled: list) -> tuple[float, float]:
         for se, sc in zip(re_, rc, strict=True):
             total += 1
             same += se.token_ids == sc.token_ids
-            k = 0
-            while k < min(len(se.token_ids), len(sc.token_ids)) and se.token_ids[k] == sc.token_ids[k]:
-                k += 1
-            if k:
-                d = (torch.tensor(se.logprobs[:k], dtype=torch.float64)
-                     - torch.tensor(sc.logprobs[:k], dtype=torch.float64)).abs().max().item()
-                worst = max(worst, d)
+            for te, tc, le, lc in zip(se.token_ids, sc.token_ids, se.logprobs, sc.logprobs):
+                if te != tc:                     # past here the two samples condition on other text
+                    break
+                worst = max(worst, abs(le - lc))
     return same / max(total, 1), worst
 
 
